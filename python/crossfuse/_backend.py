@@ -1,0 +1,85 @@
+"""Where crossfuse's Triton kernels can run, detected once.
+
+Triton kernels run on CUDA tensors, or on CPU tensors under Triton's interpreter. The interpreter is
+chosen by the environment variable ``TRITON_INTERPRET=1``, which Triton reads when a kernel is
+decorated, i.e. when :mod:`crossfuse.ops` is first imported. :func:`enable_interpreter_if_no_gpu` is
+what the CLI and the test-suite call before that import; the library itself never switches it on
+behind a user's back.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def triton_missing_reason() -> str | None:
+    """Why Triton cannot be used here, or ``None`` when it can be imported."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install triton; wheels exist for Linux only)"
+    return None
+
+
+HAS_TRITON = triton_missing_reason() is None
+
+
+def interpreter_requested() -> bool:
+    """Whether the environment asks Triton for its CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
+
+
+def enable_interpreter_if_no_gpu() -> bool:
+    """Switch Triton to its interpreter when no CUDA device is present.
+
+    Must run before Triton is first imported in this process; afterwards it only reports.
+    Returns whether the interpreter is (or will be) active.
+    """
+    import sys
+
+    if not torch.cuda.is_available() and "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return interpreter_requested()
+
+
+def is_interpreted(kernel) -> bool:
+    """Whether a ``@triton.jit`` kernel object was built for the interpreter."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def check_runnable(t: torch.Tensor, name: str, kernel) -> None:
+    """Raise a ``ValueError`` naming ``name`` when ``kernel`` cannot run on ``t``'s device."""
+    dev = t.device.type
+    if dev == "cuda":
+        if is_interpreted(kernel):
+            raise ValueError(
+                f"{name} is a CUDA tensor but Triton was imported in interpreter mode "
+                "(TRITON_INTERPRET=1); unset it to run the compiled kernels on the GPU"
+            )
+        return
+    if dev == "cpu":
+        if not is_interpreted(kernel):
+            raise ValueError(
+                f"{name} is a CPU tensor: crossfuse's Triton kernels run on CUDA tensors, or on CPU "
+                "tensors under Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"
+            )
+        return
+    raise ValueError(f"{name} is on device {t.device}; crossfuse's Triton kernels support cuda (and cpu "
+                     "under the Triton interpreter)")
+
+
+@functools.cache
+def num_sms(device_index: int) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: the query costs microseconds)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def device_parallelism(t: torch.Tensor) -> int:
+    """How many programs fill the device: SM count on CUDA, a small number under the interpreter."""
+    if t.device.type == "cuda":
+        return num_sms(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return 4

@@ -1,0 +1,103 @@
+"""Correctness of one implementation on one case, against the op's float64 reference.
+
+Used by the test-suite and by ``crossfuse check``. A case is (op, shape, dtype, device, options).
+Inputs are fresh random numbers every call (the seed is reported, so a failure can be replayed);
+the output gradient ``dy`` is random too, never ones.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from . import registry
+from .tolerances import relerr, tolerance
+
+
+@dataclass
+class CheckResult:
+    impl: str  # registry key op/side/name
+    op: str
+    side: str
+    device: str
+    dtype: str
+    shape: tuple
+    options: dict
+    status: str  # "pass" | "fail" | "skip" | "error"
+    reason: str = ""
+    fwd_err: float | None = None
+    grad_err: dict = field(default_factory=dict)  # name -> relative error
+    fwd_tol: float | None = None
+    grad_tol: dict = field(default_factory=dict)
+    seed: int | None = None
+
+    @property
+    def max_grad_err(self) -> float | None:
+        return max(self.grad_err.values()) if self.grad_err else None
+
+    def summary(self) -> str:
+        errs = f"fwd {self.fwd_err:.2e} (tol {self.fwd_tol:.1e})" if self.fwd_err is not None else ""
+        for k, v in self.grad_err.items():
+            errs += f", d{k} {v:.2e} (tol {self.grad_tol[k]:.1e})"
+        return f"{self.impl} {self.dtype} {self.shape} {self.options} seed={self.seed}: {self.status} {errs} {self.reason}"
+
+
+def fresh_generator(seed: int | None = None) -> tuple[torch.Generator, int]:
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "little")
+    return torch.Generator().manual_seed(seed), seed
+
+
+def run_case(
+    impl: registry.Implementation,
+    shape,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    options: dict | None = None,
+    seed: int | None = None,
+    grads: bool = True,
+) -> CheckResult:
+    """Compare ``impl`` with the float64 reference on fresh random inputs; never raises for the impl's
+    own failures (they become ``status="error"`` with the message)."""
+    options = dict(options or {})
+    op = registry.OPS[impl.op]
+    res = CheckResult(impl.key, impl.op, impl.side, torch.device(device).type, str(dtype).removeprefix("torch."),
+                      tuple(shape), options, "skip")  # fmt: skip
+    reason = impl.unavailable_reason(device)
+    if reason:
+        res.reason = reason
+        return res
+    gen, res.seed = fresh_generator(seed)
+    inputs = op.make_inputs(shape, dtype, device, gen, **options)
+    with torch.no_grad():
+        ref_out = op.reference(inputs)
+    dy = torch.randn(ref_out.shape, dtype=torch.float64, generator=gen).to(device=device, dtype=dtype)
+    try:
+        if grads:
+            ref_out, ref_grads = op.reference_grads(inputs, dy)
+            out, got = impl.forward_backward(inputs, dy)
+        else:
+            with torch.no_grad():
+                out = impl.fn(**inputs)
+            ref_grads, got = {}, {}
+    except Exception as exc:  # the implementation's own failure is a result, not a crash
+        res.status, res.reason = "error", f"{type(exc).__name__}: {exc}"
+        return res
+    res.fwd_tol = tolerance(op.name, dtype, "fwd")
+    res.fwd_err = relerr(out, ref_out)
+    ok = res.fwd_err <= res.fwd_tol
+    rows = op.rows(inputs)
+    for name, ref_g in ref_grads.items():
+        g = got.get(name)
+        kind = "reduced" if name in op.reduced_args else "bwd"
+        res.grad_tol[name] = tolerance(op.name, dtype, kind, rows)
+        if g is None:
+            res.grad_err[name] = float("nan")
+            ok = False
+            continue
+        res.grad_err[name] = relerr(g, ref_g)
+        ok = ok and res.grad_err[name] <= res.grad_tol[name]
+    res.status = "pass" if ok else "fail"
+    return res

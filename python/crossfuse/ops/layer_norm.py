@@ -1,0 +1,553 @@
+"""Fused layer norm in Triton: forward, and backward for dx, dw and db.
+
+Formula (torch's ``layer_norm``, normalising over the last dim of a (M, N) view of the input)::
+
+    mean = sum(x) / N
+    var  = sum((x - mean)^2) / N                    (biased, two-pass: no cancellation)
+    rstd = 1 / sqrt(var + eps)                      (eps inside the square root)
+    y    = (x - mean) * rstd * w + b                (w, b each optional)
+
+    xhat = (x - mean) * rstd,   g = dy * w
+    dx   = rstd * (g - xhat * mean(g * xhat) - mean(g))
+    dw   = sum over rows of dy * xhat,   db = sum over rows of dy
+
+Design:
+
+* Forward, N <= FUSED_MAX_N: each program normalises a tile of BLOCK_M rows x BLOCK_N columns held in
+  registers (small N gets several rows per program so every program moves enough bytes). It stores
+  the float32 mean and rstd of each row for the backward.
+* Backward, N <= FUSED_MAX_N: a persistent grid of about ``programs_per_sm`` programs per SM; each
+  walks row tiles with a stride of the grid size, writes dx, and keeps its partial sums of dw and db in
+  float32 registers; it writes them once to a (programs, N) float32 buffer that a second small kernel
+  reduces and casts. No locks, no atomics: the result does not depend on scheduling.
+* N > FUSED_MAX_N (up to MAX_N): the row does not fit in registers. Forward loops over the row in
+  chunks (sum, then centred sum of squares, then write). Backward computes the two row sums in one
+  kernel, then a 2-D grid over (column chunks, row groups) writes dx and partial dw/db.
+* Statistics and accumulation are float32 for float32/float16/bfloat16 inputs, and float64 for
+  float64 inputs (so ``torch.autograd.gradcheck`` can check the kernels).
+* The number of rows M is never a compile-time constant or specialised on (``do_not_specialize``),
+  so a new batch size reuses the compiled kernels; tile shapes depend only on N and the dtype.
+
+Limits: last dim 1 <= N <= MAX_N; float32, float16, bfloat16 (float64 for checking); rows may be
+strided (any row stride, unit column stride) and are read without a copy when ``reshape`` gives a view.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .._backend import check_runnable, device_parallelism
+from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
+
+FUSED_MAX_N = 16384  # largest row kept whole in registers
+MAX_N = 1 << 18  # largest supported row (chunked kernels above FUSED_MAX_N)
+SUPPORTED_DTYPES = (*KERNEL_DTYPES, torch.float64)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["M"])
+def _ln_fwd_kernel(
+    X,  # input, (M, N), row stride stride_xm, unit column stride
+    Y,  # output, (M, N), row stride stride_ym
+    W,  # weight, (N,); unused unless HAS_WEIGHT
+    B,  # bias, (N,); unused unless HAS_BIAS
+    Mean,  # saved mean, (M,), float32 (float64 when IS_FP64)
+    Rstd,  # saved 1/sqrt(var + eps), (M,), same dtype as Mean
+    stride_xm,
+    stride_ym,
+    M,
+    N,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IS_FP64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    rows = rows.to(tl.int64)
+    x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+    if IS_FP64:
+        x = x.to(tl.float64)
+    else:
+        x = x.to(tl.float32)
+    mean = tl.sum(x, axis=1) / N
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(xc * xc, axis=1) / N
+    rstd = 1.0 / tl.sqrt(var + eps)
+    y = xc * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(y.dtype)
+        y = y * w[None, :]
+    if HAS_BIAS:
+        b = tl.load(B + cols, mask=col_ok, other=0.0).to(y.dtype)
+        y = y + b[None, :]
+    tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Mean + rows, mean, mask=row_ok)
+    tl.store(Rstd + rows, rstd, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _ln_fwd_chunked_kernel(
+    X,  # input, (M, N), row stride stride_xm
+    Y,  # output, (M, N), row stride stride_ym
+    W,  # weight, (N,)
+    B,  # bias, (N,)
+    Mean,  # (M,)
+    Rstd,  # (M,)
+    stride_xm,
+    stride_ym,
+    M,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IS_FP64: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    X += row * stride_xm
+    Y += row * stride_ym
+    acc_ty = tl.float64 if IS_FP64 else tl.float32
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], dtype=acc_ty)
+    for start in range(0, N, BLOCK_N):
+        acc += tl.load(X + start + cols, mask=start + cols < N, other=0.0).to(acc_ty)
+    mean = tl.sum(acc, axis=0) / N
+    acc = tl.zeros([BLOCK_N], dtype=acc_ty)
+    for start in range(0, N, BLOCK_N):
+        ok = start + cols < N
+        x = tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty)
+        xc = tl.where(ok, x - mean, 0.0)
+        acc += xc * xc
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / N + eps)
+    for start in range(0, N, BLOCK_N):
+        ok = start + cols < N
+        x = tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty)
+        y = (x - mean) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
+        if HAS_BIAS:
+            y = y + tl.load(B + start + cols, mask=ok, other=0.0).to(acc_ty)
+        tl.store(Y + start + cols, y.to(Y.dtype.element_ty), mask=ok)
+    tl.store(Mean + row, mean)
+    tl.store(Rstd + row, rstd)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _ln_bwd_kernel(
+    DX,  # input gradient, (M, N), row stride stride_dxm
+    DY,  # output gradient, (M, N), row stride stride_dym
+    X,  # input, (M, N), row stride stride_xm
+    W,  # weight, (N,); unused unless HAS_WEIGHT
+    Mean,  # (M,)
+    Rstd,  # (M,)
+    DW_part,  # partial dw, (num_programs, N), float32/float64; unused unless COMPUTE_DW
+    DB_part,  # partial db, (num_programs, N); unused unless COMPUTE_DB
+    stride_dxm,
+    stride_dym,
+    stride_xm,
+    M,
+    N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    COMPUTE_DB: tl.constexpr,
+    IS_FP64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    acc_ty = tl.float64 if IS_FP64 else tl.float32
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
+    dw = tl.zeros([BLOCK_N], dtype=acc_ty)
+    db = tl.zeros([BLOCK_N], dtype=acc_ty)
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in range(pid, num_tiles, num_programs):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows = rows.to(tl.int64)
+        x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(acc_ty)
+        dy = tl.load(DY + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(acc_ty)
+        mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_WEIGHT:
+            g = dy * w[None, :]
+        else:
+            g = dy
+        c1 = tl.sum(xhat * g, axis=1) / N
+        c2 = tl.sum(g, axis=1) / N
+        dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            dw += tl.sum(dy * xhat, axis=0)
+        if COMPUTE_DB:
+            db += tl.sum(dy, axis=0)
+    if COMPUTE_DW:
+        tl.store(DW_part + pid * N + cols, dw, mask=col_ok)
+    if COMPUTE_DB:
+        tl.store(DB_part + pid * N + cols, db, mask=col_ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _ln_bwd_rowsums_kernel(
+    DY,  # output gradient, (M, N), row stride stride_dym
+    X,  # input, (M, N), row stride stride_xm
+    W,  # weight, (N,)
+    Mean,  # (M,)
+    Rstd,  # (M,)
+    C1,  # out: mean(g * xhat) per row, (M,)
+    C2,  # out: mean(g) per row, (M,)
+    stride_dym,
+    stride_xm,
+    M,
+    N,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    IS_FP64: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    acc_ty = tl.float64 if IS_FP64 else tl.float32
+    cols = tl.arange(0, BLOCK_N)
+    mean = tl.load(Mean + row)
+    rstd = tl.load(Rstd + row)
+    acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
+    acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
+    for start in range(0, N, BLOCK_N):
+        ok = start + cols < N
+        x = tl.load(X + row * stride_xm + start + cols, mask=ok, other=0.0).to(acc_ty)
+        g = tl.load(DY + row * stride_dym + start + cols, mask=ok, other=0.0).to(acc_ty)
+        if HAS_WEIGHT:
+            g = g * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
+        xhat = tl.where(ok, (x - mean) * rstd, 0.0)
+        acc1 += xhat * g
+        acc2 += g
+    tl.store(C1 + row, tl.sum(acc1, axis=0) / N)
+    tl.store(C2 + row, tl.sum(acc2, axis=0) / N)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _ln_bwd_split_kernel(
+    DX,  # input gradient, (M, N), row stride stride_dxm
+    DY,  # output gradient, (M, N), row stride stride_dym
+    X,  # input, (M, N), row stride stride_xm
+    W,  # weight, (N,)
+    Mean,  # (M,)
+    Rstd,  # (M,)
+    C1,  # mean(g * xhat) per row, (M,)
+    C2,  # mean(g) per row, (M,)
+    DW_part,  # partial dw, (num row groups, N)
+    DB_part,  # partial db, (num row groups, N)
+    stride_dxm,
+    stride_dym,
+    stride_xm,
+    M,
+    N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    COMPUTE_DB: tl.constexpr,
+    IS_FP64: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    group = tl.program_id(1)
+    num_groups = tl.num_programs(1)
+    acc_ty = tl.float64 if IS_FP64 else tl.float32
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
+    dw = tl.zeros([BLOCK_N], dtype=acc_ty)
+    db = tl.zeros([BLOCK_N], dtype=acc_ty)
+    for tile in range(group, tl.cdiv(M, BLOCK_M), num_groups):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows = rows.to(tl.int64)
+        x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(acc_ty)
+        dy = tl.load(DY + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(acc_ty)
+        mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+        c1 = tl.load(C1 + rows, mask=row_ok, other=0.0)
+        c2 = tl.load(C2 + rows, mask=row_ok, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_WEIGHT:
+            g = dy * w[None, :]
+        else:
+            g = dy
+        dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            dw += tl.sum(dy * xhat, axis=0)
+        if COMPUTE_DB:
+            db += tl.sum(dy, axis=0)
+    if COMPUTE_DW:
+        tl.store(DW_part + group * N + cols, dw, mask=col_ok)
+    if COMPUTE_DB:
+        tl.store(DB_part + group * N + cols, db, mask=col_ok)
+
+
+@triton.jit
+def _dwdb_reduce_kernel(
+    DW_part,  # (P, N) partial sums; unused unless COMPUTE_DW
+    DB_part,  # (P, N) partial sums; unused unless COMPUTE_DB
+    DW,  # out, (N,), weight's dtype
+    DB,  # out, (N,), bias's dtype
+    P,
+    N,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    COMPUTE_DB: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    acc_dw = tl.zeros([BLOCK_P, BLOCK_N], dtype=DW_part.dtype.element_ty)
+    acc_db = tl.zeros([BLOCK_P, BLOCK_N], dtype=DB_part.dtype.element_ty)
+    for start in range(0, P, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        mask = (rows[:, None] < P) & col_ok[None, :]
+        offs = rows[:, None] * N + cols[None, :]
+        if COMPUTE_DW:
+            acc_dw += tl.load(DW_part + offs, mask=mask, other=0.0)
+        if COMPUTE_DB:
+            acc_db += tl.load(DB_part + offs, mask=mask, other=0.0)
+    if COMPUTE_DW:
+        tl.store(DW + cols, tl.sum(acc_dw, axis=0).to(DW.dtype.element_ty), mask=col_ok)
+    if COMPUTE_DB:
+        tl.store(DB + cols, tl.sum(acc_db, axis=0).to(DB.dtype.element_ty), mask=col_ok)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launch heuristics: the one place tile shapes and warps are chosen (from N and the dtype only)
+# ----------------------------------------------------------------------------------------------------
+
+
+class LaunchConfig(NamedTuple):
+    block_m: int  # rows per tile
+    block_n: int  # columns per tile (the whole row when N <= FUSED_MAX_N)
+    num_warps: int
+    programs_per_sm: int = 1  # backward: persistent programs per SM
+
+
+# Measured on the H200 (bench/results/h200/layer_norm_tuning.csv): (kind, element bytes, BLOCK_N) ->
+# (BLOCK_M, num_warps, programs_per_sm). Shapes not listed fall back to the rule in launch_config.
+TUNED: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+
+
+def launch_config(n: int, dtype: torch.dtype, kind: str) -> LaunchConfig:
+    """Tile shape and warps for a row length ``n``; ``kind`` is ``"fwd"`` or ``"bwd"``.
+
+    Rule of thumb where nothing was measured: a tile of about 4096 elements per program (several rows
+    when rows are short), one warp per 256 elements of the tile, 1 to 16 warps.
+    """
+    if kind not in ("fwd", "bwd"):
+        raise ValueError(f"kind must be 'fwd' or 'bwd', got {kind!r}")
+    block_n = triton.next_power_of_2(min(n, FUSED_MAX_N)) if n <= FUSED_MAX_N else 4096
+    esize = torch.empty((), dtype=dtype).element_size()
+    tuned = TUNED.get((kind, esize, block_n))
+    if tuned is not None and n <= FUSED_MAX_N:
+        return LaunchConfig(tuned[0], block_n, tuned[1], tuned[2])
+    if n > FUSED_MAX_N:
+        return LaunchConfig(1 if kind == "fwd" else 4, block_n, 8 if kind == "fwd" else 4, 2)
+    target = 4096 if kind == "fwd" else 2048
+    block_m = max(1, min(64, target // block_n))
+    num_warps = max(1, min(16, block_m * block_n // 256))
+    return LaunchConfig(block_m, block_n, num_warps, 2)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launchers: (M, N) views in, kernels out
+# ----------------------------------------------------------------------------------------------------
+
+
+def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float):
+    """Forward on a 2-D ``x`` with unit column stride. Returns ``(y, mean, rstd)``; ``y`` contiguous."""
+    M, N = x.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    mean = torch.empty((M,), dtype=_stats_dtype(x.dtype), device=x.device)
+    rstd = torch.empty((M,), dtype=_stats_dtype(x.dtype), device=x.device)
+    if M == 0:
+        return y, mean, rstd
+    cfg = launch_config(N, x.dtype, "fwd")
+    w = weight if weight is not None else x
+    b = bias if bias is not None else x
+    common = dict(
+        HAS_WEIGHT=weight is not None,
+        HAS_BIAS=bias is not None,
+        IS_FP64=x.dtype == torch.float64,
+        num_warps=cfg.num_warps,
+    )
+    if N <= FUSED_MAX_N:
+        grid = (triton.cdiv(M, cfg.block_m),)
+        _ln_fwd_kernel[grid](
+            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common,
+        )  # fmt: skip
+    else:
+        _ln_fwd_chunked_kernel[(M,)](
+            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps, BLOCK_N=cfg.block_n, **common
+        )
+    return y, mean, rstd
+
+
+def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, compute_dw: bool, compute_db: bool):
+    """Backward on 2-D ``dy`` and ``x`` (unit column stride). Returns ``(dx, dw, db)``; dw/db may be None."""
+    M, N = x.shape
+    dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    acc = _stats_dtype(x.dtype)
+    param_dtype = weight.dtype if weight is not None else x.dtype
+    dw = torch.empty((N,), dtype=param_dtype, device=x.device) if compute_dw else None
+    db = torch.empty((N,), dtype=param_dtype, device=x.device) if compute_db else None
+    if M == 0:
+        for t in (dw, db):
+            if t is not None:
+                t.zero_()
+        return dx, dw, db
+    cfg = launch_config(N, x.dtype, "bwd")
+    w = weight if weight is not None else x
+    flags = dict(
+        HAS_WEIGHT=weight is not None,
+        COMPUTE_DW=compute_dw,
+        COMPUTE_DB=compute_db,
+        IS_FP64=x.dtype == torch.float64,
+    )
+    num_tiles = triton.cdiv(M, cfg.block_m)
+    programs = max(1, min(num_tiles, cfg.programs_per_sm * device_parallelism(x)))
+    if N <= FUSED_MAX_N:
+        shape = (programs, N) if (compute_dw or compute_db) else (1, 1)
+        dw_part = torch.empty(shape, dtype=acc, device=x.device) if compute_dw else dx
+        db_part = torch.empty(shape, dtype=acc, device=x.device) if compute_db else dx
+        _ln_bwd_kernel[(programs,)](
+            dx, dy, x, w, mean, rstd, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0), M, N,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags,
+        )  # fmt: skip
+    else:
+        c1 = torch.empty((M,), dtype=acc, device=x.device)
+        c2 = torch.empty((M,), dtype=acc, device=x.device)
+        _ln_bwd_rowsums_kernel[(M,)](
+            dy, x, w, mean, rstd, c1, c2, dy.stride(0), x.stride(0), M, N,
+            BLOCK_N=cfg.block_n, HAS_WEIGHT=weight is not None, IS_FP64=flags["IS_FP64"], num_warps=8,
+        )  # fmt: skip
+        col_blocks = triton.cdiv(N, cfg.block_n)
+        programs = max(1, min(num_tiles, math.ceil(cfg.programs_per_sm * device_parallelism(x) / col_blocks)))
+        dw_part = torch.empty((programs, N), dtype=acc, device=x.device) if compute_dw else dx
+        db_part = torch.empty((programs, N), dtype=acc, device=x.device) if compute_db else dx
+        _ln_bwd_split_kernel[(col_blocks, programs)](
+            dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0),
+            M, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags,
+        )  # fmt: skip
+    if compute_dw or compute_db:
+        block_n = min(256, triton.next_power_of_2(N))
+        _dwdb_reduce_kernel[(triton.cdiv(N, block_n),)](
+            dw_part, db_part, dw if compute_dw else dx, db if compute_db else dx, programs, N,
+            BLOCK_P=32, BLOCK_N=block_n, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=4,
+        )  # fmt: skip
+    return dx, dw, db
+
+
+# ----------------------------------------------------------------------------------------------------
+# autograd.Function and the functional entry point
+# ----------------------------------------------------------------------------------------------------
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(M, n) view of ``t`` (a copy only when no view with unit column stride exists)."""
+    t2 = t.reshape(-1, n)
+    return t2 if t2.stride(-1) == 1 or n == 1 else t2.contiguous()
+
+
+class LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, n, weight, bias, eps):
+        x2 = _rows(x, n)
+        w = weight.reshape(-1) if weight is not None else None
+        b = bias.reshape(-1) if bias is not None else None
+        y, mean, rstd = layer_norm_fwd(x2, w, b, eps)
+        ctx.save_for_backward(x2, w, mean, rstd)
+        ctx.x_shape = x.shape
+        ctx.params = [(p.shape, p.dtype) if p is not None else None for p in (weight, bias)]
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w, mean, rstd = ctx.saved_tensors
+        need_dw, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        dx, dw, db = layer_norm_bwd(_rows(dy, x2.shape[1]), x2, w, mean, rstd, need_dw, need_db)
+        grads = []
+        for g, p in zip((dw, db), ctx.params):
+            grads.append(None if g is None else g.view(p[0]).to(p[1]))
+        return dx.view(ctx.x_shape), None, grads[0], grads[1], None
+
+
+def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> int:
+    check_tensor(x, "x", SUPPORTED_DTYPES)
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    try:
+        normalized_shape = tuple(int(d) for d in normalized_shape)
+    except TypeError:
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}") from None
+    k = len(normalized_shape)
+    if k == 0 or x.dim() < k or tuple(x.shape[x.dim() - k :]) != normalized_shape:
+        raise ValueError(
+            f"normalized_shape {list(normalized_shape)} does not match the trailing dims of x, "
+            f"whose shape is {list(x.shape)}"
+        )
+    n = math.prod(normalized_shape)
+    if n < 1 or n > MAX_N:
+        raise ValueError(
+            f"x's normalised size is {n} (normalized_shape {list(normalized_shape)}); "
+            f"crossfuse.layer_norm supports 1 to {MAX_N} elements per row"
+        )
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        check_tensor(p, name, SUPPORTED_DTYPES)
+        if tuple(p.shape) != normalized_shape:
+            raise ValueError(f"{name} has shape {list(p.shape)}; expected normalized_shape {list(normalized_shape)}")
+        check_same_device(p, name, x, "x")
+    check_positive_float(eps, "eps")
+    check_runnable(x, "x", _ln_fwd_kernel)
+    return n
+
+
+def layer_norm(
+    x: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """Layer norm with ``torch.nn.functional.layer_norm``'s signature and semantics, fused in Triton.
+
+    Normalises over the trailing ``normalized_shape`` dims: ``(x - mean) / sqrt(var + eps) * weight +
+    bias`` with the biased variance. ``weight`` and ``bias`` are each optional. Differentiable in
+    ``x``, ``weight`` and ``bias``. See the module docstring for limits.
+    """
+    n = _check_layer_norm_args(x, normalized_shape, weight, bias, eps)
+    return LayerNormFunction.apply(x, n, weight, bias, float(eps))

@@ -1,0 +1,56 @@
+"""Tolerances as data: the largest accepted ``||out - ref|| / ||ref||`` against the float64 reference.
+
+Per op and input dtype, separately for the forward output (``fwd``), per-element input gradients
+(``bwd``) and gradients reduced over rows (``reduced``: dw, db, dalpha, dbeta), whose error grows with
+the number of rows summed: their tolerance is ``reduced * sqrt(M)``, never below ``bwd``.
+
+Low precisions are bounded by rounding the output itself (bfloat16 keeps 8 bits: a relative error of
+about 2e-3 per element); attention's float32 matmuls run on tf32 tensor cores on GPUs (10 bits).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_F32, _F16, _BF16, _F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
+
+_NORMS = {
+    _F64: dict(fwd=1e-12, bwd=1e-11, reduced=1e-13),
+    _F32: dict(fwd=2e-6, bwd=1e-5, reduced=2e-7),
+    _F16: dict(fwd=1e-3, bwd=2e-3, reduced=2e-5),
+    _BF16: dict(fwd=8e-3, bwd=1.6e-2, reduced=1.5e-4),
+}
+
+TOLERANCES: dict[str, dict[torch.dtype, dict[str, float]]] = {
+    "layer_norm": _NORMS,
+    "normalise": _NORMS,
+    "layer_norm_maxstd": _NORMS,
+    "relu_attention": {
+        _F64: dict(fwd=1e-12, bwd=1e-11, reduced=1e-13),
+        _F32: dict(fwd=2e-3, bwd=4e-3, reduced=0.0),  # tf32 on the GPU; exact float32 in the interpreter
+        _F16: dict(fwd=2e-3, bwd=4e-3, reduced=0.0),
+        _BF16: dict(fwd=1.2e-2, bwd=2.5e-2, reduced=0.0),
+    },
+}
+
+
+def tolerance(op: str, dtype: torch.dtype, kind: str = "fwd", rows: int = 1) -> float:
+    """Accepted relative error for ``op`` in ``dtype``; ``kind`` is ``fwd``, ``bwd`` or ``reduced``."""
+    table = TOLERANCES[op][dtype]
+    if kind == "reduced":
+        return max(table["bwd"], table["reduced"] * math.sqrt(max(rows, 1)))
+    return table[kind]
+
+
+def relerr(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (NaN anywhere gives NaN, which no tolerance accepts)."""
+    out64, ref64 = out.detach().double(), ref.detach().double()
+    if out64.shape != ref64.shape:
+        raise ValueError(f"shape mismatch: {tuple(out64.shape)} vs reference {tuple(ref64.shape)}")
+    denom = torch.linalg.vector_norm(ref64).item()
+    num = torch.linalg.vector_norm(out64 - ref64).item()
+    if not math.isfinite(num) or not torch.isfinite(out64).all():
+        return float("nan")
+    return num / denom if denom > 0 else num
