@@ -75,8 +75,8 @@ def _randn(shape, dtype, device, gen, mean=0.0, std=1.0):
     return t.to(device=device, dtype=dtype)
 
 
-def _norm_inputs(shape, dtype, device, gen, affine=True, offset=0.0, eps=None):
-    x = _randn(shape, dtype, device, gen, mean=offset)
+def _norm_inputs(shape, dtype, device, gen, affine=True, offset=0.0, std=1.0):
+    x = _randn(shape, dtype, device, gen, mean=offset, std=std)
     inputs = {"x": x}
     n = shape[-1]
     if affine:
@@ -85,8 +85,9 @@ def _norm_inputs(shape, dtype, device, gen, affine=True, offset=0.0, eps=None):
     return inputs, n
 
 
-def _make_layer_norm(shape, dtype, device, gen, affine=True, weight=True, bias=True, offset=0.0, eps=1e-5):
-    inputs, _ = _norm_inputs(shape, dtype, device, gen, affine=affine, offset=offset)
+def _make_layer_norm(shape, dtype, device, gen, affine=True, weight=True, bias=True, offset=0.0, std=1.0,
+                     eps=1e-5):
+    inputs, _ = _norm_inputs(shape, dtype, device, gen, affine=affine, offset=offset, std=std)
     inputs.setdefault("weight", None)
     inputs.setdefault("bias", None)
     if not weight:
@@ -97,8 +98,8 @@ def _make_layer_norm(shape, dtype, device, gen, affine=True, weight=True, bias=T
     return inputs
 
 
-def _make_normalise(shape, dtype, device, gen, offset=0.0, eps=None):
-    inputs, _ = _norm_inputs(shape, dtype, device, gen, affine=False, offset=offset)
+def _make_normalise(shape, dtype, device, gen, offset=0.0, std=1.0, eps=None):
+    inputs, _ = _norm_inputs(shape, dtype, device, gen, affine=False, offset=offset, std=std)
     inputs["eps"] = torch.finfo(dtype).eps if eps is None else eps
     return inputs
 
@@ -369,7 +370,8 @@ def _builtin() -> None:
                        description="one rsqrt per row; memory-saving custom backward"),
         Implementation("normalise", "normal_newer", py, _norms.normal_newer,
                        description="one-pass Welford statistics; memory-saving custom backward"),
-        Implementation("layer_norm_maxstd", "layer_norm", py, _norms.layer_norm,
+        Implementation("layer_norm_maxstd", "layer_norm", py,
+                       lambda x, weight, bias, eps: _norms.layer_norm(x, weight, bias, eps),
                        description="single-pass sum/sum of squares, max(std, eps); custom backward"),
         Implementation("relu_attention", "triton", py, _relu_attention_triton, kernel="triton",
                        description="crossfuse's flash-style Triton ReLU attention"),

@@ -29,16 +29,22 @@ TOLERANCES: dict[str, dict[torch.dtype, dict[str, float]]] = {
     "layer_norm_maxstd": _NORMS,
     "relu_attention": {
         _F64: dict(fwd=1e-12, bwd=1e-11, reduced=1e-13),
-        _F32: dict(fwd=2e-3, bwd=4e-3, reduced=0.0),  # tf32 on the GPU; exact float32 in the interpreter
+        _F32: dict(fwd=2e-5, bwd=2e-4, reduced=0.0),
         _F16: dict(fwd=2e-3, bwd=4e-3, reduced=0.0),
         _BF16: dict(fwd=1.2e-2, bwd=2.5e-2, reduced=0.0),
     },
 }
 
+# float32 matmuls on tf32 tensor cores (Triton's float32 dot on GPUs): operands keep 10 mantissa bits,
+# truncated, not rounded (emulated on the CPU: 1.5e-3 forward, 2.5e-2 for dq/dk, where scores near 0
+# change sign and so change relu's mask). Measured on the H200: 2.2e-3 forward, 2.9e-2 dq/dk.
+TF32 = {"relu_attention": dict(fwd=5e-3, bwd=6e-2, reduced=0.0)}
 
-def tolerance(op: str, dtype: torch.dtype, kind: str = "fwd", rows: int = 1) -> float:
-    """Accepted relative error for ``op`` in ``dtype``; ``kind`` is ``fwd``, ``bwd`` or ``reduced``."""
-    table = TOLERANCES[op][dtype]
+
+def tolerance(op: str, dtype: torch.dtype, kind: str = "fwd", rows: int = 1, tf32: bool = False) -> float:
+    """Accepted relative error for ``op`` in ``dtype``; ``kind`` is ``fwd``, ``bwd`` or ``reduced``;
+    ``tf32``: float32 matmuls ran on tf32 tensor cores."""
+    table = TF32[op] if tf32 and dtype == _F32 and op in TF32 else TOLERANCES[op][dtype]
     if kind == "reduced":
         return max(table["bwd"], table["reduced"] * math.sqrt(max(rows, 1)))
     return table[kind]
@@ -46,7 +52,7 @@ def tolerance(op: str, dtype: torch.dtype, kind: str = "fwd", rows: int = 1) -> 
 
 def relerr(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref|| / ||ref||`` in float64 (NaN anywhere gives NaN, which no tolerance accepts)."""
-    out64, ref64 = out.detach().double(), ref.detach().double()
+    out64, ref64 = out.detach().to(ref.device, torch.float64), ref.detach().double()
     if out64.shape != ref64.shape:
         raise ValueError(f"shape mismatch: {tuple(out64.shape)} vs reference {tuple(ref64.shape)}")
     denom = torch.linalg.vector_norm(ref64).item()

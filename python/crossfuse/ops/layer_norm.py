@@ -3,7 +3,8 @@
 Formula (torch's ``layer_norm``, normalising over the last dim of a (M, N) view of the input)::
 
     mean = sum(x) / N
-    var  = sum((x - mean)^2) / N                    (biased, two-pass: no cancellation)
+    var  = sum((x - mean)^2) / N                    (biased; corrected two-pass: no cancellation,
+                                                     and the mean's rounding is corrected too)
     rstd = 1 / sqrt(var + eps)                      (eps inside the square root)
     y    = (x - mean) * rstd * w + b                (w, b each optional)
 
@@ -21,8 +22,10 @@ Design:
   float32 registers; it writes them once to a (programs, N) float32 buffer that a second small kernel
   reduces and casts. No locks, no atomics: the result does not depend on scheduling.
 * N > FUSED_MAX_N (up to MAX_N): the row does not fit in registers. Forward loops over the row in
-  chunks (sum, then centred sum of squares, then write). Backward computes the two row sums in one
-  kernel, then a 2-D grid over (column chunks, row groups) writes dx and partial dw/db.
+  chunks (sum, then centred sum of squares, then write). Backward ("split") computes the two row sums
+  in one kernel, then a 2-D grid over (column chunks, row groups) writes dx and partial dw/db; the
+  tuning table may choose the split backward for long rows below FUSED_MAX_N too, where one row per
+  program leaves too little in flight.
 * Statistics and accumulation are float32 for float32/float16/bfloat16 inputs, and float64 for
   float64 inputs (so ``torch.autograd.gradcheck`` can check the kernels).
 * The number of rows M is never a compile-time constant or specialised on (``do_not_specialize``),
@@ -52,6 +55,16 @@ SUPPORTED_DTYPES = (*KERNEL_DTYPES, torch.float64)
 # ----------------------------------------------------------------------------------------------------
 # Triton kernels
 # ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _div(x, n, IS_FP64: tl.constexpr):
+    """``x / n``, correctly rounded (a plain float32 division on GPUs may be an ulp off, which a zero
+    variance multiplies by 1/sqrt(eps))."""
+    if IS_FP64:
+        return x / n
+    else:
+        return tl.math.div_rn(x, n.to(tl.float32))
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -85,9 +98,13 @@ def _ln_fwd_kernel(
         x = x.to(tl.float64)
     else:
         x = x.to(tl.float32)
-    mean = tl.sum(x, axis=1) / N
+    mean = _div(tl.sum(x, axis=1), N, IS_FP64)
     xc = tl.where(mask, x - mean[:, None], 0.0)
-    var = tl.sum(xc * xc, axis=1) / N
+    # corrected two-pass: the residual sum fixes the rounding of the first mean (exact for equal rows)
+    resid = tl.sum(xc, axis=1)
+    var = _div(tl.sum(xc * xc, axis=1) - _div(resid * resid, N, IS_FP64), N, IS_FP64)
+    mean += _div(resid, N, IS_FP64)
+    xc = tl.where(mask, x - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(var + eps)
     y = xc * rstd[:, None]
     if HAS_WEIGHT:
@@ -127,14 +144,19 @@ def _ln_fwd_chunked_kernel(
     acc = tl.zeros([BLOCK_N], dtype=acc_ty)
     for start in range(0, N, BLOCK_N):
         acc += tl.load(X + start + cols, mask=start + cols < N, other=0.0).to(acc_ty)
-    mean = tl.sum(acc, axis=0) / N
+    mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
     acc = tl.zeros([BLOCK_N], dtype=acc_ty)
+    resid = tl.zeros([BLOCK_N], dtype=acc_ty)
     for start in range(0, N, BLOCK_N):
         ok = start + cols < N
         x = tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty)
         xc = tl.where(ok, x - mean, 0.0)
         acc += xc * xc
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / N + eps)
+        resid += xc
+    r = tl.sum(resid, axis=0)
+    var = _div(tl.sum(acc, axis=0) - _div(r * r, N, IS_FP64), N, IS_FP64)  # corrected two-pass
+    mean += _div(r, N, IS_FP64)
+    rstd = 1.0 / tl.sqrt(var + eps)
     for start in range(0, N, BLOCK_N):
         ok = start + cols < N
         x = tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty)
@@ -194,8 +216,8 @@ def _ln_bwd_kernel(
             g = dy * w[None, :]
         else:
             g = dy
-        c1 = tl.sum(xhat * g, axis=1) / N
-        c2 = tl.sum(g, axis=1) / N
+        c1 = _div(tl.sum(xhat * g, axis=1), N, IS_FP64)
+        c2 = _div(tl.sum(g, axis=1), N, IS_FP64)
         dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
@@ -241,8 +263,8 @@ def _ln_bwd_rowsums_kernel(
         xhat = tl.where(ok, (x - mean) * rstd, 0.0)
         acc1 += xhat * g
         acc2 += g
-    tl.store(C1 + row, tl.sum(acc1, axis=0) / N)
-    tl.store(C2 + row, tl.sum(acc2, axis=0) / N)
+    tl.store(C1 + row, _div(tl.sum(acc1, axis=0), N, IS_FP64))
+    tl.store(C2 + row, _div(tl.sum(acc2, axis=0), N, IS_FP64))
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -307,7 +329,7 @@ def _ln_bwd_split_kernel(
         tl.store(DB_part + group * N + cols, db, mask=col_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def _dwdb_reduce_kernel(
     DW_part,  # (P, N) partial sums; unused unless COMPUTE_DW
     DB_part,  # (P, N) partial sums; unused unless COMPUTE_DB
@@ -350,9 +372,32 @@ class LaunchConfig(NamedTuple):
     programs_per_sm: int = 1  # backward: persistent programs per SM
 
 
-# Measured on the H200 (bench/results/h200/layer_norm_tuning.csv): (kind, element bytes, BLOCK_N) ->
-# (BLOCK_M, num_warps, programs_per_sm). Shapes not listed fall back to the rule in launch_config.
-TUNED: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_2026-11-29.csv): the fastest by the
+# geometric mean of GB/s at M=4096 and at M*N=128M. (kind, element bytes, next_power_of_2(N)) -> config;
+# a backward config whose block_n is below N runs the split kernels. Shapes not listed (float16 uses the
+# bfloat16 rows) fall back to the rule in launch_config.
+TUNED: dict[tuple[str, int, int], LaunchConfig] = {
+    ("bwd", 2, 1024): LaunchConfig(1, 1024, 4, 8),  # 1181 GB/s
+    ("bwd", 2, 16384): LaunchConfig(1, 16384, 32, 1),  # 1388 GB/s
+    ("bwd", 2, 2048): LaunchConfig(2, 2048, 8, 4),  # 1679 GB/s
+    ("bwd", 2, 4096): LaunchConfig(1, 4096, 8, 2),  # 2386 GB/s
+    ("bwd", 2, 8192): LaunchConfig(1, 8192, 16, 1),  # 2514 GB/s
+    ("bwd", 4, 1024): LaunchConfig(1, 1024, 8, 4),  # 1957 GB/s
+    ("bwd", 4, 16384): LaunchConfig(1, 16384, 32, 1),  # 1871 GB/s
+    ("bwd", 4, 2048): LaunchConfig(2, 2048, 16, 4),  # 2408 GB/s
+    ("bwd", 4, 4096): LaunchConfig(4, 4096, 32, 1),  # 3479 GB/s
+    ("bwd", 4, 8192): LaunchConfig(1, 8192, 16, 1),  # 3731 GB/s
+    ("fwd", 2, 1024): LaunchConfig(1, 1024, 2, 1),  # 2538 GB/s
+    ("fwd", 2, 16384): LaunchConfig(1, 16384, 16, 1),  # 3390 GB/s
+    ("fwd", 2, 2048): LaunchConfig(4, 2048, 8, 1),  # 2741 GB/s
+    ("fwd", 2, 4096): LaunchConfig(2, 4096, 8, 1),  # 3281 GB/s
+    ("fwd", 2, 8192): LaunchConfig(2, 8192, 16, 1),  # 3296 GB/s
+    ("fwd", 4, 1024): LaunchConfig(1, 1024, 4, 1),  # 3126 GB/s
+    ("fwd", 4, 16384): LaunchConfig(2, 16384, 32, 1),  # 3720 GB/s
+    ("fwd", 4, 2048): LaunchConfig(1, 2048, 4, 1),  # 3405 GB/s
+    ("fwd", 4, 4096): LaunchConfig(1, 4096, 16, 1),  # 3711 GB/s
+    ("fwd", 4, 8192): LaunchConfig(1, 8192, 8, 1),  # 3839 GB/s
+}
 
 
 def launch_config(n: int, dtype: torch.dtype, kind: str) -> LaunchConfig:
@@ -367,7 +412,7 @@ def launch_config(n: int, dtype: torch.dtype, kind: str) -> LaunchConfig:
     esize = torch.empty((), dtype=dtype).element_size()
     tuned = TUNED.get((kind, esize, block_n))
     if tuned is not None and n <= FUSED_MAX_N:
-        return LaunchConfig(tuned[0], block_n, tuned[1], tuned[2])
+        return tuned
     if n > FUSED_MAX_N:
         return LaunchConfig(1 if kind == "fwd" else 4, block_n, 8 if kind == "fwd" else 4, 2)
     target = 4096 if kind == "fwd" else 2048
@@ -385,15 +430,16 @@ def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float):
-    """Forward on a 2-D ``x`` with unit column stride. Returns ``(y, mean, rstd)``; ``y`` contiguous."""
+def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConfig | None = None):
+    """Forward on a 2-D ``x`` with unit column stride. Returns ``(y, mean, rstd)``; ``y`` contiguous.
+    ``config`` overrides :func:`launch_config` (for tuning)."""
     M, N = x.shape
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     mean = torch.empty((M,), dtype=_stats_dtype(x.dtype), device=x.device)
     rstd = torch.empty((M,), dtype=_stats_dtype(x.dtype), device=x.device)
     if M == 0:
         return y, mean, rstd
-    cfg = launch_config(N, x.dtype, "fwd")
+    cfg = config or launch_config(N, x.dtype, "fwd")
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     common = dict(
@@ -415,8 +461,10 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float):
     return y, mean, rstd
 
 
-def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, compute_dw: bool, compute_db: bool):
-    """Backward on 2-D ``dy`` and ``x`` (unit column stride). Returns ``(dx, dw, db)``; dw/db may be None."""
+def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, compute_dw: bool, compute_db: bool,
+                   config: LaunchConfig | None = None):  # fmt: skip
+    """Backward on 2-D ``dy`` and ``x`` (unit column stride). Returns ``(dx, dw, db)``; dw/db may be None.
+    ``config`` overrides :func:`launch_config` (for tuning)."""
     M, N = x.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     acc = _stats_dtype(x.dtype)
@@ -428,7 +476,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             if t is not None:
                 t.zero_()
         return dx, dw, db
-    cfg = launch_config(N, x.dtype, "bwd")
+    cfg = config or launch_config(N, x.dtype, "bwd")
     w = weight if weight is not None else x
     flags = dict(
         HAS_WEIGHT=weight is not None,
@@ -438,7 +486,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     )
     num_tiles = triton.cdiv(M, cfg.block_m)
     programs = max(1, min(num_tiles, cfg.programs_per_sm * device_parallelism(x)))
-    if N <= FUSED_MAX_N:
+    if N <= cfg.block_n:  # the whole row in one tile
         shape = (programs, N) if (compute_dw or compute_db) else (1, 1)
         dw_part = torch.empty(shape, dtype=acc, device=x.device) if compute_dw else dx
         db_part = torch.empty(shape, dtype=acc, device=x.device) if compute_db else dx
@@ -509,8 +557,10 @@ def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> int:
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     try:
+        if isinstance(normalized_shape, (str, bytes)):
+            raise TypeError
         normalized_shape = tuple(int(d) for d in normalized_shape)
-    except TypeError:
+    except (TypeError, ValueError):
         raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}") from None
     k = len(normalized_shape)
     if k == 0 or x.dim() < k or tuple(x.shape[x.dim() - k :]) != normalized_shape:

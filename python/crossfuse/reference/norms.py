@@ -75,12 +75,14 @@ def normal_now(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps)``: mean, then var with that mean, then a sqrt per element.
 
     The plain form (what Flux's LayerNorm does); differentiated by torch's autograd, which keeps
-    several (M, N) intermediates for the backward.
+    several (M, N) intermediates for the backward. 16-bit inputs are computed in float32 (as every
+    variant here is), so the variants differ in memory and speed, not in precision.
     """
     eps = _default_eps(x, eps)
-    mean = x.mean(-1, keepdim=True)
-    var = (x - mean).square().mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + eps)
+    xa = x.to(_acc_dtype(x.dtype))
+    mean = xa.mean(-1, keepdim=True)
+    var = (xa - mean).square().mean(-1, keepdim=True)
+    return ((xa - mean) / torch.sqrt(var + eps)).to(x.dtype)
 
 
 class _NormaliseFunction(torch.autograd.Function):
@@ -146,14 +148,16 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
 
     Written with plain torch ops (mean, var, sqrt) and differentiated by autograd: the naive form.
     """
-    mean = x.mean(-1, keepdim=True)
-    var = x.var(-1, keepdim=True, correction=0)
-    y = (x - mean) / torch.sqrt(var + eps)
+    acc = _acc_dtype(x.dtype)
+    xa = x.to(acc)
+    mean = xa.mean(-1, keepdim=True)
+    var = xa.var(-1, keepdim=True, correction=0)
+    y = (xa - mean) / torch.sqrt(var + eps)
     if weight is not None:
-        y = y * weight
+        y = y * weight.to(acc)
     if bias is not None:
-        y = y + bias
-    return y
+        y = y + bias.to(acc)
+    return y.to(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------

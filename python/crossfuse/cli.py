@@ -1,0 +1,414 @@
+"""The ``crossfuse`` command: check, bench, report, profile, info.
+
+    crossfuse check   [--device cpu|cuda] [--op OP ...] [--impl PATTERN ...] [--skip PATTERN ...]
+                      [--dtype DTYPE ...] [--side python|julia] [--seed N]
+    crossfuse bench   SUITE [--device cpu|cuda] [--dtype DTYPE ...] [--quick] [--out DIR]
+                      [--op OP ...] [--impl PATTERN ...] [--suites FILE] [--budget-s S]
+    crossfuse report  CSV [--out DIR] [--no-plots]
+    crossfuse profile attention [--device cpu|cuda] [--shape BxHxLxD] [--dtype DTYPE] [--causal] [--out DIR]
+    crossfuse info
+
+Exit codes: 0 success; 1 ``check`` found a failure or an error; 2 bad input (unknown suite, device,
+dtype, op, a missing CSV); 130 interrupted (rows measured so far stay in the CSV).
+
+Triton reads ``TRITON_INTERPRET`` when it is first imported: this module switches the interpreter on
+(when no GPU is present) before anything imports Triton.
+"""
+
+from __future__ import annotations
+
+from . import _backend
+
+_backend.enable_interpreter_if_no_gpu()  # before anything below can import triton
+
+import argparse  # noqa: E402
+import importlib.metadata  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+DEVICES = ("cpu", "cuda")
+CHECK_DTYPES = ("float32", "bfloat16", "float16")
+# A couple of small cases per op for ``crossfuse check``: (shape, options). Odd sizes on purpose: a
+# prime row length (masking), a single row / a non-power-of-two sequence length (tails).
+CHECK_CASES = {
+    "layer_norm": [((3, 37), {}), ((64, 256), {})],
+    "normalise": [((3, 37), {}), ((64, 256), {})],
+    "layer_norm_maxstd": [((3, 37), {}), ((64, 256), {})],
+    "relu_attention": [((1, 2, 64, 32), {"causal": False}), ((2, 1, 67, 16), {"causal": True})],
+}
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported on stderr with exit code 2."""
+
+
+def _devices(arg: str | None) -> list[str]:
+    if arg is None:
+        return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    return [_device(arg)]
+
+
+def _device(arg: str | None) -> str:
+    if arg is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if arg not in DEVICES:
+        raise UsageError(f"unknown device {arg!r}; expected one of {', '.join(DEVICES)}")
+    if arg == "cuda" and not torch.cuda.is_available():
+        raise UsageError("device 'cuda' requested but torch sees no CUDA device on this machine")
+    return arg
+
+
+def _dtypes(names) -> list[torch.dtype] | None:
+    if not names:
+        return None
+    from .harness.schema import parse_dtype
+
+    try:
+        return [parse_dtype(n) for name in names for n in name.split(",") if n]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _ops(names) -> list[str] | None:
+    if not names:
+        return None
+    from . import registry
+
+    ops = [n for name in names for n in name.split(",") if n]
+    for op in ops:
+        if op not in registry.OPS:
+            raise UsageError(f"unknown op {op!r}; known ops: {', '.join(registry.OPS)}")
+    return ops
+
+
+def _patterns(names) -> list[str] | None:
+    return [n for name in names for n in name.split(",") if n] if names else None
+
+
+# ----------------------------------------------------------------------------------------------------
+# check
+# ----------------------------------------------------------------------------------------------------
+
+_RANK = {"error": 3, "fail": 2, "pass": 1, "skip": 0}
+
+
+def cmd_check(args) -> int:
+    from . import check, registry
+    from .harness.progress import Progress
+    from .harness.report import markdown_table
+    from .harness.schema import dtype_str
+    from .harness.suite import matches
+
+    devices = _devices(args.device)
+    ops = _ops(args.op)
+    dtypes = _dtypes(args.dtype) or [getattr(torch, d) for d in CHECK_DTYPES]
+    impls = [i for i in registry.implementations(side=args.side) if ops is None or i.op in ops]
+    pats = _patterns(args.impl)
+    if pats is not None:
+        impls = [i for i in impls if any(matches(i, p) for p in pats)]
+    if not impls:
+        raise UsageError(
+            "no implementation matches the filters (see `crossfuse info` and --op/--impl/--side)"
+        )
+    skips = _patterns(args.skip) or []
+    jobs = [(i, dev, dt) for i in impls for dev in devices for dt in dtypes]
+    results = []
+    t0 = time.monotonic()
+    with Progress(sum(len(CHECK_CASES.get(i.op, ())) or 1 for i, _, _ in jobs), "check") as bar:
+        for impl, dev, dt in jobs:
+            cases = CHECK_CASES.get(impl.op, [])
+            base = [impl.op, impl.name, impl.side, dev, dtype_str(dt)]
+            if any(matches(impl, p) for p in skips):
+                results.append((base, "skip", None, None, "excluded by --skip"))
+                bar.update(impl.key)
+                continue
+            reason = impl.unavailable_reason(dev)  # asked once per implementation and device
+            if reason is None and not impl.same_function:
+                reason = "speed-only peer: computes a different function (no reference to compare with)"
+            if reason or not cases:
+                results.append((base, "skip", None, None, reason or "no check cases for this op"))
+                for _ in cases or [None]:
+                    bar.update(impl.key)
+                continue
+            worst, fwd, grad, notes = "skip", None, None, []
+            for shape, options in cases:
+                r = check.run_case(impl, shape, dt, dev, options, seed=args.seed)
+                bar.update(f"{impl.key} {dtype_str(dt)} {dev}")
+                worst = max(worst, r.status, key=_RANK.__getitem__)
+                if r.fwd_err is not None:
+                    fwd = r.fwd_err if fwd is None else max(fwd, r.fwd_err)
+                if r.max_grad_err is not None:
+                    grad = r.max_grad_err if grad is None else max(grad, r.max_grad_err)
+                if r.status == "fail":
+                    notes.append(r.summary())
+                elif r.status != "pass":
+                    notes.append(
+                        f"{'x'.join(map(str, shape))} {options or ''} seed={r.seed}: {r.status} {r.reason}"
+                    )
+            results.append((base, worst, fwd, grad, "; ".join(notes)))
+    rows = []
+    counts = dict.fromkeys(_RANK, 0)
+    for base, status, fwd, grad, note in _collapse_skips(results):
+        counts[status] += 1
+        rows.append(
+            [
+                *base,
+                status,
+                "" if fwd is None else f"{fwd:.1e}",
+                "" if grad is None else f"{grad:.1e}",
+                note[:300],
+            ]
+        )
+    header = ["op", "impl", "side", "device", "dtype", "status", "max fwd relerr", "max grad relerr", "note"]
+    print(markdown_table(header, rows, left=6))
+    print(
+        f"\n{counts['pass']} pass, {counts['fail']} fail, {counts['error']} error, {counts['skip']} skip "
+        f"({time.monotonic() - t0:.1f} s; interpreter {'on' if _backend.interpreter_requested() else 'off'})"
+    )
+    return 1 if counts["fail"] or counts["error"] else 0
+
+
+def _collapse_skips(results: list) -> list:
+    """One row ``dtype *`` for an (op, impl, side, device) whose dtypes were all skipped for one reason."""
+    groups: dict = {}
+    for r in results:
+        groups.setdefault(tuple(r[0][:4]), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        if len(rs) > 1 and all(r[1] == "skip" for r in rs) and len({r[4] for r in rs}) == 1:
+            out.append(([*key, "*"], "skip", None, None, rs[0][4]))
+        else:
+            out.extend(rs)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# bench
+# ----------------------------------------------------------------------------------------------------
+
+
+def cmd_bench(args) -> int:
+    from .harness import report, runner, suite
+    from .harness.progress import Progress
+    from .harness.schema import CsvWriter
+
+    try:
+        suites = suite.load_suites(args.suites)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if args.suite not in suites:
+        raise UsageError(f"unknown suite {args.suite!r}; known suites: {', '.join(suites)}")
+    device = _device(args.device)
+    dtypes, ops, impls = _dtypes(args.dtype), _ops(args.op), _patterns(args.impl)
+    s = suites[args.suite]
+    out = Path(args.out)
+    csv_path = out / "results.csv"
+    try:
+        writer = CsvWriter(csv_path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None
+    t0 = time.monotonic()
+    with writer:
+        r = runner.Runner(device, writer, quick=args.quick, deadline=deadline)
+        total = r.count(s, dtypes, ops, impls)
+        print(
+            f"crossfuse bench {s.name}{' --quick' if args.quick else ''} on {device} ({r.device_name}): "
+            f"{total} rows -> {csv_path}",
+            file=sys.stderr,
+        )
+        with Progress(total, s.name) as bar:
+            r.on_row = lambda row: bar.update(
+                f"{row.op}/{row.side}/{row.impl} {row.dtype} {row.shape} {row.mode} {row.status}"
+            )
+            try:
+                rows = r.run(s, dtypes, ops, impls)
+            except KeyboardInterrupt:
+                bar.close()
+                print(f"\ninterrupted: {writer.count} rows kept in {csv_path}", file=sys.stderr)
+                return 130
+    name = f"{s.name}{'-quick' if args.quick else ''}-{device}"
+    md = report.render(rows, title=f"{name}: {s.description}", source=str(csv_path))
+    md_path = out / f"{name}.md"
+    md_path.write_text(md)
+    print(md)
+    errors = sum(row.status == "error" for row in rows)
+    print(
+        f"{len(rows)} rows in {time.monotonic() - t0:.1f} s ({errors} error rows) -> {csv_path}, {md_path}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# report, profile, info
+# ----------------------------------------------------------------------------------------------------
+
+
+def cmd_report(args) -> int:
+    from .harness import plots, report
+    from .harness.schema import read_csv
+
+    try:
+        df = read_csv(args.csv)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    out = Path(args.out) if args.out else Path(args.csv).parent
+    out.mkdir(parents=True, exist_ok=True)
+    md = report.render(df, source=str(args.csv))
+    written = [] if args.no_plots else plots.write_plots(df, out)
+    if written:
+        md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in written) + "\n"
+    (out / "report.md").write_text(md)
+    print(md)
+    print(f"wrote {out / 'report.md'}" + "".join(f", {p}" for p in written), file=sys.stderr)
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from .harness import profile
+    from .harness.schema import parse_shape
+
+    device = _device(args.device)
+    try:
+        shape = parse_shape(args.shape) if args.shape else None
+        if shape is not None and len(shape) != 4:
+            raise ValueError(f"--shape must be B x H x L x D (4 dims), got {args.shape!r}")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    dtypes = _dtypes([args.dtype] if args.dtype else None)
+    out = Path(args.out)
+    res = profile.profile_attention(device, shape, dtypes[0] if dtypes else None, args.causal, out)
+    (out / "profile.md").write_text(res.markdown)
+    print(res.markdown)
+    files = [out / "profile.md", res.trace, res.timeline]
+    print("wrote " + ", ".join(str(f) for f in files if f is not None), file=sys.stderr)
+    return 0
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def cmd_info(args) -> int:
+    from . import __version__, registry
+
+    print(f"crossfuse {__version__}")
+    print(f"python    {platform.python_version()} ({sys.executable})")
+    print(f"torch     {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
+    print(
+        f"triton    {_version('triton')}"
+        + (f" ({_backend.triton_missing_reason()})" if not _backend.HAS_TRITON else "")
+    )
+    print(f"interpreter: TRITON_INTERPRET={'1 (on)' if _backend.interpreter_requested() else 'off'}")
+    from .harness.schema import device_name
+
+    print(f"devices:  cpu: {device_name('cpu')}")
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            print(f"          cuda:{i}: {torch.cuda.get_device_name(i)}")
+    else:
+        print("          cuda: not available")
+    impls = registry.implementations()
+    print(f"registry: {len(impls)} implementations of {len(registry.OPS)} ops ({', '.join(registry.OPS)})")
+    julia = [i for i in impls if i.side == "julia"]
+    if not julia:
+        print(
+            "julia:    no Julia entries registered (the crossfuse_julia plugin is not installed, failed to "
+            "load, or CROSSFUSE_PLUGINS=0)"
+        )
+    else:
+        reasons: dict = {}
+        for i in julia:
+            for dev in _devices(None):
+                reasons.setdefault(i.unavailable_reason(dev) or "available", []).append(f"{i.key}@{dev}")
+        for reason, keys in reasons.items():
+            more = ", ..." if len(keys) > 4 else ""
+            print(f"julia:    {reason}: {len(keys)} entries ({', '.join(keys[:4])}{more})")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="crossfuse", description="crossfuse: check, benchmark and profile the registered implementations"
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="{check,bench,report,profile,info}")
+
+    c = sub.add_parser("check", help="every implementation against the float64 reference")
+    c.add_argument("--device", help="cpu or cuda (default: cpu, and cuda when available)")
+    c.add_argument("--op", action="append", help="only these ops (repeat or comma-separate)")
+    c.add_argument(
+        "--impl", action="append", help="only implementations matching (fnmatch on name, or side/name)"
+    )
+    c.add_argument(
+        "--skip", action="append", help="skip implementations whose name matches, e.g. '*compile*'"
+    )
+    c.add_argument("--dtype", action="append", help=f"dtypes (default: {', '.join(CHECK_DTYPES)})")
+    c.add_argument("--side", choices=("python", "julia"), help="only one side")
+    c.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh, printed on failure)")
+    c.set_defaults(func=cmd_check)
+
+    b = sub.add_parser("bench", help="run a benchmark suite from bench/suites.py")
+    b.add_argument("suite", help="suite name (layer_norm, attention, memory, ...)")
+    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--dtype", action="append", help="only these dtypes")
+    b.add_argument("--op", action="append", help="only these ops")
+    b.add_argument(
+        "--impl", action="append", help="only implementations matching (fnmatch on name, or side/name)"
+    )
+    b.add_argument("--quick", action="store_true", help="tiny shapes, short timing (for the CPU)")
+    b.add_argument(
+        "--out", default="out/bench", help="output folder (results.csv appended; default out/bench)"
+    )
+    b.add_argument("--suites", help="suite file (default: bench/suites.py of this checkout)")
+    b.add_argument("--budget-s", type=float, help="stop measuring after this many seconds (skip rows after)")
+    b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("report", help="markdown tables and plots from a result CSV")
+    r.add_argument("csv", help="a result CSV written by `crossfuse bench`")
+    r.add_argument("--out", help="output folder (default: the CSV's folder)")
+    r.add_argument("--no-plots", action="store_true", help="markdown only")
+    r.set_defaults(func=cmd_report)
+
+    pr = sub.add_parser("profile", help="PyTorch profiler tables, Chrome trace and timeline")
+    pr.add_argument("what", choices=("attention",), help="what to profile")
+    pr.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    pr.add_argument("--shape", help="B x H x L x D, e.g. 4x16x4096x128")
+    pr.add_argument("--dtype", help="dtype (default: bfloat16 on cuda, float32 on cpu)")
+    pr.add_argument("--causal", action="store_true")
+    pr.add_argument("--out", default="out/profile", help="output folder (default out/profile)")
+    pr.set_defaults(func=cmd_profile)
+
+    i = sub.add_parser("info", help="versions, devices, interpreter, Julia availability")
+    i.set_defaults(func=cmd_info)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or bad usage (2)
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"crossfuse {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""Reports from result rows: markdown tables, the pivot and the ratio to the best peer.
+
+* Throughput tables, one per (suite, op, device, dtype, mode, causal): shapes down, implementations
+  across, GB/s (normalisations) or TFLOP/s (attention) from the median time; a cell without a number
+  says why (``not timed``, ``skip``, ``error``). For each implementation that is not a peer, a column
+  ``<impl> ÷ best peer`` divides it by the fastest peer in that row (where a peer was measured). Where
+  the run measured the copy ceiling (op ``copy``) on the device, a column gives the best implementation's
+  GB/s as a percentage of the copy bandwidth.
+* Memory tables for the ``memory`` suite: bytes allocated and peak above baseline per mode, in MiB and
+  as a multiple of the input's size.
+* Accuracy: the largest relative error against the float64 reference, per op, dtype and implementation.
+* What was not measured, and why (grouped notes of ``skip``, ``not timed`` and ``error`` rows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from .schema import MODES, parse_shape, rows_frame
+
+ATTENTION_OPS = ("relu_attention",)
+UNIT = {"gbps": "GB/s", "tflops": "TFLOP/s"}
+
+
+def metric_for(op: str) -> str:
+    """``tflops`` for ops counted in FLOPs (attention), ``gbps`` for ops counted in bytes."""
+    return "tflops" if op in ATTENTION_OPS else "gbps"
+
+
+def _ordered(values) -> list:
+    seen = {}
+    for v in values:
+        seen.setdefault(v, None)
+    return list(seen)
+
+
+def with_labels(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``label``: the implementation's name, with ``[side]`` for sides other than python (a Julia
+    twin has the same name as its Python one)."""
+    side = df["side"].where(df["side"] != "python", "")
+    return df.assign(label=df["impl"] + side.map(lambda v: f" [{v}]" if v else ""))
+
+
+def pivot(df: pd.DataFrame, metric: str, index: str = "shape", columns: str = "label") -> pd.DataFrame:
+    """``metric`` per ``index`` × ``columns``, in order of first appearance (NaN where not measured)."""
+    ok = df[df["status"] == "ok"]
+    table = ok.pivot_table(index=index, columns=columns, values=metric, aggfunc="max")
+    rows = [r for r in _ordered(df[index]) if r in table.index] or list(table.index)
+    cols = _ordered(df[columns])
+    return table.reindex(index=rows + [r for r in _ordered(df[index]) if r not in rows], columns=cols)
+
+
+def peer_ratio(table: pd.DataFrame, peers: Sequence[str]) -> pd.DataFrame:
+    """For each non-peer column: its value divided by the best (largest) peer value in the row.
+
+    Columns ``"<impl> ÷ best peer"``; NaN where the row has no peer value. Empty when no peer is present.
+    """
+    peer_cols = [c for c in table.columns if c in set(peers)]
+    if not peer_cols:
+        return pd.DataFrame(index=table.index)
+    best = table[peer_cols].max(axis=1, skipna=True)
+    out = {}
+    for c in table.columns:
+        if c in peer_cols or table[c].isna().all():
+            continue
+        out[f"{c} ÷ best peer"] = table[c] / best
+    return pd.DataFrame(out, index=table.index)
+
+
+def peers_of(df: pd.DataFrame) -> set[str]:
+    """Labels (see :func:`with_labels`) of the peer implementations in ``df``."""
+    return set(with_labels(df).loc[df["peer"], "label"])
+
+
+def copy_ceiling(df: pd.DataFrame, device: str) -> float | None:
+    """The best measured copy bandwidth (GB/s) on ``device`` in these rows, or None."""
+    c = df[(df["op"] == "copy") & (df["device"] == device) & (df["status"] == "ok")]["gbps"].dropna()
+    return float(c.max()) if len(c) else None
+
+
+# ----------------------------------------------------------------------------------------------------
+# formatting
+# ----------------------------------------------------------------------------------------------------
+
+
+def fmt_num(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    v = float(v)
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+def fmt_bytes(v, ref: float | None = None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    text = f"{v / 2**20:.1f} MiB"
+    if ref:
+        text += f" ({v / ref:.2f}×)"
+    return text
+
+
+def fmt_ratio(v) -> str:
+    if v is None or pd.isna(v):
+        return ""
+    return f"{v:.2f}×" if v >= 0.1 else f"{v:.2g}×"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """A GitHub markdown table; the first ``left`` columns left-aligned, the others right-aligned."""
+    esc = [[str(c).replace("|", "\\|") for c in r] for r in [header, *rows]]
+    align = [":---" if i < left else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(esc[0]) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
+    return "\n".join(lines)
+
+
+def _missing_cell(df: pd.DataFrame, shape: str, label: str) -> str:
+    st = df[(df["shape"] == shape) & (df["label"] == label)]["status"]
+    if not len(st):
+        return ""
+    s = st.iloc[0]
+    return "" if s == "ok" else s
+
+
+# ----------------------------------------------------------------------------------------------------
+# sections
+# ----------------------------------------------------------------------------------------------------
+
+
+def _group_title(keys: dict) -> str:
+    parts = [f"{keys['op']}", f"{keys['device']}", keys["dtype"], keys["mode"]]
+    if keys["op"] in ATTENTION_OPS:
+        parts.append("causal" if keys["causal"] else "not causal")
+    return " · ".join(parts)
+
+
+def throughput_section(df: pd.DataFrame) -> str:
+    """The throughput tables for all non-copy rows of ``df`` (copy rows give the ceiling column)."""
+    ceilings = {dev: copy_ceiling(df, dev) for dev in _ordered(df["device"])}
+    df = with_labels(df[df["op"] != "copy"])
+    if df.empty:
+        return ""
+    peers = peers_of(df)
+    out = []
+    keys = ["suite", "op", "device", "dtype", "mode", "causal"]
+    order = df[keys].drop_duplicates()
+    order = order.assign(_m=order["mode"].map({m: i for i, m in enumerate(MODES)}))
+    for _, k in order.sort_values(
+        ["suite", "op", "device", "dtype", "causal", "_m"], kind="stable"
+    ).iterrows():
+        g = df[(df[keys] == k[keys]).all(axis=1)]
+        if g["suite"].iloc[0] == "memory":
+            continue
+        metric = metric_for(k["op"])
+        table = pivot(g, metric)
+        if table.empty:
+            continue
+        ratio = peer_ratio(table, peers)
+        ceiling = ceilings.get(k["device"]) if metric == "gbps" else None
+        header = ["shape", *table.columns, *ratio.columns]
+        if ceiling:
+            header.append("best % of copy")
+        rows = []
+        for shape in table.index:
+            cells = [shape]
+            for impl in table.columns:
+                v = table.at[shape, impl]
+                cells.append(fmt_num(v) if not pd.isna(v) else _missing_cell(g, shape, impl))
+            for c in ratio.columns:
+                cells.append(fmt_ratio(ratio.at[shape, c]))
+            if ceiling:
+                r = table.loc[shape].dropna()
+                cells.append(f"{100 * r.max() / ceiling:.0f}% ({r.idxmax()})" if len(r) else "")
+            rows.append(cells)
+        title = f"### {_group_title(k)} — {UNIT[metric]} (median)"
+        if ceiling:
+            title += f"; copy ceiling {ceiling:.0f} GB/s"
+        out.append(title + "\n\n" + markdown_table(header, rows))
+    return "\n\n".join(out)
+
+
+def memory_section(df: pd.DataFrame) -> str:
+    """Memory tables: rows of the ``memory`` suite (alloc and peak per mode, × the input's bytes)."""
+    m = df[(df["suite"] == "memory") & (df["op"] != "copy")]
+    if m.empty:
+        return ""
+    out = []
+    for (op, device, dtype, shape), g in m.groupby(["op", "device", "dtype", "shape"], sort=False):
+        dims = parse_shape(shape)
+        ref = math.prod(dims) * _element_size(dtype)
+        modes = [x for x in MODES if x in set(g["mode"])]
+        header = ["impl", *[f"{x} {w}" for x in modes for w in ("alloc", "peak")]]
+        rows = []
+        for label, gi in with_labels(g).groupby("label", sort=False):
+            cells = [label + (" (peer)" if gi["peer"].iloc[0] else "")]
+            for x in modes:
+                r = gi[gi["mode"] == x]
+                if not len(r) or pd.isna(r["alloc_bytes"].iloc[0]):
+                    miss = r["status"].iloc[0] if len(r) else ""
+                    cells += [miss, miss]
+                else:
+                    cells += [
+                        fmt_bytes(r["alloc_bytes"].iloc[0], ref),
+                        fmt_bytes(r["peak_bytes"].iloc[0], ref),
+                    ]
+            rows.append(cells)
+        title = f"### memory · {op} · {device} · {dtype} · {shape} (input {ref / 2**20:.1f} MiB)"
+        out.append(title + "\n\n" + markdown_table(header, rows))
+    return "\n\n".join(out)
+
+
+def _element_size(dtype: str) -> int:
+    import torch
+
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
+def accuracy_section(df: pd.DataFrame) -> str:
+    """Largest relerr per (op, device, dtype, impl): of the forward, and of the gradients."""
+    d = df[(df["op"] != "copy")]
+    if d["relerr"].notna().sum() == 0:
+        return ""
+    rows = []
+    for (op, device, dtype, impl), g in with_labels(d).groupby(
+        ["op", "device", "dtype", "label"], sort=False
+    ):
+        f = g[g["mode"] == "fwd"]["relerr"].max()
+        b = g[g["mode"] != "fwd"]["relerr"].max()
+        if pd.isna(f) and pd.isna(b):
+            continue
+        rows.append(
+            [
+                op,
+                device,
+                dtype,
+                impl,
+                f"{f:.2e}" if not pd.isna(f) else "",
+                f"{b:.2e}" if not pd.isna(b) else "",
+            ]
+        )
+    if not rows:
+        return ""
+    header = ["op", "device", "dtype", "impl", "max relerr fwd", "max relerr with grads"]
+    return "### accuracy (relative error against the float64 reference)\n\n" + markdown_table(
+        header, rows, left=4
+    )
+
+
+def notes_section(df: pd.DataFrame) -> str:
+    """What was not measured and why: one line per distinct (op, impl, device, status, note)."""
+    d = with_labels(df[df["status"] != "ok"])
+    if d.empty:
+        return ""
+    g = d.groupby(["op", "label", "device", "status", "note"], sort=False).size().reset_index(name="rows")
+    rows = [[r.op, r.label, r.device, r.status, str(r.rows), r.note] for r in g.itertuples()]
+    return "### not measured\n\n" + markdown_table(
+        ["op", "impl", "device", "status", "rows", "why"], rows, left=6
+    )
+
+
+def render(df_or_rows, title: str = "crossfuse benchmark results", source: str | None = None) -> str:
+    """The full markdown report of some rows (a DataFrame or a list of :class:`Row`)."""
+    df = rows_frame(df_or_rows)
+    if df.empty:
+        return f"## {title}\n\nno rows\n"
+    parts = [f"## {title}"]
+    meta = [f"{len(df)} rows" + (f" from `{source}`" if source else "")]
+    for dev, name in df[["device", "device_name"]].drop_duplicates().itertuples(index=False):
+        meta.append(f"{dev}: {name}")
+    meta.append("versions: " + "; ".join(_ordered(df["versions"])))
+    ts = df["timestamp"][df["timestamp"] != ""]
+    if len(ts):
+        meta.append(f"measured {ts.min()} – {ts.max()}")
+    parts.append("\n".join(f"- {m}" for m in meta))
+    for dev in _ordered(df["device"]):
+        c = copy_ceiling(df, dev)
+        if c:
+            parts.append(f"Copy ceiling on {dev}: {c:.0f} GB/s (y.copy_(x), bytes read + written).")
+    for section in (throughput_section(df), memory_section(df), accuracy_section(df), notes_section(df)):
+        if section:
+            parts.append(section)
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,484 @@
+"""The runner: every registry implementation of a suite's ops, at every point and mode, one row each.
+
+For one implementation at one point (op, shape, dtype, options) the runner
+
+1. writes ``skip`` rows when it cannot run here (``Implementation.unavailable_reason``), is excluded by the
+   suite (with the suite's reason), or the time budget (``deadline``) is spent;
+2. computes the relative error against the float64 reference once (``check.run_case``, outside any
+   timed region) and puts it into every mode's row: ``fwd`` rows get the output's error, ``bwd`` rows the
+   largest gradient error, ``fwd+bwd`` rows the largest of both. Attention is checked on a slice of
+   the batch and heads when the float64 reference would be large (heads are independent; the note says
+   so). Speed-only peers (``same_function=False``) get no relerr;
+3. writes ``not timed`` rows for implementations that run here only under the Triton interpreter (with
+   the relerr of one interpreted run when that is cheap);
+4. hands the measurement to the implementation's own side when it has ``measure`` (Julia times itself);
+5. otherwise times and measures it per mode:
+
+   * ``fwd``: the training forward, ``fn(**inputs)`` with the differentiable inputs requiring grad
+     (so its memory includes what autograd saves for the backward);
+   * ``bwd``: the forward runs once, then ``torch.autograd.grad(out, inputs, dy, retain_graph=True)``
+     is timed (an implementation with its own ``vjp`` cannot separate it: a ``skip`` row says so);
+   * ``fwd+bwd``: the forward and ``torch.autograd.grad`` together (or ``vjp``).
+
+   The first call (compilation, autotuning) is not timed. Any exception (including out-of-memory)
+   becomes an ``error`` row, memory is freed and the run goes on. ``KeyboardInterrupt`` stops the run;
+   rows are written (and flushed) as they are measured, so everything before it is kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from .. import check, registry, tolerances
+from ..tolerances import tolerance
+from . import memory, timing
+from .schema import CsvWriter, Row, device_name, dtype_str, shape_str
+from .suite import Point, Suite, points, select
+
+# Interpreted (Triton on the CPU) runs are slow: relerr from one such run only up to this much work.
+INTERPRETED_RELERR_MAX_WORK = 1 << 17
+# Largest float64 score matrix (B*H*L*Lk elements) the attention relerr check may build.
+ATTENTION_RELERR_MAX_SCORES = 1 << 28
+NOTE_MAX = 300
+
+
+class _NotMeasurable(Exception):
+    """This mode cannot be measured for this implementation (a ``skip`` row with the message)."""
+
+
+def _message(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return text if len(text) <= NOTE_MAX else text[: NOTE_MAX - 3] + "..."
+
+
+def free_memory(device) -> None:
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def work(op: str, shape: Sequence[int]) -> int:
+    """A size measure for deciding what is cheap: elements for normalisations, B*H*L*L*D/64 for attention."""
+    if op == "relu_attention":
+        b, h, l, d = shape
+        return b * h * l * l * d // 64
+    return math.prod(shape)
+
+
+def relerr_heads(op: str, shape: tuple[int, ...]) -> int | None:
+    """For attention too large for a float64 reference: how many heads of batch entry 0 to check
+    (batch entries and heads are independent); None when the whole output is checked."""
+    if op != "relu_attention":
+        return None
+    b, h, l, _ = shape
+    if b * h * l * l <= ATTENTION_RELERR_MAX_SCORES:
+        return None
+    return max(1, min(h, ATTENTION_RELERR_MAX_SCORES // (l * l)))
+
+
+def throughput(op: str, shape, mode: str, dtype: torch.dtype, causal: bool, ms: float | None):
+    """(GB/s, TFLOP/s) from the median time, by ``registry.min_bytes`` and ``registry.flops``."""
+    if ms is None or not ms > 0:
+        return None, None
+    nbytes = registry.min_bytes(op, shape, mode, torch.empty((), dtype=dtype).element_size())
+    nflops = registry.flops(op, shape, mode, causal)
+    gbps = nbytes / (ms * 1e-3) / 1e9 if nbytes else None
+    tflops = nflops / (ms * 1e-3) / 1e12 if nflops else None
+    return gbps, tflops
+
+
+def _raise_recompile_limit(limit: int = 64) -> None:
+    """torch.compile with ``dynamic=False`` compiles once per shape and dtype; dynamo's default limit of
+    8 compiles per function would silently fall back to eager in a suite with more shapes."""
+    import torch._dynamo.config as cfg
+
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    if getattr(cfg, name, limit) < limit:
+        setattr(cfg, name, limit)
+
+
+class Runner:
+    """Runs suites on one device and writes rows as they are measured.
+
+    ``writer``: a :class:`CsvWriter` (or None); ``on_row``: called with each row after it is written;
+    ``deadline``: a ``time.monotonic()`` value after which nothing new is measured (``skip`` rows).
+    """
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        writer: CsvWriter | None = None,
+        quick: bool = False,
+        config: timing.TimingConfig | None = None,
+        deadline: float | None = None,
+        on_row: Callable[[Row], None] | None = None,
+    ):
+        self.device = str(device)
+        self.devtype = torch.device(device).type
+        if self.devtype == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+        if self.devtype not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        self.writer, self.quick, self.deadline, self.on_row = writer, quick, deadline, on_row
+        self.config = config or (timing.QUICK if quick else timing.DEFAULT)
+        self.device_name = device_name(device)
+        self.rows: list[Row] = []
+
+    # ------------------------------------------------------------------------------------------------
+    def plan(self, suite: Suite, dtypes=None, ops=None, impls: Sequence[str] | None = None) -> list:
+        """``(point, implementation)`` pairs the suite measures, in order."""
+        out = []
+        for p in points(suite, self.quick, dtypes, ops):
+            chosen = select(registry.implementations(p.op), p.impls)
+            for impl in select(chosen, impls):
+                out.append((p, impl))
+        return out
+
+    def count(self, suite: Suite, dtypes=None, ops=None, impls=None) -> int:
+        """How many rows :meth:`run` will write."""
+        n = sum(len(p.modes) for p, _ in self.plan(suite, dtypes, ops, impls))
+        return n + (1 if suite.copy_ceiling is not None else 0)
+
+    def run(self, suite: Suite, dtypes=None, ops=None, impls: Sequence[str] | None = None) -> list[Row]:
+        """Measure the suite; returns its rows (also written and passed to ``on_row`` one by one)."""
+        start = len(self.rows)
+        if suite.copy_ceiling is not None:
+            self._emit(self.copy_row(suite))
+        last = None
+        for p, impl in self.plan(suite, dtypes, ops, impls):
+            if last is not None and (p.op, p.shape, p.dtype) != last and self.devtype == "cuda":
+                torch.cuda.empty_cache()
+            last = (p.op, p.shape, p.dtype)
+            for row in self.measure(suite, p, impl):
+                self._emit(row)
+        return self.rows[start:]
+
+    def _emit(self, row: Row) -> None:
+        if self.writer is not None:
+            self.writer.write(row)
+        self.rows.append(row)
+        if self.on_row is not None:
+            self.on_row(row)
+
+    def _out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    # ------------------------------------------------------------------------------------------------
+    def _row(self, suite: Suite | str, p: Point, impl, mode: str, **fields) -> Row:
+        return Row(
+            op=p.op,
+            impl=impl.name,
+            side=impl.side,
+            peer=impl.peer,
+            device=self.devtype,
+            device_name=self.device_name,
+            dtype=dtype_str(p.dtype),
+            shape=shape_str(p.shape),
+            causal=bool(p.options.get("causal", False)),
+            mode=mode,
+            suite=suite if isinstance(suite, str) else suite.name,
+            **fields,
+        )
+
+    def measure(self, suite: Suite, p: Point, impl: registry.Implementation) -> Iterator[Row]:
+        """Rows of one implementation at one point, one per mode."""
+        reason = None
+        for ex in suite.exclude:
+            if ex.applies(impl, self.devtype, self.quick):
+                reason = ex.reason
+                break
+        if reason is None:
+            reason = impl.unavailable_reason(self.device)
+        if reason is None and self._out_of_time():
+            reason = "not measured: the time budget of this run was spent"
+        if reason is not None:
+            for mode in p.modes:
+                yield self._row(suite, p, impl, mode, status="skip", note=reason)
+            return
+
+        errs, rnote = self.relerr(impl, p)
+
+        def note(*parts: str) -> str:
+            return "; ".join(s for s in (*parts, rnote) if s)
+
+        if impl.interpreted(self.device):
+            why = "runs only under the Triton interpreter on the CPU: a time would measure the interpreter"
+            for mode in p.modes:
+                yield self._row(
+                    suite, p, impl, mode, relerr=errs.get(mode), status="not timed", note=note(why)
+                )
+            return
+
+        if impl.measure is not None:
+            for mode in p.modes:
+                yield self._measured_by_side(suite, p, impl, mode, errs.get(mode), note())
+            return
+
+        if "compile" in impl.name:
+            _raise_recompile_limit()
+        op = registry.OPS[p.op]
+        gen = torch.Generator().manual_seed(0)
+        try:
+            inputs = op.make_inputs(p.shape, p.dtype, self.device, gen, **p.options)
+        except Exception as exc:
+            msg = _message(exc)
+            inputs = None
+            free_memory(self.device)
+            for mode in p.modes:
+                yield self._row(
+                    suite,
+                    p,
+                    impl,
+                    mode,
+                    relerr=errs.get(mode),
+                    status="error",
+                    note=note(f"making inputs failed: {msg}"),
+                )
+            return
+        for mode in p.modes:
+            if self._out_of_time():
+                yield self._row(
+                    suite,
+                    p,
+                    impl,
+                    mode,
+                    status="skip",
+                    note="not measured: the time budget of this run was spent",
+                )
+                continue
+            status, msg, t, mem = "ok", "", None, None
+            call = None
+            try:
+                call = self._callable(impl, op, inputs, mode)
+                t = timing.time_call(call, self.device, self.config)
+                mem = memory.measure_call(call, self.device)
+            except _NotMeasurable as exc:
+                status, msg = "skip", str(exc)
+            except Exception as exc:  # incl. torch.cuda.OutOfMemoryError: a row, and the run goes on
+                status, msg = "error", _message(exc)
+            call = None
+            if status == "error":
+                free_memory(self.device)
+            fields = dict(relerr=errs.get(mode), status=status, note=note(msg))
+            if t is not None:
+                gbps, tflops = throughput(p.op, p.shape, mode, p.dtype, _causal(p), t.p50)
+                fields.update(ms_p20=t.p20, ms_p50=t.p50, ms_p80=t.p80, gbps=gbps, tflops=tflops)
+            if mem is not None:
+                fields.update(alloc_bytes=mem.alloc_bytes, peak_bytes=mem.peak_bytes)
+            yield self._row(suite, p, impl, mode, **fields)
+        inputs = None
+
+    # ------------------------------------------------------------------------------------------------
+    def _callable(self, impl, op, inputs: dict, mode: str) -> Callable[[], object]:
+        """The zero-argument call that ``mode`` times; its first call (compile, autotune) happens here."""
+        leaves = {
+            n: inputs[n].detach().clone().requires_grad_(True)
+            for n in op.grad_args
+            if isinstance(inputs.get(n), torch.Tensor)
+        }
+        ins = {**inputs, **leaves}
+        lv = list(leaves.values())
+        if mode != "fwd" and not lv:
+            raise _NotMeasurable(f"{mode}: the op has no differentiable inputs here")
+        out = impl.fn(**ins)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"{impl.key} returned {type(out).__name__}, expected a torch.Tensor")
+        if mode == "fwd":
+            return lambda: impl.fn(**ins)
+        dy = torch.randn_like(out)
+        if impl.vjp is not None:
+            if mode == "bwd":
+                raise _NotMeasurable(
+                    "bwd alone is not separable: the implementation's vjp runs forward and backward "
+                    "together (see fwd+bwd)"
+                )
+            impl.vjp(inputs, dy)
+            return lambda: impl.vjp(inputs, dy)
+        if mode == "bwd":
+            return _backward_only(impl, out, lv, dy)
+        out = None  # fwd+bwd builds a fresh graph every call
+        return _forward_backward(impl, ins, lv, dy)
+
+    def relerr(self, impl, p: Point) -> tuple[dict, str]:
+        """``{mode: relative error}`` against the float64 reference, and a note."""
+        if not impl.same_function:
+            return {}, "speed-only peer: computes a different function, no relerr"
+        interpreted = impl.interpreted(self.device)
+        if interpreted and work(p.op, p.shape) > INTERPRETED_RELERR_MAX_WORK:
+            return {}, "relerr not computed: an interpreted run at this size is too slow"
+        heads = relerr_heads(p.op, p.shape)
+        note = "" if heads is None else f"relerr on batch 0, heads 0..{heads - 1} (independent of the rest)"
+        grads = any(m != "fwd" for m in p.modes)
+        try:
+            if heads is None:
+                res = check.run_case(impl, p.shape, p.dtype, self.device, p.options, grads=grads)
+            else:
+                res = self._sliced_case(impl, p, heads, grads)
+        except Exception as exc:  # the reference itself failed (e.g. out of memory in float64)
+            msg = _message(exc)
+            free_memory(self.device)
+            return {}, f"relerr not computed: {msg}"
+        if res.status == "error":
+            free_memory(self.device)
+            return {}, f"relerr check raised {res.reason}"
+        if res.status == "skip":
+            return {}, f"relerr not computed: {res.reason}"
+        fwd = res.fwd_err
+        g = max(res.grad_err.values()) if res.grad_err else None
+        errs = {"fwd": fwd}
+        if g is not None:
+            errs["bwd"] = g
+            errs["fwd+bwd"] = max(fwd, g) if not (math.isnan(fwd) or math.isnan(g)) else float("nan")
+        if res.status == "fail":
+            note = "; ".join(s for s in (note, f"relerr above tolerance (fwd tol {res.fwd_tol:.1e})") if s)
+        return errs, note
+
+    def _sliced_case(self, impl, p: Point, heads: int, grads: bool) -> check.CheckResult:
+        """Like ``check.run_case``, but the implementation runs at the full shape (the one timed, no
+        recompilation) and only ``[:1, :heads]`` of its output and gradients is compared with a float64
+        reference of that slice."""
+        op = registry.OPS[p.op]
+        res = check.CheckResult(impl.key, p.op, impl.side, self.devtype, dtype_str(p.dtype), p.shape,
+                                dict(p.options), "skip")  # fmt: skip
+        gen, res.seed = check.fresh_generator()
+        inputs = op.make_inputs(p.shape, p.dtype, self.device, gen, **p.options)
+
+        def part(t):
+            return t[:1, :heads]
+
+        small = {
+            k: part(v) if k in op.tensor_args and isinstance(v, torch.Tensor) else v
+            for k, v in inputs.items()
+        }
+        with torch.no_grad():
+            ref_out = op.reference(small)
+        dy = torch.randn((*p.shape[:2], *ref_out.shape[2:]), dtype=torch.float64, generator=gen)
+        dy = dy.to(device=self.device, dtype=p.dtype)
+        try:
+            if grads:
+                out, got = impl.forward_backward(inputs, dy)
+            else:
+                with torch.no_grad():
+                    out, got = impl.fn(**inputs), {}
+        except Exception as exc:
+            res.status, res.reason = "error", _message(exc)
+            return res
+        out = part(out).clone()
+        got = {k: part(g).clone() for k, g in got.items() if g is not None}
+        inputs = None
+        if grads:
+            ref_out, ref_grads = op.reference_grads(small, part(dy))
+        else:
+            ref_grads = {}
+        res.fwd_tol = tolerance(op.name, p.dtype, "fwd")
+        res.fwd_err = tolerances.relerr(out, ref_out)
+        ok = res.fwd_err <= res.fwd_tol
+        for name, ref_g in ref_grads.items():
+            kind = "reduced" if name in op.reduced_args else "bwd"
+            res.grad_tol[name] = tolerance(op.name, p.dtype, kind, op.rows(small))
+            g = got.get(name)
+            res.grad_err[name] = float("nan") if g is None else tolerances.relerr(g, ref_g)
+            ok = ok and res.grad_err[name] <= res.grad_tol[name]
+        res.status = "pass" if ok else "fail"
+        return res
+
+    def _measured_by_side(self, suite, p: Point, impl, mode: str, relerr, note: str) -> Row:
+        """A row from the implementation's own ``measure`` (e.g. Julia timing itself in Julia)."""
+        row = self._row(suite, p, impl, mode, relerr=relerr, note=note)
+        try:
+            fields = dict(impl.measure(p.shape, p.dtype, self.device, mode, dict(p.options)))
+            row.update(fields)
+        except Exception as exc:
+            msg = _message(exc)
+            free_memory(self.device)
+            return self._row(
+                suite,
+                p,
+                impl,
+                mode,
+                relerr=relerr,
+                status="error",
+                note="; ".join(s for s in (f"measure failed: {msg}", note) if s),
+            )
+        if row.ms_p50 is not None and row.gbps is None and row.tflops is None:
+            row.gbps, row.tflops = throughput(p.op, p.shape, mode, p.dtype, _causal(p), row.ms_p50)
+        return row
+
+    # ------------------------------------------------------------------------------------------------
+    def copy_row(self, suite: Suite | str, dtype: torch.dtype | None = None, numel: int | None = None) -> Row:
+        """The copy-bandwidth ceiling: ``y.copy_(x)`` of ``numel`` elements, bytes read + written."""
+        name = suite if isinstance(suite, str) else suite.name
+        cc = None if isinstance(suite, str) else suite.copy_ceiling
+        if dtype is None:
+            dtype = cc.dtype if cc is not None else torch.bfloat16
+        if numel is None:
+            numel = cc.quick_numel if self.quick else cc.numel.get(self.devtype, cc.quick_numel)
+        base = dict(
+            op="copy",
+            impl="torch_copy",
+            side="python",
+            peer=False,
+            device=self.devtype,
+            device_name=self.device_name,
+            dtype=dtype_str(dtype),
+            shape=str(numel),
+            causal=False,
+            mode="fwd",
+            suite=name,
+        )
+        note = "bandwidth ceiling: y.copy_(x) on one device, bytes read + written"
+        try:
+            x = torch.ones(numel, dtype=dtype, device=self.device)
+            y = torch.empty_like(x)
+            y.copy_(x)
+            t = timing.time_call(lambda: y.copy_(x), self.device, self.config)
+            mem = memory.measure_call(lambda: y.copy_(x), self.device)
+        except Exception as exc:
+            msg = _message(exc)
+            x = y = None
+            free_memory(self.device)
+            return Row(**base, status="error", note=f"{note}; {msg}")
+        x = y = None
+        nbytes = 2 * numel * torch.empty((), dtype=dtype).element_size()
+        return Row(
+            **base,
+            ms_p20=t.p20,
+            ms_p50=t.p50,
+            ms_p80=t.p80,
+            gbps=nbytes / (t.p50 * 1e-3) / 1e9,
+            alloc_bytes=mem.alloc_bytes,
+            peak_bytes=mem.peak_bytes,
+            note=note,
+        )
+
+
+def _backward_only(impl, out: torch.Tensor, leaves: list, dy: torch.Tensor) -> Callable[[], object]:
+    """The gradient call of a retained graph (the forward ran once, outside)."""
+    if not out.requires_grad:
+        raise TypeError(f"{impl.key}'s output does not require grad: no backward to time")
+    torch.autograd.grad(out, leaves, dy, retain_graph=True, allow_unused=True)
+    return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True, allow_unused=True)
+
+
+def _forward_backward(impl, ins: dict, leaves: list, dy: torch.Tensor) -> Callable[[], object]:
+    def call():
+        return torch.autograd.grad(impl.fn(**ins), leaves, dy, allow_unused=True)
+
+    call()  # compiles the backward where there is one to compile
+    return call
+
+
+def _causal(p: Point) -> bool:
+    return bool(p.options.get("causal", False))
+
+
+def run_suite(
+    suite: Suite, device: str = "cpu", writer: CsvWriter | None = None, quick: bool = False, **kwargs
+) -> list[Row]:
+    """Convenience: ``Runner(device, writer, quick).run(suite, **kwargs)``."""
+    return Runner(device, writer, quick).run(suite, **kwargs)

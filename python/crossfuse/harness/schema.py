@@ -1,0 +1,312 @@
+"""The benchmark result schema (DESIGN.md): long format, one row per measurement, the same for both sides.
+
+Columns, in order: the DESIGN.md columns ``op .. timestamp``, then three of the harness's own:
+
+* ``status``: ``ok`` (measured), ``not timed`` (ran, e.g. under the Triton interpreter, but a time would
+  mean nothing), ``skip`` (not run: unavailable, excluded, out of time budget) or ``error`` (raised,
+  e.g. out of memory). ``note`` says why, for every status other than ``ok`` and for caveats.
+* ``note``: free text (the reason, how relerr was obtained, ...).
+* ``suite``: the suite that produced the row (one CSV can hold several suites).
+
+Units: times in milliseconds (20th/50th/80th percentile over the repeats), ``gbps`` in 1e9 bytes/s and
+``tflops`` in 1e12 FLOP/s, both from the median time; bytes as integers. ``shape`` is a string
+``"4096x1024"`` (``M x N``) or ``"16x32x1024x64"`` (``B x H x L x D``); ``dtype`` is torch's name
+without ``torch.`` (``bfloat16``). Empty cells mean "not measured", never zero.
+
+Rows are appended to the CSV and flushed one at a time (:class:`CsvWriter`), so an interrupted run keeps
+everything measured so far.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import functools
+import importlib.metadata
+import math
+import os
+import platform
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+#: The DESIGN.md columns, in order.
+DESIGN_COLUMNS: tuple[str, ...] = (
+    "op",
+    "impl",
+    "side",
+    "peer",
+    "device",
+    "device_name",
+    "dtype",
+    "shape",
+    "causal",
+    "mode",
+    "ms_p20",
+    "ms_p50",
+    "ms_p80",
+    "gbps",
+    "tflops",
+    "alloc_bytes",
+    "peak_bytes",
+    "relerr",
+    "versions",
+    "timestamp",
+)
+#: All columns of a result CSV, in order.
+COLUMNS: tuple[str, ...] = (*DESIGN_COLUMNS, "status", "note", "suite")
+
+MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
+STATUSES: tuple[str, ...] = ("ok", "not timed", "skip", "error")
+
+_FLOAT_COLUMNS = ("ms_p20", "ms_p50", "ms_p80", "gbps", "tflops", "relerr")
+_INT_COLUMNS = ("alloc_bytes", "peak_bytes")
+_BOOL_COLUMNS = ("peer", "causal")
+
+
+@dataclass
+class Row:
+    """One measurement. ``None`` is "not measured" (an empty CSV cell)."""
+
+    op: str
+    impl: str
+    side: str
+    peer: bool
+    device: str
+    device_name: str
+    dtype: str
+    shape: str
+    causal: bool
+    mode: str
+    ms_p20: float | None = None
+    ms_p50: float | None = None
+    ms_p80: float | None = None
+    gbps: float | None = None
+    tflops: float | None = None
+    alloc_bytes: int | None = None
+    peak_bytes: int | None = None
+    relerr: float | None = None
+    versions: str = field(default_factory=lambda: versions())
+    timestamp: str = field(default_factory=lambda: now())
+    status: str = "ok"
+    note: str = ""
+    suite: str = ""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {self.status!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_csv(self) -> dict[str, str]:
+        """The row as CSV cells: ``None`` and NaN become empty cells."""
+        out = {}
+        for name in COLUMNS:
+            v = getattr(self, name)
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                out[name] = ""
+            elif isinstance(v, bool):
+                out[name] = "True" if v else "False"
+            elif isinstance(v, float):
+                out[name] = repr(v)
+            else:
+                out[name] = str(v)
+        return out
+
+    def update(self, fields: dict) -> Row:
+        """Set schema fields from a dict (e.g. what a Julia ``measure`` returned); unknown keys raise."""
+        unknown = set(fields) - set(COLUMNS)
+        if unknown:
+            raise ValueError(
+                f"not result-schema fields: {', '.join(sorted(unknown))}; known: {', '.join(COLUMNS)}"
+            )
+        for k, v in fields.items():
+            setattr(self, k, v)
+        return self
+
+
+def shape_str(shape: Sequence[int]) -> str:
+    """``(4096, 1024)`` -> ``"4096x1024"``."""
+    return "x".join(str(int(s)) for s in shape)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"4096x1024"`` -> ``(4096, 1024)``; a ``ValueError`` naming the text otherwise."""
+    try:
+        dims = tuple(int(s) for s in str(text).lower().replace(",", "x").split("x"))
+    except ValueError:
+        raise ValueError(
+            f"shape must look like 4096x1024 (positive integers joined by 'x'), got {text!r}"
+        ) from None
+    if not dims or any(d <= 0 for d in dims):
+        raise ValueError(f"shape must have positive dimensions, got {text!r}")
+    return dims
+
+
+def dtype_str(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"``/``"bf16"`` -> ``torch.bfloat16``; a ``ValueError`` for anything else."""
+    aliases = {
+        "bf16": "bfloat16",
+        "fp16": "float16",
+        "half": "float16",
+        "fp32": "float32",
+        "float": "float32",
+        "fp64": "float64",
+        "double": "float64",
+    }
+    key = aliases.get(str(name).lower(), str(name).lower().removeprefix("torch."))
+    dt = getattr(torch, key, None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise ValueError(f"unknown dtype {name!r}; expected one of float32, bfloat16, float16, float64")
+    return dt
+
+
+def now() -> str:
+    """ISO-8601 UTC timestamp, seconds resolution."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def versions() -> str:
+    """``python=3.12.3 torch=2.11.0 triton=3.6.0 crossfuse=0.1.0 cuda=12.8`` (without importing Triton)."""
+    from .. import __version__
+
+    parts = [f"python={platform.python_version()}", f"torch={torch.__version__}"]
+    triton = _version("triton")
+    if triton:
+        parts.append(f"triton={triton}")
+    parts.append(f"crossfuse={__version__}")
+    if torch.version.cuda:
+        parts.append(f"cuda={torch.version.cuda}")
+    return " ".join(parts)
+
+
+@functools.cache
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def device_name(device: str | torch.device) -> str:
+    """Human name of a device: the GPU's name, or the CPU model with the thread count torch uses."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    if dev.type == "cpu":
+        return f"{_cpu_name()} ({torch.get_num_threads()} threads)"
+    return str(dev)
+
+
+class CsvWriter:
+    """Appends rows to a result CSV, flushing each one to disk as it is written.
+
+    A new (or empty) file gets the header; an existing file must have exactly :data:`COLUMNS` as its
+    header (otherwise a ``ValueError``: write to a new file instead of mixing schemas).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        if not fresh:
+            with open(self.path, newline="") as f:
+                header = next(csv.reader(f), [])
+            if tuple(header) != COLUMNS:
+                raise ValueError(
+                    f"{self.path} exists with a different header ({', '.join(header[:5])}, ...); "
+                    "choose another output folder"
+                )
+        self._file = open(self.path, "a", newline="")  # closed in close()
+        self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
+        if fresh:
+            self._writer.writeheader()
+            self._sync()
+        self.count = 0
+
+    def _sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def write(self, row: Row) -> None:
+        self._writer.writerow(row.to_csv())
+        self._sync()
+        self.count += 1
+
+    def write_all(self, rows: Iterable[Row]) -> None:
+        for row in rows:
+            self.write(row)
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self) -> CsvWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_csv(path: str | os.PathLike):
+    """A result CSV as a pandas DataFrame with the schema's column types (a ``ValueError`` if the header
+    is not :data:`COLUMNS`)."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no result CSV at {path}")
+    df = pd.read_csv(
+        path,
+        dtype={c: str for c in COLUMNS if c not in _FLOAT_COLUMNS + _INT_COLUMNS},
+        keep_default_na=False,
+        na_values={c: [""] for c in _FLOAT_COLUMNS + _INT_COLUMNS},
+    )
+    if tuple(df.columns) != COLUMNS:
+        raise ValueError(
+            f"{path} is not a crossfuse result CSV: columns {list(df.columns)[:6]}..., "
+            f"expected {list(COLUMNS)[:6]}..."
+        )
+    return rows_frame(df)
+
+
+def rows_frame(df_or_rows):
+    """Normalise a DataFrame (or a list of :class:`Row`) to the schema's column types."""
+    import pandas as pd
+
+    if isinstance(df_or_rows, pd.DataFrame):
+        df = df_or_rows.copy()
+    else:
+        df = pd.DataFrame([r.to_dict() for r in df_or_rows], columns=list(COLUMNS))
+    for c in _FLOAT_COLUMNS + _INT_COLUMNS:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
+    for c in _BOOL_COLUMNS:
+        df[c] = (
+            df[c].map(lambda v: v if isinstance(v, bool) else str(v).strip().lower() == "true").astype(bool)
+        )
+    for c in COLUMNS:
+        if c not in _FLOAT_COLUMNS + _INT_COLUMNS + _BOOL_COLUMNS:
+            df[c] = df[c].fillna("").astype(str)
+    return df

@@ -1,0 +1,135 @@
+"""Timing: the 20th, 50th and 80th percentile of a call's duration, in milliseconds.
+
+* CUDA: CUDA events around each call, after warm-up; the L2 cache is flushed before every repeat by
+  zeroing a 256 MiB buffer (larger than any current L2), outside the timed region (the method of
+  ``triton.testing.do_bench``, written out here so it does not depend on a Triton version). The number
+  of repeats is chosen from an estimate so that they take about ``rep_ms``, within
+  ``[min_reps, max_reps]``.
+* CPU: ``time.perf_counter`` around each call, after warm-up; no cache flush.
+
+The callable is whatever is measured (the runner builds it: a forward, the gradient call of a retained
+graph, or both); its first call (compilation, autotuning) is the caller's business and is not timed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+QUANTILES = (0.2, 0.5, 0.8)
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Timing:
+    p20: float  # ms
+    p50: float
+    p80: float
+    reps: int
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How long to warm up and to repeat. CUDA budgets in ms, CPU budgets in seconds."""
+
+    cuda_warmup_ms: float = 10.0
+    cuda_rep_ms: float = 40.0
+    cuda_min_reps: int = 10
+    cuda_max_reps: int = 200
+    flush_l2: bool = True
+    cpu_warmup_s: float = 0.05
+    cpu_rep_s: float = 0.3
+    cpu_min_reps: int = 5
+    cpu_max_reps: int = 100
+
+
+DEFAULT = TimingConfig()
+QUICK = TimingConfig(
+    cuda_warmup_ms=5.0, cuda_rep_ms=20.0, cpu_warmup_s=0.01, cpu_rep_s=0.05, cpu_min_reps=3, cpu_max_reps=30
+)
+
+
+def _summarise(times_ms) -> Timing:
+    q = np.quantile(np.asarray(times_ms, dtype=np.float64), QUANTILES)
+    return Timing(float(q[0]), float(q[1]), float(q[2]), len(times_ms))
+
+
+def _clamp(n: float, lo: int, hi: int) -> int:
+    return int(max(lo, min(hi, n)))
+
+
+def time_cpu(fn: Callable[[], object], config: TimingConfig = DEFAULT) -> Timing:
+    """Percentiles of ``fn()``'s wall time on the CPU (``time.perf_counter``)."""
+    t0 = time.perf_counter()
+    n = 0
+    while True:
+        fn()
+        n += 1
+        if time.perf_counter() - t0 >= config.cpu_warmup_s:
+            break
+    est = (time.perf_counter() - t0) / n
+    reps = _clamp(config.cpu_rep_s / max(est, 1e-9), config.cpu_min_reps, config.cpu_max_reps)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return _summarise(times)
+
+
+_FLUSH: dict[int, torch.Tensor] = {}
+
+
+def l2_flush_buffer(device) -> torch.Tensor:
+    """A 256 MiB buffer on ``device`` whose zeroing evicts the L2 cache (allocated once per device)."""
+    dev = torch.device(device)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _FLUSH:
+        _FLUSH[idx] = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=torch.device("cuda", idx))
+    return _FLUSH[idx]
+
+
+def time_cuda(fn: Callable[[], object], device="cuda", config: TimingConfig = DEFAULT) -> Timing:
+    """Percentiles of ``fn()``'s GPU time between two CUDA events, L2 flushed before every repeat."""
+    cache = l2_flush_buffer(device) if config.flush_l2 else None
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n_est = 3
+    start.record()
+    for _ in range(n_est):
+        if cache is not None:
+            cache.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    est = start.elapsed_time(end) / n_est  # includes the flush: a conservative estimate
+    for _ in range(_clamp(config.cuda_warmup_ms / max(est, 1e-6), 1, 100)):
+        fn()
+    reps = _clamp(config.cuda_rep_ms / max(est, 1e-6), config.cuda_min_reps, config.cuda_max_reps)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if cache is not None:
+            cache.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    return _summarise([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
+
+
+def time_call(fn: Callable[[], object], device, config: TimingConfig = DEFAULT) -> Timing:
+    """:func:`time_cuda` or :func:`time_cpu` by the device type."""
+    if torch.device(device).type == "cuda":
+        return time_cuda(fn, device, config)
+    return time_cpu(fn, config)
+
+
+def method(device) -> str:
+    if torch.device(device).type == "cuda":
+        return "CUDA events, L2 flushed (256 MiB zero) before each repeat"
+    return "time.perf_counter around each call"

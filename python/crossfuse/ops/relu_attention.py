@@ -1,0 +1,604 @@
+"""ReLU attention in Triton, flash-style: forward and backward with no L x L tensor.
+
+Formula (per batch and head; ``q`` is Lq x D, ``k`` and ``v`` are Lk x D)::
+
+    s   = q @ k^T                                  (float32 accumulation)
+    a   = relu(s * scale)                          scale = 1/sqrt(D) by default, must be > 0
+    p   = a            or   a^2  (squared=True)
+    p   = 0 where causal and key j > query i       (causal needs Lq == Lk)
+    out = relu_scale * p @ v                       relu_scale = 1/Lk by default
+
+Gradient (with ``dp = relu_scale * dout @ v^T``)::
+
+    dv = relu_scale * p^T @ dout
+    ds = dp * scale * [s > 0]         or   dp * 2 * a * scale   (squared)
+    dq = ds @ k,   dk = ds^T @ q
+
+relu's derivative at a score of exactly 0 is taken as 0 (torch's ``relu`` convention; masked and
+padded scores are 0 and get no gradient). With ``squared`` the derivative at 0 is 0 either way.
+
+Design: unlike softmax attention there is no running max and no normaliser, so a query block simply
+accumulates ``p @ v`` over key blocks in float32 and scales once at the end. Grid = (query blocks,
+batch*heads), heaviest causal blocks first; key/value blocks are streamed; causal blocks above the
+diagonal are never visited (the loop bounds skip them), and only the diagonal blocks pay for the mask.
+The backward runs two kernels: dK/dV (a program owns a key block and streams query blocks) and dQ (a
+program owns a query block and streams key blocks), recomputing the scores: no atomics, deterministic.
+The float32 path uses tf32 tensor cores on GPUs (Triton's default for float32 dots).
+
+Limits: D in {16, 32, 64, 128, 256}; any Lq, Lk >= 1 (tails masked); Lq != Lk only when not causal;
+float32, float16, bfloat16 (float64 only under the interpreter, for gradcheck); layouts ``"bhld"`` ([B, H,
+L, D], SDPA's) and ``"blhd"`` ([B, L, H, D]) read through strides, no copies, as long as the last dim
+is contiguous.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .._backend import check_runnable, is_interpreted
+from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor, dtype_name
+
+HEAD_DIMS = (16, 32, 64, 128, 256)
+LAYOUTS = ("bhld", "blhd")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    """``a @ b``; with UPCAST the operands go to float32 first (the Triton interpreter multiplies bfloat16
+    operands as raw 16-bit integers; the GPU path never sets UPCAST)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _dot_acc(a, b, acc, UPCAST: tl.constexpr):
+    """``acc + a @ b`` (see :func:`_dot`)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _fwd_range(
+    acc,
+    q,  # (BLOCK_M, HEAD_D) query tile
+    K,  # key base of this (batch, head); rows stride_kl apart
+    V,  # value base of this (batch, head)
+    stride_kl,
+    stride_vl,
+    offs_m,
+    lo,
+    hi,
+    Lk,
+    scale,
+    BLOCK_N: tl.constexpr,
+    HEAD_D: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    MASK_N: tl.constexpr,
+    SQUARED: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    offs_d = tl.arange(0, HEAD_D)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        if MASK_N:
+            kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None], mask=offs_n[None, :] < Lk, other=0.0)
+            v = tl.load(V + offs_n[:, None] * stride_vl + offs_d[None, :], mask=offs_n[:, None] < Lk, other=0.0)
+        else:
+            kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
+            v = tl.load(V + offs_n[:, None] * stride_vl + offs_d[None, :])
+        s = _dot(q, kt, UPCAST)
+        p = tl.maximum(s * scale, 0.0)  # padded keys load as 0: their score is 0, their p is 0
+        if SQUARED:
+            p = p * p
+        if CAUSAL_MASK:
+            p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        acc = _dot_acc(p.to(v.dtype), v, acc, UPCAST)
+    return acc
+
+
+@triton.jit
+def _relu_attn_fwd_kernel(
+    Q,  # (B, H, Lq, HEAD_D) through strides stride_qb, stride_qh, stride_ql; unit stride on D
+    K,  # (B, H, Lk, HEAD_D)
+    V,  # (B, H, Lk, HEAD_D)
+    O,  # out, (B, H, Lq, HEAD_D)
+    stride_qb, stride_qh, stride_ql,
+    stride_kb, stride_kh, stride_kl,
+    stride_vb, stride_vh, stride_vl,
+    stride_ob, stride_oh, stride_ol,
+    H, Lq, Lk,
+    scale,
+    relu_scale,
+    HEAD_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SQUARED: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    O += b * stride_ob + h * stride_oh
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_D)
+    q_ptrs = Q + offs_m[:, None] * stride_ql + offs_d[None, :]
+    if EVEN_M:
+        q = tl.load(q_ptrs)
+    else:
+        q = tl.load(q_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
+    acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float64 if IS_FP64 else tl.float32)
+    if CAUSAL:
+        # keys [0, pid_m*BLOCK_M) are visible to every row: no mask; then the diagonal blocks
+        diag = pid_m * BLOCK_M
+        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, offs_m, 0, diag, Lk, scale,
+                         BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST)  # fmt: skip
+        hi = tl.minimum(diag + BLOCK_M, Lk)
+        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, offs_m, diag, hi, Lk, scale,
+                         BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
+    else:
+        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, offs_m, 0, Lk, Lk, scale,
+                         BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
+    out = (acc * relu_scale).to(O.dtype.element_ty)
+    o_ptrs = O + offs_m[:, None] * stride_ol + offs_d[None, :]
+    if EVEN_M:
+        tl.store(o_ptrs, out)
+    else:
+        tl.store(o_ptrs, out, mask=offs_m[:, None] < Lq)
+
+
+@triton.jit
+def _dkdv_range(
+    dk,
+    dv,
+    k,  # (BLOCK_N, HEAD_D) key tile
+    v,  # (BLOCK_N, HEAD_D) value tile
+    Q,  # query base of this (batch, head)
+    DO,  # output-gradient base of this (batch, head)
+    stride_ql,
+    stride_dol,
+    offs_n,
+    lo,
+    hi,
+    Lq,
+    scale,
+    BLOCK_M: tl.constexpr,
+    HEAD_D: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    MASK_M: tl.constexpr,
+    SQUARED: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    offs_d = tl.arange(0, HEAD_D)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        if MASK_M:
+            qt = tl.load(Q + offs_m[None, :] * stride_ql + offs_d[:, None], mask=offs_m[None, :] < Lq, other=0.0)
+            do = tl.load(DO + offs_m[:, None] * stride_dol + offs_d[None, :], mask=offs_m[:, None] < Lq, other=0.0)
+        else:
+            qt = tl.load(Q + offs_m[None, :] * stride_ql + offs_d[:, None])
+            do = tl.load(DO + offs_m[:, None] * stride_dol + offs_d[None, :])
+        st = _dot(k, qt, UPCAST)  # (BLOCK_N, BLOCK_M): scores transposed
+        at = tl.maximum(st * scale, 0.0)
+        dpt = _dot(v, tl.trans(do), UPCAST)  # (dout @ v^T)^T
+        if SQUARED:
+            dst = dpt * (2.0 * scale) * at
+            pt = at * at
+        else:
+            dst = tl.where(st > 0.0, dpt * scale, 0.0)
+            pt = at
+        if CAUSAL_MASK:
+            visible = offs_m[None, :] >= offs_n[:, None]
+            pt = tl.where(visible, pt, 0.0)
+            dst = tl.where(visible, dst, 0.0)
+        dv = _dot_acc(pt.to(do.dtype), do, dv, UPCAST)
+        dk = _dot_acc(dst.to(qt.dtype), tl.trans(qt), dk, UPCAST)
+    return dk, dv
+
+
+@triton.jit
+def _relu_attn_bwd_dkdv_kernel(
+    Q, K, V, DO,  # (B, H, L, HEAD_D) each, through strides; unit stride on D
+    DK, DV,  # out, (B, H, Lk, HEAD_D)
+    stride_qb, stride_qh, stride_ql,
+    stride_kb, stride_kh, stride_kl,
+    stride_vb, stride_vh, stride_vl,
+    stride_dob, stride_doh, stride_dol,
+    stride_dkb, stride_dkh, stride_dkl,
+    stride_dvb, stride_dvh, stride_dvl,
+    H, Lq, Lk,
+    scale,
+    relu_scale,
+    HEAD_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per step
+    BLOCK_N: tl.constexpr,  # keys owned by a program
+    CAUSAL: tl.constexpr,
+    SQUARED: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    DO += b * stride_dob + h * stride_doh
+    DK += b * stride_dkb + h * stride_dkh
+    DV += b * stride_dvb + h * stride_dvh
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_D)
+    if EVEN_N:
+        k = tl.load(K + offs_n[:, None] * stride_kl + offs_d[None, :])
+        v = tl.load(V + offs_n[:, None] * stride_vl + offs_d[None, :])
+    else:
+        k = tl.load(K + offs_n[:, None] * stride_kl + offs_d[None, :], mask=offs_n[:, None] < Lk, other=0.0)
+        v = tl.load(V + offs_n[:, None] * stride_vl + offs_d[None, :], mask=offs_n[:, None] < Lk, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_D], dtype=tl.float64 if IS_FP64 else tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_D], dtype=tl.float64 if IS_FP64 else tl.float32)
+    if CAUSAL:
+        # queries [start, start+BLOCK_N) straddle the diagonal: mask; later queries see all keys
+        start = pid_n * BLOCK_N
+        mid = tl.minimum(start + BLOCK_N, Lq)
+        dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, stride_ql, stride_dol, offs_n, start, mid, Lq, scale,
+                             BLOCK_M, HEAD_D, True, not EVEN_M, SQUARED, UPCAST)  # fmt: skip
+        dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, stride_ql, stride_dol, offs_n, mid, Lq, Lq, scale,
+                             BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST)  # fmt: skip
+    else:
+        dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, stride_ql, stride_dol, offs_n, 0, Lq, Lq, scale,
+                             BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST)  # fmt: skip
+    dk_ptrs = DK + offs_n[:, None] * stride_dkl + offs_d[None, :]
+    dv_ptrs = DV + offs_n[:, None] * stride_dvl + offs_d[None, :]
+    if EVEN_N:
+        tl.store(dk_ptrs, (dk * relu_scale).to(DK.dtype.element_ty))
+        tl.store(dv_ptrs, (dv * relu_scale).to(DV.dtype.element_ty))
+    else:
+        tl.store(dk_ptrs, (dk * relu_scale).to(DK.dtype.element_ty), mask=offs_n[:, None] < Lk)
+        tl.store(dv_ptrs, (dv * relu_scale).to(DV.dtype.element_ty), mask=offs_n[:, None] < Lk)
+
+
+@triton.jit
+def _dq_range(
+    dq,
+    q,  # (BLOCK_M, HEAD_D) query tile
+    do,  # (BLOCK_M, HEAD_D) output-gradient tile
+    K,
+    V,
+    stride_kl,
+    stride_vl,
+    offs_m,
+    lo,
+    hi,
+    Lk,
+    scale,
+    BLOCK_N: tl.constexpr,
+    HEAD_D: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    MASK_N: tl.constexpr,
+    SQUARED: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    offs_d = tl.arange(0, HEAD_D)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        if MASK_N:
+            kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None], mask=offs_n[None, :] < Lk, other=0.0)
+            vt = tl.load(V + offs_n[None, :] * stride_vl + offs_d[:, None], mask=offs_n[None, :] < Lk, other=0.0)
+        else:
+            kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
+            vt = tl.load(V + offs_n[None, :] * stride_vl + offs_d[:, None])
+        s = _dot(q, kt, UPCAST)
+        dp = _dot(do, vt, UPCAST)
+        if SQUARED:
+            ds = dp * (2.0 * scale) * tl.maximum(s * scale, 0.0)
+        else:
+            ds = tl.where(s > 0.0, dp * scale, 0.0)
+        if CAUSAL_MASK:
+            ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
+        dq = _dot_acc(ds.to(kt.dtype), tl.trans(kt), dq, UPCAST)
+    return dq
+
+
+@triton.jit
+def _relu_attn_bwd_dq_kernel(
+    Q, K, V, DO,  # (B, H, L, HEAD_D) each, through strides; unit stride on D
+    DQ,  # out, (B, H, Lq, HEAD_D)
+    stride_qb, stride_qh, stride_ql,
+    stride_kb, stride_kh, stride_kl,
+    stride_vb, stride_vh, stride_vl,
+    stride_dob, stride_doh, stride_dol,
+    stride_dqb, stride_dqh, stride_dql,
+    H, Lq, Lk,
+    scale,
+    relu_scale,
+    HEAD_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # queries owned by a program
+    BLOCK_N: tl.constexpr,  # keys per step
+    CAUSAL: tl.constexpr,
+    SQUARED: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    UPCAST: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    DO += b * stride_dob + h * stride_doh
+    DQ += b * stride_dqb + h * stride_dqh
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_D)
+    if EVEN_M:
+        q = tl.load(Q + offs_m[:, None] * stride_ql + offs_d[None, :])
+        do = tl.load(DO + offs_m[:, None] * stride_dol + offs_d[None, :])
+    else:
+        q = tl.load(Q + offs_m[:, None] * stride_ql + offs_d[None, :], mask=offs_m[:, None] < Lq, other=0.0)
+        do = tl.load(DO + offs_m[:, None] * stride_dol + offs_d[None, :], mask=offs_m[:, None] < Lq, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float64 if IS_FP64 else tl.float32)
+    if CAUSAL:
+        diag = pid_m * BLOCK_M
+        dq = _dq_range(dq, q, do, K, V, stride_kl, stride_vl, offs_m, 0, diag, Lk, scale,
+                       BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST)  # fmt: skip
+        hi = tl.minimum(diag + BLOCK_M, Lk)
+        dq = _dq_range(dq, q, do, K, V, stride_kl, stride_vl, offs_m, diag, hi, Lk, scale,
+                       BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
+    else:
+        dq = _dq_range(dq, q, do, K, V, stride_kl, stride_vl, offs_m, 0, Lk, Lk, scale,
+                       BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
+    dq_ptrs = DQ + offs_m[:, None] * stride_dql + offs_d[None, :]
+    if EVEN_M:
+        tl.store(dq_ptrs, (dq * relu_scale).to(DQ.dtype.element_ty))
+    else:
+        tl.store(dq_ptrs, (dq * relu_scale).to(DQ.dtype.element_ty), mask=offs_m[:, None] < Lq)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launch heuristics: the one place tile shapes, warps and stages are chosen
+# ----------------------------------------------------------------------------------------------------
+
+
+class AttnConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_2026-11-29.csv), bf16, 16k tokens
+# at L=4096: (kind, D, element bytes, causal) -> config (float16 shares the 2-byte rows; dkdv and dq
+# are scored as the whole backward with the other kernel at its default). Missing entries use the rule.
+TUNED: dict[tuple[str, int, int, bool], AttnConfig] = {
+    ("dkdv", 128, 2, False): AttnConfig(64, 128, 8, 3),  # 290 TFLOP/s
+    ("dkdv", 128, 2, True): AttnConfig(64, 64, 4, 2),  # 266 TFLOP/s
+    ("dkdv", 64, 2, False): AttnConfig(32, 128, 4, 3),  # 435 TFLOP/s
+    ("dkdv", 64, 2, True): AttnConfig(64, 64, 4, 2),  # 380 TFLOP/s
+    ("dq", 128, 2, False): AttnConfig(128, 64, 8, 3),  # 266 TFLOP/s
+    ("dq", 128, 2, True): AttnConfig(128, 64, 8, 3),  # 243 TFLOP/s
+    ("dq", 64, 2, False): AttnConfig(64, 64, 4, 2),  # 448 TFLOP/s
+    ("dq", 64, 2, True): AttnConfig(128, 64, 8, 3),  # 415 TFLOP/s
+    ("fwd", 128, 2, False): AttnConfig(128, 32, 8, 3),  # 662 TFLOP/s
+    ("fwd", 128, 2, True): AttnConfig(64, 64, 4, 3),  # 600 TFLOP/s
+    ("fwd", 64, 2, False): AttnConfig(128, 32, 4, 3),  # 672 TFLOP/s
+    ("fwd", 64, 2, True): AttnConfig(128, 64, 8, 3),  # 582 TFLOP/s
+}
+
+
+def attention_config(kind: str, d: int, dtype: torch.dtype, causal: bool, interpreted: bool = False) -> AttnConfig:
+    """Tiles for ``kind`` in ``("fwd", "dkdv", "dq")``. Causal kernels need BLOCK_M and BLOCK_N to
+    divide each other (fwd/dq: BLOCK_N | BLOCK_M; dkdv: BLOCK_M | BLOCK_N)."""
+    if interpreted:  # the interpreter runs tiles as numpy arrays: few, large programs are fastest
+        return AttnConfig(32, 32, 4, 1)
+    esize = torch.empty((), dtype=dtype).element_size()
+    tuned = TUNED.get((kind, d, esize, causal))
+    if tuned is not None:
+        return tuned
+    big = d * esize >= 256  # D=128 in 16 bits, D=64 in fp32, or larger
+    if kind == "fwd":
+        if d * esize >= 512:
+            return AttnConfig(64, 32, 4, 2)
+        return AttnConfig(128, 64, 8 if big else 4, 3)
+    if kind == "dkdv":
+        if d * esize >= 512:
+            return AttnConfig(16, 64, 4, 2)
+        return AttnConfig(32, 128 if not big else 64, 8 if big else 4, 3)
+    if kind == "dq":
+        if d * esize >= 512:
+            return AttnConfig(64, 16, 4, 2)
+        return AttnConfig(128 if not big else 64, 32, 8 if big else 4, 3)
+    raise ValueError(f"kind must be 'fwd', 'dkdv' or 'dq', got {kind!r}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launchers: [B, H, L, D] views in (any strides with unit D stride), kernels out
+# ----------------------------------------------------------------------------------------------------
+
+
+def _bhld_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_scale: float, out=None,
+                       config: AttnConfig | None = None):  # fmt: skip
+    """Forward on [B, H, L, D] views. ``out`` (same view convention) is allocated when not given;
+    ``config`` overrides :func:`attention_config` (for tuning)."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    if out is None:
+        out = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
+    interp = is_interpreted(_relu_attn_fwd_kernel)
+    cfg = config or attention_config("fwd", D, q.dtype, causal, interp)
+    grid = (triton.cdiv(Lq, cfg.block_m), B * H)
+    _relu_attn_fwd_kernel[grid](
+        q, k, v, out, *_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(out),
+        H, Lq, Lk, scale, relu_scale,
+        HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
+        EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
+        UPCAST=interp and q.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, relu_scale: float,
+                       dq=None, dk=None, dv=None, configs: tuple | None = None):  # fmt: skip
+    """Backward on [B, H, L, D] views: returns ``(dq, dk, dv)`` (allocated when not given);
+    ``configs = (dkdv_config, dq_config)`` overrides :func:`attention_config` (for tuning)."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    dq = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device) if dq is None else dq
+    dk = torch.empty((B, H, Lk, D), dtype=k.dtype, device=k.device) if dk is None else dk
+    dv = torch.empty((B, H, Lk, D), dtype=v.dtype, device=v.device) if dv is None else dv
+    interp = is_interpreted(_relu_attn_bwd_dkdv_kernel)
+    strides = (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
+    cfg = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp)
+    _relu_attn_bwd_dkdv_kernel[(triton.cdiv(Lk, cfg.block_n), B * H)](
+        q, k, v, do, dk, dv, *strides, *_bhld_strides(dk), *_bhld_strides(dv), H, Lq, Lk, scale, relu_scale,
+        HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
+        EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
+        UPCAST=interp and q.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    cfg = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp)
+    _relu_attn_bwd_dq_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
+        q, k, v, do, dq, *strides, *_bhld_strides(dq), H, Lq, Lk, scale, relu_scale,
+        HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
+        EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
+        UPCAST=interp and q.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------------
+# autograd.Function and the functional entry point
+# ----------------------------------------------------------------------------------------------------
+
+
+def _to_bhld(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A [B, H, L, D] view of a tensor in ``layout`` (no copy)."""
+    return t if layout == "bhld" else t.transpose(1, 2)
+
+
+def _unit_d(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def _empty_like_layout(t: torch.Tensor, shape_bhld, layout: str) -> torch.Tensor:
+    """A new contiguous tensor in ``layout`` and its [B, H, L, D] view."""
+    B, H, L, D = shape_bhld
+    if layout == "bhld":
+        return torch.empty((B, H, L, D), dtype=t.dtype, device=t.device)
+    return torch.empty((B, L, H, D), dtype=t.dtype, device=t.device).transpose(1, 2)
+
+
+class ReLUAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, squared, scale, relu_scale, layout):
+        qb, kb, vb = (_unit_d(_to_bhld(t, layout)) for t in (q, k, v))
+        out = _empty_like_layout(q, qb.shape, layout)
+        relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale, out=out)
+        ctx.save_for_backward(qb, kb, vb)
+        ctx.args = (causal, squared, scale, relu_scale, layout)
+        return _to_bhld(out, layout)
+
+    @staticmethod
+    def backward(ctx, dout):
+        qb, kb, vb = ctx.saved_tensors
+        causal, squared, scale, relu_scale, layout = ctx.args
+        dob = _unit_d(_to_bhld(dout, layout))
+        dq = _empty_like_layout(qb, qb.shape, layout)
+        dk = _empty_like_layout(kb, kb.shape, layout)
+        dv = _empty_like_layout(vb, vb.shape, layout)
+        relu_attention_bwd(qb, kb, vb, dob, causal, squared, scale, relu_scale, dq, dk, dv)
+        return _to_bhld(dq, layout), _to_bhld(dk, layout), _to_bhld(dv, layout), None, None, None, None, None
+
+
+def _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    dtypes = (*KERNEL_DTYPES, torch.float64)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, name, dtypes)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D ({'[B, H, L, D]' if layout == 'bhld' else '[B, L, H, D]'}), "
+                             f"got shape {list(t.shape)}")  # fmt: skip
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype; got {dtype_name(q.dtype)}, {dtype_name(k.dtype)}, "
+                        f"{dtype_name(v.dtype)}")  # fmt: skip
+    check_same_device(k, "k", q, "q")
+    check_same_device(v, "v", q, "q")
+    if q.dtype == torch.float64 and q.device.type == "cuda":
+        raise TypeError("q, k, v have dtype float64: on GPUs Triton's dot has no float64; float64 runs only "
+                        "under the Triton interpreter (for gradcheck); use float32, float16 or bfloat16")  # fmt: skip
+    qb, kb, vb = (_to_bhld(t, layout) for t in (q, k, v))
+    (B, H, Lq, D), (Bk, Hk, Lk, Dk) = qb.shape, kb.shape
+    if (Bk, Hk, Dk) != (B, H, D):
+        raise ValueError(f"k's shape {list(k.shape)} does not match q's {list(q.shape)} in batch, heads or "
+                         f"head dim (layout {layout!r})")  # fmt: skip
+    if tuple(vb.shape) != tuple(kb.shape):
+        raise ValueError(f"v's shape {list(v.shape)} must equal k's {list(k.shape)}")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head dim D={D} is not supported; q, k, v need D in {HEAD_DIMS}")
+    if Lk < 1:
+        raise ValueError(f"k and v need at least one key (Lk={Lk})")
+    if causal and Lq != Lk:
+        raise ValueError(f"causal=True needs equal query and key lengths, got Lq={Lq}, Lk={Lk}")
+    for name, flag in (("causal", causal), ("squared", squared)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if scale is not None:
+        check_positive_float(scale, "scale", allow_zero=False)
+    if relu_scale is not None:
+        check_positive_float(relu_scale, "relu_scale")
+    check_runnable(q, "q", _relu_attn_fwd_kernel)
+    return D, Lk
+
+
+def relu_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    squared: bool = False,
+    scale: float | None = None,
+    relu_scale: float | None = None,
+    layout: str = "bhld",
+) -> torch.Tensor:
+    """ReLU attention ``relu_scale * act(mask(q k^T * scale)) @ v``, fused in Triton.
+
+    ``act`` is ``relu`` (or ``relu^2`` with ``squared``); ``scale`` defaults to ``1/sqrt(D)``,
+    ``relu_scale`` to ``1/Lk``. ``layout`` is ``"bhld"`` ([B, H, L, D]) or ``"blhd"`` ([B, L, H, D]);
+    the output has the same layout. Differentiable in q, k and v. See the module docstring.
+    """
+    D, Lk = _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    relu_scale = 1.0 / Lk if relu_scale is None else float(relu_scale)
+    return ReLUAttentionFunction.apply(q, k, v, causal, squared, scale, relu_scale, layout)

@@ -1,0 +1,41 @@
+"""Test configuration: choose Triton's interpreter before anything imports Triton when no GPU exists."""
+
+from __future__ import annotations
+
+from crossfuse import _backend
+
+INTERPRETED = _backend.enable_interpreter_if_no_gpu()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def pytest_report_header(config):
+    mode = "Triton interpreter on the CPU" if INTERPRETED else "compiled Triton kernels"
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return f"crossfuse: {mode}; GPU: {gpu}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available() and not INTERPRETED:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU with compiled Triton kernels (run `pytest -m gpu` there)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> str:
+    """Where the kernels under test run: the GPU when there is one, else the CPU (interpreted)."""
+    return "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
+
+
+@pytest.fixture
+def gen():
+    """A freshly seeded generator; the seed is printed so a failure can be replayed."""
+    from crossfuse.check import fresh_generator
+
+    g, seed = fresh_generator()
+    print(f"generator seed: {seed}")
+    return g

@@ -1,0 +1,547 @@
+"""The bridge's own logic, tested without Julia: detection, the off switch, error messages, registration,
+the array layout mapping, input checks, and the declared Julia dependencies.
+
+Detection tests run in a controlled environment (fixture ``isolated``): ``PATH`` is a fresh folder that
+holds nothing unless the test puts a fake ``julia`` script there, juliapkg's and juliaup's folders point
+into ``tmp_path``, and the process-wide caches are restored afterwards. No test here starts Julia or
+imports juliacall.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import crossfuse_julia
+import numpy as np
+import pytest
+import torch
+from crossfuse import registry
+from crossfuse.check import run_case
+from crossfuse_julia import _detect, arrays, session
+from crossfuse_julia.ops import JuliaVariant
+from crossfuse_julia.registry import VARIANTS, variants
+
+ROOT = Path(__file__).resolve().parents[1]
+BRIDGE = ROOT / "bridge" / "crossfuse_julia"
+DETECTION_LIMIT_S = 5.0  # the promise: available() answers within 5 seconds
+
+
+# ----------------------------------------------------------------------------------------------------
+# fixtures
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def isolated(monkeypatch, tmp_path):
+    """An environment with no Julia anywhere; returns the folder that is the whole PATH."""
+    for var in ("CROSSFUSE_JULIA", "CROSSFUSE_JULIA_CUDA", "PYTHON_JULIAPKG_EXE", "PYTHON_JULIACALL_EXE",
+                "PYTHON_JULIAPKG_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", str(bindir))
+    monkeypatch.setenv("JULIAUP_DEPOT_PATH", str(tmp_path / "juliaup-depot"))
+    pkg = tmp_path / "julia_env" / "pyjuliapkg"
+    paths = {"project": str(pkg.parent), "meta": str(pkg / "meta.json"), "install": str(pkg / "install")}
+    monkeypatch.setattr(_detect, "juliapkg_paths", lambda: paths)
+    monkeypatch.setattr(_detect, "juliacall_installed", lambda: True)
+    monkeypatch.setattr(_detect, "juliacall_started", lambda: False)
+    monkeypatch.setattr(_detect, "_CACHE", None)
+    monkeypatch.setattr(session, "_FAILED", None)
+    return bindir
+
+
+def fake_julia(folder: Path, body: str, name: str = "julia") -> Path:
+    """A shell script standing in for Julia: ``body`` runs for any arguments."""
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def timed_detect():
+    t0 = time.monotonic()
+    d = _detect.detect(refresh=True)
+    return d, time.monotonic() - t0
+
+
+# ----------------------------------------------------------------------------------------------------
+# detection
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_no_julia_anywhere_is_answered_fast_with_the_reason(isolated):
+    d, seconds = timed_detect()
+    assert not d.available
+    assert "no Julia executable found" in d.reason
+    assert "PYTHON_JULIAPKG_EXE" in d.reason
+    assert seconds < DETECTION_LIMIT_S
+    assert crossfuse_julia.available() is False
+    assert crossfuse_julia.unavailable_reason() == d.reason
+
+
+def test_fake_julia_that_fails_is_rejected(isolated):
+    path = fake_julia(isolated, 'echo "julia: broken install" >&2\nexit 3')
+    d, _ = timed_detect()
+    assert not d.available
+    assert str(path) in d.reason
+    assert "exited with status 3" in d.reason
+    assert "broken install" in d.reason
+
+
+def test_fake_julia_with_a_bogus_version_is_rejected(isolated):
+    fake_julia(isolated, 'echo "definitely not julia 9.9"')
+    d, _ = timed_detect()
+    assert not d.available
+    assert "not a Julia version" in d.reason
+
+
+def test_julia_older_than_juliacall_needs_is_rejected(isolated):
+    fake_julia(isolated, 'echo "julia version 1.6.7"')
+    d, _ = timed_detect()
+    assert not d.available
+    assert "Julia 1.6.7" in d.reason
+    assert ">= 1.10.3" in d.reason
+
+
+def test_fake_julia_that_hangs_does_not_hang_detection(isolated):
+    sleep = shutil.which("sleep", path="/usr/bin:/bin")
+    if sleep is None:
+        pytest.skip("no `sleep` executable to build a hanging fake julia with")
+    fake_julia(isolated, f"exec {sleep} 60")
+    d, seconds = timed_detect()
+    assert not d.available
+    assert "did not answer within" in d.reason
+    assert seconds < _detect.PROBE_TIMEOUT_S + 2.0
+    assert seconds < DETECTION_LIMIT_S
+
+
+def test_a_working_julia_on_path_is_found(isolated):
+    path = fake_julia(isolated, 'echo "julia version 1.11.3"')
+    d, _ = timed_detect()
+    assert d.available, d.reason
+    assert d.executable == str(path)
+    assert d.version == (1, 11, 3)
+    assert d.source == "PATH"
+    assert crossfuse_julia.available()
+
+
+def test_pythonjuliapkg_exe_is_used_and_nothing_else(isolated, monkeypatch, tmp_path):
+    fake_julia(isolated, "exit 1")  # a broken julia on PATH must not matter
+    good = fake_julia(tmp_path, 'echo "julia version 1.10.5"', name="my-julia")
+    monkeypatch.setenv("PYTHON_JULIAPKG_EXE", str(good))
+    d, _ = timed_detect()
+    assert d.available, d.reason
+    assert (d.executable, d.source) == (str(good), "PYTHON_JULIAPKG_EXE")
+
+    monkeypatch.setenv("PYTHON_JULIAPKG_EXE", str(tmp_path / "missing-julia"))
+    fake_julia(isolated, 'echo "julia version 1.11.0"')  # a good one on PATH: juliapkg would not use it
+    d, _ = timed_detect()
+    assert not d.available
+    assert "PYTHON_JULIAPKG_EXE" in d.reason
+    assert "missing-julia" in d.reason
+
+
+def test_juliaup_installed_versions_are_probed(isolated, monkeypatch, tmp_path):
+    depot = Path(os.environ["JULIAUP_DEPOT_PATH"])
+    exe = fake_julia(tmp_path, 'echo "julia version 1.12.1"', name="julia-from-juliaup")
+    (depot / "juliaup").mkdir(parents=True)
+    meta = {"InstalledVersions": {"1.12.1+0.x64.linux.gnu": {"Path": "x", "BinaryPath": str(exe)}}}
+    (depot / "juliaup" / "juliaup.json").write_text(json.dumps(meta))
+    d, _ = timed_detect()
+    assert d.available, d.reason
+    assert (d.executable, d.source, d.version) == (str(exe), "juliaup", (1, 12, 1))
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off", "no"])
+def test_crossfuse_julia_0_turns_the_julia_side_off(isolated, monkeypatch, value):
+    fake_julia(isolated, 'echo "julia version 1.11.3"')  # even with a working Julia
+    monkeypatch.setenv("CROSSFUSE_JULIA", value)
+    d, _ = timed_detect()
+    assert not d.available
+    assert f"CROSSFUSE_JULIA={value} turns the Julia side off" == d.reason
+
+
+def test_a_bad_crossfuse_julia_value_is_named(isolated, monkeypatch):
+    monkeypatch.setenv("CROSSFUSE_JULIA", "maybe")
+    d, _ = timed_detect()
+    assert not d.available
+    assert "CROSSFUSE_JULIA='maybe'" in d.reason
+
+
+def test_missing_juliacall_is_the_reason(isolated, monkeypatch):
+    monkeypatch.setattr(_detect, "juliacall_installed", lambda: False)
+    d, _ = timed_detect()
+    assert d.reason == _detect.JULIACALL_MISSING
+    assert "pip install 'crossfuse[julia]'" in d.reason
+
+
+def test_offline_before_any_install_is_the_reason(isolated, monkeypatch):
+    fake_julia(isolated, 'echo "julia version 1.11.3"')
+    monkeypatch.setenv("PYTHON_JULIAPKG_OFFLINE", "yes")
+    d, _ = timed_detect()
+    assert not d.available
+    assert "PYTHON_JULIAPKG_OFFLINE=yes" in d.reason
+    assert "python -m crossfuse_julia install" in d.reason
+
+
+def test_missing_julia_package_is_the_reason(isolated, monkeypatch, tmp_path):
+    monkeypatch.setattr(_detect, "crossfuse_julia_dir", lambda: tmp_path / "nowhere")
+    d, _ = timed_detect()
+    assert not d.available
+    assert "the Julia package CrossFuse is not at" in d.reason
+    assert "pip install -e" in d.reason
+
+
+def test_detection_is_cached_until_refreshed(isolated):
+    first = _detect.detect()
+    assert _detect.detect() is first
+    fake_julia(isolated, 'echo "julia version 1.11.3"')
+    assert _detect.detect() is first  # cached: the new julia is not seen
+    assert _detect.detect(refresh=True).available
+
+
+def test_a_failed_start_is_reported_and_cached(isolated, monkeypatch):
+    fake_julia(isolated, 'echo "julia version 1.11.3"')
+    monkeypatch.setattr(session, "_FAILED", "juliacall could not start Julia (boom)")
+    assert crossfuse_julia.unavailable_reason() == "juliacall could not start Julia (boom)"
+    with pytest.raises(crossfuse_julia.JuliaUnavailable, match="boom"):
+        crossfuse_julia.start()
+
+
+def test_available_in_a_fresh_process_is_fast():
+    """The number the issue asks for: ``available()`` in a new process, on this machine, as it is."""
+    code = ("import time; t = time.monotonic(); import crossfuse_julia as c; a = c.available(); "
+            "print(a, time.monotonic() - t, c.unavailable_reason())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    answer, seconds, reason = proc.stdout.split(" ", 2)
+    assert float(seconds) < DETECTION_LIMIT_S, proc.stdout
+    assert (answer == "True") == (reason.strip() == "None")
+
+
+def test_module_cli_reports_the_reason(tmp_path):
+    env = dict(os.environ, CROSSFUSE_JULIA="0")
+    proc = subprocess.run([sys.executable, "-m", "crossfuse_julia"], capture_output=True, text=True, env=env,
+                          timeout=30)
+    assert proc.returncode == 1
+    assert "CROSSFUSE_JULIA=0 turns the Julia side off" in proc.stdout
+    assert "PYTHON_JULIAPKG_EXE" in proc.stdout
+
+
+# ----------------------------------------------------------------------------------------------------
+# errors
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_julia_unavailable_names_the_reason_and_the_fix():
+    exc = crossfuse_julia.JuliaUnavailable("no Julia executable found (test)")
+    text = str(exc)
+    assert exc.reason == "no Julia executable found (test)"
+    assert text.startswith("Julia is not available: no Julia executable found (test)")
+    assert "pip install 'crossfuse[julia]'" in text
+    assert "PYTHON_JULIAPKG_EXE" in text
+    assert "python -m crossfuse_julia install" in text
+    assert "CROSSFUSE_JULIA=0" in text
+    assert isinstance(exc, RuntimeError)
+
+
+def test_a_julia_exception_becomes_julia_error_with_the_julia_message(monkeypatch):
+    class FakeJuliaError(Exception):  # juliacall.JuliaError's str() is Julia's showerror output
+        pass
+
+    fake = types.ModuleType("juliacall")
+    fake.JuliaError = FakeJuliaError
+    monkeypatch.setitem(sys.modules, "juliacall", fake)
+    message = ("DimensionMismatch: layernorm: `scale` has 3 elements, but the normalised dimensions have "
+               "size (4, 1) (4 elements)")
+
+    def raises():
+        raise FakeJuliaError(message)
+
+    with pytest.raises(crossfuse_julia.JuliaError) as info:
+        session.call("CrossFuse.layernorm (layer_norm, forward)", raises)
+    assert message in str(info.value)
+    assert "CrossFuse.layernorm (layer_norm, forward)" in str(info.value)
+    assert isinstance(info.value, RuntimeError)
+    assert isinstance(info.value.__cause__, FakeJuliaError)
+    assert info.value.julia_exception is info.value.__cause__
+
+    def raises_python():
+        raise KeyError("not from Julia")
+
+    with pytest.raises(KeyError):  # Python's own exceptions pass through unchanged
+        session.call("somewhere", raises_python)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the Julia entries when Julia is off
+# ----------------------------------------------------------------------------------------------------
+
+
+def julia_entries():
+    return registry.implementations(side="julia")
+
+
+def test_every_julia_variant_is_registered_with_its_callables():
+    got = {(i.op, i.name): i for i in julia_entries()}
+    want = {(v.op, v.name) for v in variants()}
+    assert set(got) == want
+    assert want == {("normalise", "normal_now"), ("normalise", "normal_new"), ("normalise", "normal_newer"),
+                    ("layer_norm", "layernorm"), ("layer_norm_maxstd", "layer_norm")}
+    python_side = {(i.op, i.name) for i in registry.implementations(side="python")}
+    for key, impl in got.items():
+        assert impl.side == "julia" and impl.kernel == "julia"
+        assert impl.vjp is not None and impl.measure is not None and impl.check_available is not None
+        assert "cpu" in impl.devices
+        assert key in python_side, f"{key} has no Python twin"
+
+
+def test_registration_never_starts_julia():
+    code = ("import sys; from crossfuse import registry; impls = registry.implementations(side='julia'); "
+            "print(len(impls), 'juliacall' in sys.modules, 'crossfuse_julia.session' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(len(variants())), "False", "True"]
+
+
+def test_registering_twice_is_harmless():
+    from crossfuse_julia.registry import register
+
+    before = {i.key for i in julia_entries()}
+    register(registry)
+    assert {i.key for i in julia_entries()} == before
+
+
+@pytest.fixture
+def julia_off(isolated, monkeypatch):
+    monkeypatch.setenv("CROSSFUSE_JULIA", "0")
+    return "CROSSFUSE_JULIA=0 turns the Julia side off"
+
+
+@pytest.mark.parametrize("key", [f"{op}/julia/{name}" for op, v in VARIANTS.items() for name, _ in v])
+def test_julia_entries_raise_and_skip_with_the_reason_when_off(julia_off, key):
+    op_name, _, name = key.split("/")
+    impl = registry.get(op_name, name, side="julia")
+    op = registry.OPS[op_name]
+    inputs = op.make_inputs((4, 8), torch.float32)
+    assert impl.unavailable_reason("cpu") == julia_off
+    with pytest.raises(crossfuse_julia.JuliaUnavailable, match=re.escape(julia_off)):
+        impl.fn(**inputs)
+    with pytest.raises(crossfuse_julia.JuliaUnavailable, match=re.escape(julia_off)):
+        impl.vjp(inputs, torch.randn(4, 8))
+    with pytest.raises(crossfuse_julia.JuliaUnavailable, match=re.escape(julia_off)):
+        impl.measure((4, 8), torch.float32, "cpu", "fwd", {})
+    res = run_case(impl, (4, 8), torch.float32)
+    assert (res.status, res.reason) == ("skip", julia_off)
+
+
+def test_julia_entries_skip_fast_when_julia_is_absent(isolated):
+    """What ``crossfuse check`` pays for the Julia entries on a machine without Julia."""
+    t0 = time.monotonic()
+    dtypes = (torch.float32, torch.float64)
+    results = [run_case(impl, (4, 8), dtype) for impl in julia_entries() for dtype in dtypes]
+    seconds = time.monotonic() - t0
+    assert {r.status for r in results} == {"skip"}
+    assert all("no Julia executable found" in r.reason for r in results)
+    assert seconds < DETECTION_LIMIT_S
+
+
+def test_bad_inputs_are_refused_before_julia_is_asked(julia_off):
+    v = JuliaVariant("layer_norm", "layernorm")
+    x = torch.randn(4, 8)
+    with pytest.raises(TypeError, match="bfloat16 cannot cross to Julia: NumPy has no bfloat16"):
+        v.forward(x.bfloat16(), None, None, 1e-5)
+    with pytest.raises(TypeError, match="int64 cannot cross to Julia"):
+        v.forward(torch.ones(4, 8, dtype=torch.int64), None, None, 1e-5)
+    with pytest.raises(ValueError, match=r"weight must have shape \(8,\)"):
+        v.forward(x, torch.ones(7), None, 1e-5)
+    with pytest.raises(ValueError, match="eps must be positive"):
+        v.forward(x, None, None, 0.0)
+    with pytest.raises(TypeError, match=r"x must be a torch\.Tensor"):
+        v.forward(x.numpy(), None, None, 1e-5)
+    with pytest.raises(ValueError, match="normalise takes no weight"):
+        JuliaVariant("normalise", "normal_new").forward(x, torch.ones(8), None, 1e-5)
+    with pytest.raises(ValueError, match="mode must be"):
+        v.measure((4, 8), torch.float32, "cpu", "backward", {})
+
+
+# ----------------------------------------------------------------------------------------------------
+# layout: torch (M, N) row-major = Julia N×M column-major, features on dims=1
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape, n, m",
+    [
+        ((5, 7), 7, 5),
+        ((2, 3, 4), 4, 6),  # leading dims flatten into the rows
+        ((1, 9), 9, 1),  # one row
+        ((6, 1), 1, 6),  # one feature
+        ((11,), 11, 1),  # a vector is one row
+    ],
+)
+def test_julia_layout(shape, n, m):
+    lay = arrays.julia_layout(shape)
+    assert (lay.features, lay.rows) == (n, m)
+    assert lay.julia_size == (n, m)  # the shape reversed (after flattening the leading dims)
+    assert lay.julia_strides == (1, n)  # column-major: consecutive features are adjacent
+    assert lay.torch_strides == (n, 1)  # the same memory seen row-major
+    assert lay.dims == 1
+
+
+def test_julia_layout_refuses_a_scalar():
+    with pytest.raises(ValueError, match="at least one dimension"):
+        arrays.julia_layout(())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 4), (1, 9), (6, 1)])
+def test_host_view_is_the_julia_array_on_the_same_memory(shape, dtype):
+    t = torch.randn(shape, dtype=torch.float64).to(dtype)
+    v = arrays.host_view(t)
+    lay = arrays.julia_layout(shape)
+    item = t.element_size()
+    assert v.shape == lay.julia_size
+    assert v.ctypes.data == t.data_ptr()  # same buffer: no copy
+    assert v.flags.f_contiguous  # column-major, as Julia reads it
+    assert v.strides == tuple(s * item for s in lay.julia_strides)
+    assert v.dtype == np.dtype(str(dtype).removeprefix("torch."))
+    rows = t.reshape(lay.rows, lay.features)
+    np.testing.assert_array_equal(v.T, rows.numpy())  # Julia's x[j, i] is torch's x[i, j]
+    v[0, 0] = 42  # writes through: one buffer
+    assert rows[0, 0].item() == 42
+
+
+def test_host_vector_is_a_view():
+    w = torch.randn(8)
+    assert arrays.host_vector(w).ctypes.data == w.data_ptr()
+    with pytest.raises(ValueError, match="1-D"):
+        arrays.host_vector(torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 4), (1, 9), (6, 1)])
+def test_from_host_views_a_column_major_result(shape):
+    lay = arrays.julia_layout(shape)
+    # a result as Julia lays it out: N×M, column-major
+    julia_result = np.asfortranarray(np.random.default_rng().standard_normal(lay.julia_size))
+    t = arrays.from_host(julia_result, shape, torch.float64)
+    assert t.shape == shape
+    assert t.is_contiguous()
+    assert t.data_ptr() == julia_result.ctypes.data  # zero copy
+    np.testing.assert_array_equal(t.reshape(lay.rows, lay.features).numpy(), julia_result.T)
+
+
+def test_round_trip_through_the_julia_layout_keeps_the_buffer():
+    t = torch.randn(3, 4, 5)
+    back = arrays.from_host(arrays.host_view(t), t.shape, t.dtype)
+    assert back.data_ptr() == t.data_ptr()
+    assert torch.equal(back, t)
+
+
+def test_from_host_checks_the_size_and_copies_read_only_memory():
+    a = np.asfortranarray(np.arange(12.0).reshape(4, 3))
+    with pytest.raises(ValueError, match=r"Julia returned an array of size \(4, 3\), expected \(3, 4\)"):
+        arrays.from_host(a, (4, 3), torch.float64)
+    a.flags.writeable = False
+    t = arrays.from_host(a, (3, 4), torch.float64)
+    assert t.data_ptr() != a.ctypes.data
+    np.testing.assert_array_equal(t.numpy(), a.T)
+    assert arrays.from_host(np.asfortranarray(a), (3, 4), torch.float32).dtype == torch.float32
+    v = np.arange(5.0)
+    tv = arrays.vector_from_host(v, 5, torch.float64)
+    assert tv.data_ptr() == v.ctypes.data
+    with pytest.raises(ValueError, match="expected"):
+        arrays.vector_from_host(v, 6, torch.float64)
+
+
+def test_prepare_makes_inputs_contiguous_and_detached():
+    base = torch.randn(6, 4, requires_grad=True)
+    x = base.T  # non-contiguous: prepare copies it once (documented)
+    p = arrays.prepare(x, "x")
+    assert p.is_contiguous() and not p.requires_grad
+    assert torch.equal(p, x.detach())
+    c = torch.randn(3, 5)
+    assert arrays.prepare(c, "x").data_ptr() == c.data_ptr()  # contiguous: no copy
+    with pytest.raises(ValueError, match="weight is on"):
+        arrays.prepare(c, "weight", torch.device("meta"))
+
+
+def test_supported_dtypes_and_the_bfloat16_reason():
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        assert arrays.dtype_reason(dtype) is None
+    reason = arrays.dtype_reason(torch.bfloat16)
+    assert "NumPy has no bfloat16" in reason and "DLPack.jl" in reason
+    with pytest.raises(TypeError):  # what NumPy itself does: the reason is real
+        torch.ones(2, dtype=torch.bfloat16).numpy()
+
+
+# ----------------------------------------------------------------------------------------------------
+# the declared Julia side
+# ----------------------------------------------------------------------------------------------------
+
+
+def julia_project_toml() -> str:
+    return (ROOT / "julia" / "Project.toml").read_text()
+
+
+def test_juliapkg_json_declares_crossfuse_from_the_checkout():
+    spec = json.loads((BRIDGE / "juliapkg.json").read_text())
+    uuid_re = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+    crossfuse = spec["packages"]["CrossFuse"]
+    assert crossfuse["dev"] is True
+    assert (BRIDGE / crossfuse["path"]).resolve() == (ROOT / "julia").resolve()  # relative to the json
+    assert _detect.crossfuse_julia_dir() == (ROOT / "julia").resolve()
+    project_uuid = re.search(r'^uuid\s*=\s*"([^"]+)"', julia_project_toml(), re.M)[1]
+    assert crossfuse["uuid"] == project_uuid
+    for name, pkg in spec["packages"].items():
+        assert not name.endswith(".jl")
+        assert uuid_re.match(pkg["uuid"]), name
+        assert "version" in pkg or pkg.get("dev"), f"{name} has no compat bound"
+    assert {"Zygote", "DLPack"} <= set(spec["packages"])
+    assert "CUDA" not in spec["packages"]  # only on request (CROSSFUSE_JULIA_CUDA=1)
+    assert spec["julia"]
+
+
+def test_juliapkg_json_is_valid_for_juliapkg():
+    deps = pytest.importorskip("juliapkg.deps", reason="juliapkg (installed with juliacall) is not installed")
+    compat = pytest.importorskip("juliapkg.compat")
+    spec = json.loads((BRIDGE / "juliapkg.json").read_text())
+    compat.Compat.parse(spec["julia"])
+    for name, pkg in spec["packages"].items():
+        deps.PkgSpec(name, **pkg)
+        if "version" in pkg:
+            compat.Compat.parse(pkg["version"])
+
+
+def test_cuda_request_matches_the_julia_packages_compat():
+    toml = julia_project_toml()
+    assert session.CUDA_UUID in toml
+    compat = re.search(r'^CUDA\s*=\s*"([^"]+)"', toml.split("[compat]", 1)[1], re.M)[1]
+    assert session.CUDA_COMPAT == compat
+
+
+def test_glue_file_passes_fatou():
+    fatou = shutil.which("fatou") or shutil.which("fatou", path=str(Path(sys.executable).parent))
+    if fatou is None:
+        pytest.skip("fatou (the Julia linter and formatter, pip install fatou) is not installed")
+    glue = str(BRIDGE / "CrossFuseBridge.jl")
+    for args in (["lint", glue], ["format", "--check", glue]):
+        proc = subprocess.run([fatou, *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_glue_names_every_registered_variant():
+    glue = (BRIDGE / "CrossFuseBridge.jl").read_text()
+    for v in variants():
+        assert f'"{v.name}" => CrossFuse.{v.name}' in glue
+    for op in VARIANTS:
+        assert f"apply(::Val{{:{op}}}" in glue

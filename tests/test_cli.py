@@ -1,0 +1,152 @@
+"""The ``crossfuse`` command: its subcommands and exit codes (in-process through ``main``, plus one fresh
+process for the entry point and the interpreter switch)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from crossfuse import cli, registry
+from crossfuse.harness import schema
+
+
+@contextlib.contextmanager
+def registered(impl):
+    registry.register(impl)
+    try:
+        yield impl
+    finally:
+        registry._REGISTRY.pop(impl.key, None)
+
+
+def _bad_layer_norm(x, weight, bias, eps):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps) * 1.01  # 1% off
+
+
+def _interrupt(**_):
+    raise KeyboardInterrupt
+
+
+def test_info(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"torch     {torch.__version__}" in out and "interpreter: TRITON_INTERPRET=" in out
+    assert "julia:" in out and "registry:" in out
+
+
+def test_usage_errors_exit_2(capsys):
+    assert cli.main([]) == 2
+    assert cli.main(["bench", "no_such_suite", "--device", "cpu"]) == 2
+    assert (
+        "unknown suite 'no_such_suite'; known suites: layer_norm, attention, memory"
+        in capsys.readouterr().err
+    )
+    assert cli.main(["bench", "layer_norm", "--device", "tpu"]) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err
+    assert cli.main(["check", "--op", "no_such_op"]) == 2
+    assert "unknown op 'no_such_op'" in capsys.readouterr().err
+    assert cli.main(["bench", "layer_norm", "--device", "cpu", "--dtype", "int3"]) == 2
+    assert cli.main(["report", "/nonexistent/results.csv"]) == 2
+    assert "no result CSV" in capsys.readouterr().err
+    assert cli.main(["profile", "attention", "--device", "cpu", "--shape", "2x3"]) == 2
+    assert cli.main(["profile", "softmax"]) == 2  # argparse: invalid choice
+
+
+def test_cuda_without_a_gpu_is_a_usage_error(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert cli.main(["bench", "layer_norm", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_bench_quick_writes_csv_and_markdown_then_report(tmp_path, capsys):
+    out = tmp_path / "res"
+    args = ["bench", "layer_norm", "--quick", "--device", "cpu", "--op", "layer_norm", "--dtype", "float32",
+            "--impl", "python/torch", "--impl", "liger", "--out", str(out)]  # fmt: skip
+    assert cli.main(args) == 0
+    stdout = capsys.readouterr().out
+    assert "### layer_norm · cpu · float32 · fwd — GB/s (median)" in stdout and "| 64x256 |" in stdout
+    df = schema.read_csv(out / "results.csv")
+    ln = df[df["op"] == "layer_norm"]
+    assert set(ln["impl"]) == {"torch", "liger"} and len(ln) == 2 * 2 * 3  # impls x shapes x modes
+    assert (ln[ln["impl"] == "torch"]["status"] == "ok").all()
+    assert (ln[ln["impl"] == "liger"]["note"] == "runs on cuda only").all()
+    assert (df["op"] == "copy").sum() == 1
+    assert (out / "layer_norm-quick-cpu.md").is_file()
+    assert cli.main(["report", str(out / "results.csv"), "--no-plots"]) == 0
+    assert "copy ceiling" in (out / "report.md").read_text()
+
+
+def test_bench_interrupted_keeps_rows_and_exits_130(tmp_path):
+    out = tmp_path / "res"
+    fake = registry.Implementation("layer_norm", "test_interrupt", "python", _interrupt)
+    args = ["bench", "layer_norm", "--quick", "--device", "cpu", "--op", "layer_norm", "--dtype", "float32",
+            "--impl", "python/torch", "--impl", "test_interrupt", "--out", str(out)]  # fmt: skip
+    with registered(fake):
+        assert cli.main(args) == 130
+    df = schema.read_csv(out / "results.csv")
+    assert list(df["impl"]) == ["torch_copy", "torch", "torch", "torch"]  # the copy ceiling, then 3 modes
+
+
+def test_check_passes_and_fails_with_exit_codes(capsys):
+    args = ["check", "--device", "cpu", "--op", "normalise", "--impl", "python/torch,python/normal_new",
+            "--dtype", "float32,bfloat16"]  # fmt: skip
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| normalise | normal_new | python | cpu | bfloat16 | pass |" in out and "0 fail, 0 error" in out
+    bad = registry.Implementation("layer_norm", "test_off_by_1pct", "python", _bad_layer_norm)
+    with registered(bad):
+        assert cli.main(["check", "--device", "cpu", "--impl", "test_off_by_1pct", "--dtype", "float32"]) == 1
+    out = capsys.readouterr().out
+    assert "| layer_norm | test_off_by_1pct | python | cpu | float32 | fail |" in out and "seed=" in out
+
+
+def test_check_shows_skips_with_reasons(capsys):
+    assert cli.main(["check", "--device", "cpu", "--impl", "liger,sdpa_softmax", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "| layer_norm | liger | python | cpu | float32 | skip |" in out and "runs on cuda only" in out
+    assert "speed-only peer" in out
+
+
+def test_check_julia_entries_skip_fast_without_julia(capsys):
+    julia = registry.implementations(side="julia")
+    if not julia:
+        pytest.skip("no Julia entries registered (the crossfuse_julia plugin is not installed)")
+    if all(i.unavailable_reason("cpu") is None for i in julia):
+        pytest.skip("Julia is available here: its entries run instead of skipping")
+    t0 = time.monotonic()
+    assert cli.main(["check", "--side", "julia", "--device", "cpu"]) == 0
+    assert time.monotonic() - t0 < 5.0
+    assert "skip" in capsys.readouterr().out
+
+
+def test_profile_attention_on_the_cpu(tmp_path, capsys):
+    args = ["profile", "attention", "--device", "cpu", "--shape", "1x2x32x16", "--out", str(tmp_path)]
+    assert cli.main(args) == 0
+    assert "softmax_naive" in capsys.readouterr().out
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "profile.md",
+        "profile_trace.json",
+        "profile_timeline.png",
+    }
+
+
+def test_fresh_process_entry_point_sets_the_interpreter_before_triton():
+    code = (
+        "import os, sys; import crossfuse.cli; "
+        "print(os.environ.get('TRITON_INTERPRET'), 'triton' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    interp, imported = res.stdout.split()
+    assert imported == "False"
+    assert interp == ("None" if torch.cuda.is_available() else "1")
+    res = subprocess.run([sys.executable, "-m", "crossfuse.cli", "--help"], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert res.returncode == 0 and "check" in res.stdout and "profile" in res.stdout

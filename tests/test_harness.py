@@ -1,0 +1,414 @@
+"""The benchmark harness on the CPU: schema, formulas, pivot and ratio, the runner's error handling,
+interruption, memory and timing; GPU-only parts are marked ``gpu``."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import time
+
+import pandas as pd
+import pytest
+import torch
+from crossfuse import _backend, registry
+from crossfuse.harness import memory, plots, profile, report, runner, schema, suite, timing
+
+DESIGN = (
+    "op, impl, side, peer, device, device_name, dtype, shape, causal, mode, ms_p20, ms_p50, ms_p80, gbps, "
+    "tflops, alloc_bytes, peak_bytes, relerr, versions, timestamp"
+)
+
+
+@contextlib.contextmanager
+def registered(*impls):
+    """Register fake implementations for one test and remove them afterwards."""
+    for impl in impls:
+        registry.register(impl)
+    try:
+        yield impls
+    finally:
+        for impl in impls:
+            registry._REGISTRY.pop(impl.key, None)
+
+
+def _raise_runtime(**_):
+    raise RuntimeError("deliberately broken implementation")
+
+
+def _raise_interrupt(**_):
+    raise KeyboardInterrupt
+
+
+def tiny_suite(name="t", ops=("layer_norm",), shape=(8, 32), modes=("fwd", "bwd"), **extra) -> suite.Suite:
+    group = {
+        "ops": list(ops),
+        "shapes": [shape],
+        "quick_shapes": [shape],
+        "dtypes": ["float32"],
+        "modes": modes,
+    }
+    return suite.parse_suite(name, {"groups": [group], **extra})
+
+
+def row(**kw) -> schema.Row:
+    base = dict(op="layer_norm", impl="torch", side="python", peer=True, device="cpu", device_name="cpu",
+                dtype="float32", shape="4096x1024", causal=False, mode="fwd")  # fmt: skip
+    return schema.Row(**{**base, **kw})
+
+
+# ----------------------------------------------------------------------------------------------------
+# schema
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_columns_are_the_design_columns_then_the_harness_ones():
+    assert schema.COLUMNS[:20] == tuple(DESIGN.split(", "))
+    assert schema.COLUMNS[20:] == ("status", "note", "suite")
+    assert [f.name for f in schema.dataclasses.fields(schema.Row)] == list(schema.COLUMNS)
+
+
+def test_csv_round_trip_keeps_types_and_empty_cells(tmp_path):
+    path = tmp_path / "r.csv"
+    with schema.CsvWriter(path) as w:
+        w.write(
+            row(ms_p20=1.0, ms_p50=1.5, ms_p80=2.0, gbps=11.2, alloc_bytes=1024, peak_bytes=512, relerr=1e-7)
+        )
+        w.write(row(op="relu_attention", impl="naive", peer=False, shape="16x32x1024x64", causal=True,
+                    mode="fwd+bwd", status="error", note="OutOfMemoryError: x, y"))  # fmt: skip
+    df = schema.read_csv(path)
+    assert list(df.columns) == list(schema.COLUMNS)
+    assert df["shape"].tolist() == ["4096x1024", "16x32x1024x64"]
+    assert df["peer"].tolist() == [True, False] and df["causal"].tolist() == [False, True]
+    assert df.loc[0, "ms_p50"] == 1.5 and df.loc[0, "alloc_bytes"] == 1024
+    assert math.isnan(df.loc[1, "ms_p50"]) and math.isnan(df.loc[1, "relerr"])
+    assert df.loc[1, "note"] == "OutOfMemoryError: x, y" and df.loc[1, "status"] == "error"
+    assert df.loc[0, "versions"].startswith("python=") and "torch=" in df.loc[0, "versions"]
+
+
+def test_writer_flushes_every_row_and_appends(tmp_path):
+    path = tmp_path / "r.csv"
+    w = schema.CsvWriter(path)
+    w.write(row())
+    with open(path) as f:  # read while the writer is still open: the row is on disk already
+        assert len(list(csv.reader(f))) == 2
+    w.close()
+    with schema.CsvWriter(path) as w2:
+        w2.write(row(mode="bwd"))
+    assert schema.read_csv(path)["mode"].tolist() == ["fwd", "bwd"]
+
+
+def test_writer_refuses_a_file_with_another_header(tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(ValueError, match="different header"):
+        schema.CsvWriter(path)
+
+
+def test_row_validation_and_shapes():
+    with pytest.raises(ValueError, match="mode"):
+        row(mode="forward")
+    with pytest.raises(ValueError, match="status"):
+        row(status="done")
+    with pytest.raises(ValueError, match="not result-schema fields"):
+        row().update({"ms": 1.0})
+    assert schema.shape_str((16, 32, 1024, 64)) == "16x32x1024x64"
+    assert schema.parse_shape("4096x1024") == (4096, 1024)
+    for bad in ("4096x", "ax2", "0x4"):
+        with pytest.raises(ValueError, match="shape"):
+            schema.parse_shape(bad)
+    assert schema.parse_dtype("bf16") is torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        schema.parse_dtype("int8")
+
+
+# ----------------------------------------------------------------------------------------------------
+# formulas
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_gbps_counts_the_fewest_bytes_of_a_normalisation():
+    m, n, ms = 4096, 1024, 0.5
+    for mode, k in (("fwd", 2), ("bwd", 3), ("fwd+bwd", 5)):
+        gbps, tflops = runner.throughput("layer_norm", (m, n), mode, torch.bfloat16, False, ms)
+        assert gbps == pytest.approx(k * m * n * 2 / (ms * 1e-3) / 1e9)
+        assert tflops is None
+    gbps32, _ = runner.throughput("normalise", (m, n), "fwd", torch.float32, False, ms)
+    assert gbps32 == pytest.approx(2 * m * n * 4 / (ms * 1e-3) / 1e9)
+    assert runner.throughput("layer_norm", (m, n), "fwd", torch.float32, False, None) == (None, None)
+
+
+def test_tflops_counts_attention_matmuls():
+    b, h, l, d, ms = 16, 32, 1024, 64, 2.0
+    fwd = 4 * b * h * l * l * d
+    for mode, k in (("fwd", 1.0), ("bwd", 2.5), ("fwd+bwd", 3.5)):
+        gbps, tf = runner.throughput("relu_attention", (b, h, l, d), mode, torch.bfloat16, False, ms)
+        assert gbps is None
+        assert tf == pytest.approx(k * fwd / (ms * 1e-3) / 1e12)
+    _, causal = runner.throughput("relu_attention", (b, h, l, d), "fwd", torch.bfloat16, True, ms)
+    assert causal == pytest.approx(0.5 * fwd / (ms * 1e-3) / 1e12)
+
+
+def test_attention_relerr_runs_on_a_slice_when_the_reference_is_large(monkeypatch):
+    assert runner.relerr_heads("relu_attention", (2, 2, 64, 32)) is None
+    assert runner.relerr_heads("relu_attention", (1, 32, 16384, 64)) == 1
+    assert runner.relerr_heads("relu_attention", (4, 32, 4096, 64)) == 16
+    assert runner.relerr_heads("layer_norm", (65536, 1024)) is None
+    # the sliced check agrees with the whole check where both are possible
+    monkeypatch.setattr(runner, "ATTENTION_RELERR_MAX_SCORES", 2 * 48 * 48)
+    s = tiny_suite(ops=("relu_attention",), shape=(2, 3, 48, 16), modes=("fwd", "fwd+bwd"))
+    rows = runner.Runner("cpu", quick=True).run(s, impls=["naive"])
+    assert all(r.status == "ok" and 0 < r.relerr < 1e-5 for r in rows)
+    assert "heads 0..1" in rows[0].note
+
+
+# ----------------------------------------------------------------------------------------------------
+# pivot, ratio, report
+# ----------------------------------------------------------------------------------------------------
+
+
+def _frame():
+    rows = []
+    vals = {  # shape -> impl -> gbps
+        "4096x1024": {"fused": 900.0, "torch": 600.0, "torch_compile": 750.0, "layernorm": 150.0},
+        "4096x2048": {"fused": 1000.0, "torch": 500.0, "torch_compile": None, "layernorm": 100.0},
+    }
+    peers = {"torch", "torch_compile"}
+    for shape, per in vals.items():
+        for impl, g in per.items():
+            status = "ok" if g is not None else "error"
+            note = "" if g else "OutOfMemoryError: boom"
+            rows.append(row(impl=impl, peer=impl in peers, shape=shape, gbps=g, status=status, note=note,
+                            suite="layer_norm"))  # fmt: skip
+    rows.append(row(op="copy", impl="torch_copy", peer=False, shape="1024", gbps=2000.0, suite="layer_norm"))
+    return schema.rows_frame(rows)
+
+
+def test_pivot_and_ratio_to_the_best_peer():
+    df = _frame()
+    d = report.with_labels(df[df["op"] == "layer_norm"])
+    table = report.pivot(d, "gbps")
+    assert list(table.index) == ["4096x1024", "4096x2048"]
+    assert list(table.columns) == ["fused", "torch", "torch_compile", "layernorm"]
+    assert table.at["4096x1024", "torch_compile"] == 750.0
+    assert math.isnan(table.at["4096x2048", "torch_compile"])  # the error row has no number
+    ratio = report.peer_ratio(table, report.peers_of(d))
+    assert list(ratio.columns) == ["fused ÷ best peer", "layernorm ÷ best peer"]
+    assert ratio.at["4096x1024", "fused ÷ best peer"] == pytest.approx(900 / 750)
+    assert ratio.at["4096x2048", "fused ÷ best peer"] == pytest.approx(1000 / 500)  # the only peer measured
+    assert report.peer_ratio(table[["fused", "layernorm"]], {"torch"}).empty
+
+
+def test_report_renders_tables_copy_share_and_what_was_not_measured():
+    md = report.render(_frame(), source="r.csv")
+    assert "### layer_norm · cpu · float32 · fwd — GB/s (median); copy ceiling 2000 GB/s" in md
+    assert "| 4096x1024 | 900 | 600 | 750 | 150 | 1.20× | 0.20× | 45% (fused) |" in md
+    assert "| 4096x2048 | 1000 | 500 | error | 100 | 2.00× | 0.20× | 50% (fused) |" in md
+    assert "### not measured" in md and "OutOfMemoryError: boom" in md
+
+
+def test_julia_twins_get_their_own_column():
+    rows = [
+        row(impl="layernorm", peer=False, gbps=10.0),
+        row(impl="layernorm", side="julia", peer=False, gbps=20.0),
+    ]
+    table = report.pivot(report.with_labels(schema.rows_frame(rows)), "gbps")
+    assert list(table.columns) == ["layernorm", "layernorm [julia]"]
+
+
+def test_plots_write_pngs(tmp_path):
+    rows = []
+    for n, g in ((1024, 500.0), (2048, 700.0), (4096, 800.0)):
+        for impl, f in (("fused", 1.0), ("torch", 0.7)):
+            rows.append(
+                row(impl=impl, peer=impl == "torch", shape=f"4096x{n}", gbps=g * f, suite="layer_norm")
+            )
+    for l in (1024, 4096):
+        rows.append(row(op="relu_attention", impl="naive", peer=False, shape=f"{16384 // l}x32x{l}x64",
+                        tflops=100.0 + l / 100, dtype="bfloat16", suite="attention"))  # fmt: skip
+    for impl, a in (("normal_now", 5.0), ("normal_new", 2.0)):
+        for mode in ("fwd", "bwd"):
+            rows.append(row(op="normalise", impl=impl, peer=False, shape="100x1000", mode=mode,
+                            alloc_bytes=int(a * 4e5), peak_bytes=int(a * 3e5), suite="memory"))  # fmt: skip
+    written = plots.write_plots(schema.rows_frame(rows), tmp_path)
+    assert [p.name for p in written] == ["layer_norm_gbps.png", "attention_tflops.png", "memory.png"]
+    for p in written:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+# ----------------------------------------------------------------------------------------------------
+# timing and memory
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_cpu_timing_quantiles_are_ordered():
+    t = timing.time_cpu(lambda: torch.ones(1000).sum(), timing.QUICK)
+    assert 0 < t.p20 <= t.p50 <= t.p80 and t.reps >= timing.QUICK.cpu_min_reps
+
+
+def test_cpu_memory_sees_torch_allocations():
+    n = 1 << 20
+    mem = memory.measure_cpu(lambda: torch.empty(n, dtype=torch.float32))
+    assert 4 * n <= mem.alloc_bytes < 4 * n + 4096 and 4 * n <= mem.peak_bytes < 4 * n + 4096
+    # a temporary freed inside the call counts as allocated, not as peak above the result
+    mem = memory.measure_cpu(lambda: (torch.ones(n) * 2).sum())
+    assert mem.alloc_bytes >= 8 * n and 4 * n <= mem.peak_bytes < 8 * n + 4096
+
+
+@pytest.mark.gpu
+def test_cuda_timing_and_memory():
+    x = torch.randn(4096, 4096, device="cuda")
+    t = timing.time_cuda(lambda: x @ x, "cuda", timing.QUICK)
+    assert 0 < t.p20 <= t.p50 <= t.p80
+    mem = memory.measure_cuda(lambda: torch.empty(1 << 20, device="cuda"))
+    assert mem.alloc_bytes >= 4 << 20 and mem.peak_bytes >= 4 << 20
+
+
+# ----------------------------------------------------------------------------------------------------
+# the runner
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_a_failing_implementation_is_an_error_row_and_the_run_goes_on(tmp_path):
+    fake = registry.Implementation("layer_norm", "test_broken", "python", _raise_runtime)
+    path = tmp_path / "r.csv"
+    with registered(fake), schema.CsvWriter(path) as w:
+        rows = runner.Runner("cpu", w, quick=True).run(
+            tiny_suite(), impls=["torch", "test_broken", "python/layernorm"]
+        )
+    by = {(r.impl, r.mode): r for r in rows}
+    assert by["test_broken", "fwd"].status == "error"
+    assert "RuntimeError: deliberately broken" in by["test_broken", "bwd"].note
+    for impl in ("torch", "layernorm"):
+        for mode in ("fwd", "bwd"):
+            r = by[impl, mode]
+            assert r.status == "ok" and r.ms_p50 > 0 and r.gbps > 0 and r.alloc_bytes > 0
+            assert r.relerr < 1e-5
+    assert len(schema.read_csv(path)) == 6
+
+
+def test_an_interrupted_run_keeps_the_rows_measured_before(tmp_path):
+    fake = registry.Implementation("layer_norm", "test_interrupt", "python", _raise_interrupt)
+    path = tmp_path / "r.csv"
+    s = tiny_suite(shape=(8, 32))
+    s = suite.Suite(s.name, "", (*s.groups, tiny_suite(shape=(8, 64)).groups[0]))
+    with registered(fake), schema.CsvWriter(path) as w, pytest.raises(KeyboardInterrupt):
+        runner.Runner("cpu", w, quick=True).run(s, impls=["torch", "test_interrupt"])
+    df = schema.read_csv(path)
+    assert df["impl"].tolist() == ["torch", "torch"] and df["shape"].tolist() == ["8x32", "8x32"]
+    assert (df["status"] == "ok").all()
+
+
+def test_unavailable_excluded_and_out_of_time_are_skip_rows_with_reasons():
+    s = tiny_suite(exclude=[{"impl": "layernorm", "device": "cpu", "reason": "excluded for the test"}])
+    rows = runner.Runner("cpu", quick=True).run(s, impls=["liger", "python/layernorm"])
+    notes = {r.impl: r.note for r in rows}
+    assert all(r.status == "skip" for r in rows)
+    assert notes["liger"] == "runs on cuda only" and notes["layernorm"] == "excluded for the test"
+    late = runner.Runner("cpu", quick=True, deadline=time.monotonic() - 1).run(tiny_suite(), impls=["torch"])
+    assert [r.status for r in late] == ["skip", "skip"] and "time budget" in late[0].note
+
+
+def test_interpreted_triton_is_not_timed_but_has_relerr():
+    if not _backend.interpreter_requested():
+        pytest.skip("the Triton interpreter is off here (a GPU machine): Triton runs on cuda only")
+    rows = runner.Runner("cpu", quick=True).run(tiny_suite(), impls=["fused"])
+    assert [r.status for r in rows] == ["not timed", "not timed"]
+    assert "interpreter" in rows[0].note and rows[0].ms_p50 is None
+    assert rows[0].relerr < 1e-5 and rows[1].relerr < 1e-5
+
+
+def test_side_measure_and_vjp_are_used():
+    def measure(shape, dtype, device, mode, options):
+        return {"ms_p20": 1.0, "ms_p50": 2.0, "ms_p80": 3.0, "alloc_bytes": 10, "versions": "julia=1.11"}
+
+    def vjp(inputs, dy):
+        return registry.get("layer_norm", "torch").forward_backward(inputs, dy)
+
+    ln = registry.get("layer_norm", "torch").fn
+    measured = registry.Implementation("layer_norm", "test_measured", "python", ln, measure=measure)
+    with_vjp = registry.Implementation("layer_norm", "test_vjp", "python", ln, vjp=vjp)
+    s = tiny_suite(modes=("fwd", "bwd", "fwd+bwd"))
+    with registered(measured, with_vjp):
+        rows = runner.Runner("cpu", quick=True).run(s, impls=["test_measured", "test_vjp"])
+    by = {(r.impl, r.mode): r for r in rows}
+    m = by["test_measured", "fwd"]
+    assert (m.ms_p50, m.alloc_bytes, m.versions) == (2.0, 10, "julia=1.11")
+    assert m.gbps == pytest.approx(2 * 8 * 32 * 4 / 2e-3 / 1e9) and m.relerr < 1e-5
+    assert by["test_vjp", "bwd"].status == "skip" and "not separable" in by["test_vjp", "bwd"].note
+    assert by["test_vjp", "fwd+bwd"].status == "ok" and by["test_vjp", "fwd+bwd"].ms_p50 > 0
+
+
+def test_speed_only_peer_gets_no_relerr():
+    s = tiny_suite(ops=("relu_attention",), shape=(1, 1, 16, 8), modes=("fwd",))
+    (r,) = runner.Runner("cpu", quick=True).run(s, impls=["sdpa_softmax"])
+    assert r.status == "ok" and r.relerr is None and "speed-only" in r.note and r.tflops > 0
+
+
+def test_copy_ceiling_row():
+    r = runner.Runner("cpu", quick=True).copy_row("t", torch.bfloat16, 1 << 16)
+    assert (r.op, r.shape, r.status) == ("copy", "65536", "ok")
+    assert r.gbps == pytest.approx(2 * (1 << 17) / (r.ms_p50 * 1e-3) / 1e9)
+
+
+@pytest.mark.gpu
+def test_runner_on_cuda():
+    s = tiny_suite(shape=(256, 1024), modes=("fwd", "bwd", "fwd+bwd"))
+    rows = runner.Runner("cuda", quick=True).run(s, impls=["torch", "fused"])
+    assert len(rows) == 6 and all(r.status == "ok" and r.gbps > 0 and r.alloc_bytes > 0 for r in rows)
+
+
+# ----------------------------------------------------------------------------------------------------
+# suites and profile
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_suite_file_defines_the_three_suites_as_specified():
+    suites = suite.load_suites()
+    assert {"layer_norm", "attention", "memory"} <= set(suites)
+    ln = suites["layer_norm"].groups[0]
+    assert ln.ops == ("layer_norm",) and (65536, 1024) in ln.shapes and (32768, 4096) in ln.shapes
+    assert [s[1] for s in ln.shapes if s[0] == 4096] == [1024, 2048, 4096, 8192, 16384]
+    for b, h, l, d in suites["attention"].groups[0].shapes:
+        assert b * l == 16384 and h == {64: 32, 128: 16}[d]
+    for s in suites.values():  # quick variants stay tiny
+        for g in s.groups:
+            for op in g.ops:
+                assert all(runner.work(op, sh) <= 1 << 17 for sh in g.quick_shapes)
+
+
+def test_bad_suite_data_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown op 'nope'"):
+        suite.parse_suite("x", {"groups": [{"ops": ["nope"], "shapes": [(1, 2)]}]})
+    with pytest.raises(ValueError, match="unknown keys"):
+        suite.parse_suite("x", {"groups": [{"ops": ["layer_norm"], "shapes": [(1, 2)], "size": 1}]})
+    with pytest.raises(ValueError, match="dims"):
+        suite.parse_suite("x", {"groups": [{"ops": ["relu_attention"], "shapes": [(1, 2)]}]})
+
+
+def test_profile_attention_on_the_cpu(tmp_path):
+    res = profile.profile_attention("cpu", (1, 2, 32, 16), torch.float32, out_dir=tmp_path)
+    labels = {s.label: s for s in res.subjects}
+    assert list(labels) == ["softmax_naive", "sdpa_softmax", "naive", "triton"]
+    assert labels["softmax_naive"].kernels and {k.phase for k in labels["naive"].kernels} == {"fwd", "bwd"}
+    if _backend.interpreter_requested():
+        assert "interpreter" in labels["triton"].reason and not labels["triton"].kernels
+    trace = json.loads(res.trace.read_text())
+    names = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
+    assert any(n.startswith("softmax_naive:") for n in names) and any(n.startswith("naive:") for n in names)
+    assert res.timeline.read_bytes()[:4] == b"\x89PNG"
+    assert "aten::_softmax" in res.markdown and "torch.profiler table" in res.markdown
+
+
+def test_memory_report_shows_multiples_of_the_input():
+    rows = [row(op="normalise", impl="normal_now", peer=False, shape="100x1000", mode=m, alloc_bytes=a,
+                peak_bytes=a, suite="memory") for m, a in (("fwd", 1_600_000), ("bwd", 400_000))]  # fmt: skip
+    md = report.memory_section(schema.rows_frame(rows))
+    assert "| normal_now | 1.5 MiB (4.00×) | 1.5 MiB (4.00×) | 0.4 MiB (1.00×) | 0.4 MiB (1.00×) |" in md
+
+
+def test_pandas_frame_from_rows_has_schema_types():
+    df = schema.rows_frame([row(alloc_bytes=5)])
+    assert df["alloc_bytes"].dtype == "float64" and df["peer"].dtype == bool
+    assert isinstance(df, pd.DataFrame)

@@ -1,0 +1,87 @@
+"""Every registry implementation against its op's float64 reference, forward and gradients, per dtype."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from crossfuse import registry
+from crossfuse.check import run_case
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# (op, shape, options, why this case)
+CASES = {
+    "layer_norm": [
+        ((33, 130), {}, "plain rows"),
+        ((1, 97), {"weight": False}, "one row, prime N, no weight"),
+    ],
+    "normalise": [
+        ((33, 130), {}, "plain rows"),
+        ((3, 97), {"offset": 8.0}, "prime N, mean far from 0"),
+    ],
+    "layer_norm_maxstd": [
+        ((33, 130), {}, "plain rows"),
+        ((3, 40), {"std": 1e-4, "eps": 1e-3}, "std < eps: the eps floor branch"),
+    ],
+    "relu_attention": [
+        ((1, 2, 40, 32), {"causal": True}, "causal, L not a multiple of the block"),
+        ((2, 1, 17, 16), {"squared": True, "lk": 29}, "Lq != Lk, squared"),
+    ],
+}
+
+
+def _params():
+    for impl in registry.implementations(side="python"):
+        for shape, options, why in CASES[impl.op]:
+            for dtype in DTYPES:
+                yield pytest.param(impl, shape, options, dtype,
+                                   id=f"{impl.key}-{str(dtype)[6:]}-{why}")  # fmt: skip
+
+
+@pytest.mark.parametrize("impl, shape, options, dtype", list(_params()))
+def test_implementation_matches_float64_reference(impl, shape, options, dtype, device):
+    if not impl.same_function:
+        pytest.skip(f"{impl.key} computes a different function ({impl.description}); speed-only peer")
+    if "compile" in impl.name and device == "cpu" and dtype != torch.float32:
+        pytest.skip("torch.compile on the CPU compiles for seconds per case: float32 only here, all on the GPU")
+    res = run_case(impl, shape, dtype, device, options)
+    if res.status == "skip":
+        pytest.skip(res.reason)
+    assert res.status == "pass", res.summary()
+
+
+def test_registry_lists_every_op_and_peer():
+    keys = {i.key for i in registry.implementations(side="python")}
+    for key in ("layer_norm/python/fused", "layer_norm/python/torch", "layer_norm/python/torch_compile",
+                "layer_norm/python/liger", "normalise/python/normal_now", "normalise/python/normal_new",
+                "normalise/python/normal_newer", "layer_norm/python/layernorm",
+                "layer_norm_maxstd/python/layer_norm", "relu_attention/python/triton",
+                "relu_attention/python/naive", "relu_attention/python/naive_compile",
+                "relu_attention/python/sdpa_softmax"):  # fmt: skip
+        assert key in keys, key
+    assert registry.get("relu_attention", "sdpa_softmax").same_function is False
+    assert all(i.peer for i in registry.implementations("layer_norm") if i.name in ("torch", "liger"))
+
+
+def test_register_rejects_unknown_op_and_duplicates():
+    with pytest.raises(ValueError, match="unknown op"):
+        registry.register(registry.Implementation("no_such_op", "x", "python", lambda: None))
+    with pytest.raises(ValueError, match="registered already"):
+        registry.register(registry.get("layer_norm", "torch"))
+
+
+def test_unavailable_reasons_are_given():
+    liger = registry.get("layer_norm", "liger")
+    assert liger.unavailable_reason("cpu") == "runs on cuda only"
+    fused = registry.get("layer_norm", "fused")
+    assert fused.interpreted("cpu") and not fused.interpreted("cuda")
+
+
+def test_formulas_for_throughput():
+    assert registry.min_bytes("layer_norm", (4096, 1024), "fwd", 2) == 2 * 4096 * 1024 * 2
+    assert registry.min_bytes("layer_norm", (4096, 1024), "bwd", 2) == 3 * 4096 * 1024 * 2
+    assert registry.flops("relu_attention", (2, 3, 128, 64), "fwd") == 4 * 2 * 3 * 128 * 128 * 64
+    assert registry.flops("relu_attention", (2, 3, 128, 64), "fwd", causal=True) == 2 * 2 * 3 * 128 * 128 * 64
+    assert registry.flops("relu_attention", (1, 1, 10, 16), "bwd") == 2.5 * 4 * 100 * 16
+    assert registry.min_bytes("relu_attention", (1, 1, 10, 16), "fwd", 2) is None

@@ -1,0 +1,255 @@
+"""The Triton ReLU attention (crossfuse.relu_attention, crossfuse.nn.ReLUAttention) against float64."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import crossfuse
+from crossfuse.ops import relu_attention as ra
+from crossfuse.reference import relu_attention_naive, relu_attention_ref
+from crossfuse.tolerances import relerr, tolerance
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def randn(shape, dtype, device, gen):
+    return torch.randn(shape, dtype=torch.float64, generator=gen).to(device=device, dtype=dtype)
+
+
+def qkv(b, h, lq, lk, d, dtype, device, gen):
+    return randn((b, h, lq, d), dtype, device, gen), randn((b, h, lk, d), dtype, device, gen), randn(
+        (b, h, lk, d), dtype, device, gen
+    )
+
+
+def run_and_compare(q, k, v, causal, squared, gen, layout="bhld"):
+    """Kernel forward + backward vs the float64 reference; returns the errors (asserted here)."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = crossfuse.relu_attention(*leaves, causal=causal, squared=squared, layout=layout)
+    dout = randn(out.shape, out.dtype, out.device, gen)
+    out.backward(dout)
+    refs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    to_bhld = (lambda t: t) if layout == "bhld" else (lambda t: t.transpose(1, 2))
+    out_ref = relu_attention_ref(*(to_bhld(t) for t in refs), causal=causal, squared=squared)
+    out_ref = to_bhld(out_ref)
+    out_ref.backward(dout.double())
+    dtype, tf32 = q.dtype, q.is_cuda  # float32 dots run on tf32 tensor cores on GPUs
+    errs = {"out": (relerr(out, out_ref), tolerance("relu_attention", dtype, "fwd", tf32=tf32))}
+    for name, got, ref in zip("qkv", leaves, refs):
+        errs["d" + name] = (relerr(got.grad, ref.grad), tolerance("relu_attention", dtype, "bwd", tf32=tf32))
+    bad = {k: v for k, v in errs.items() if not v[0] <= v[1]}
+    assert not bad, f"relative error over tolerance (error, tolerance): {bad}"
+    return errs, out, leaves
+
+
+# lengths not multiples of the block (32 in the interpreter, 64/128 on the GPU), and the edge L=1
+LENGTHS = [
+    pytest.param(1, id="L=1: one key, one query"),
+    pytest.param(17, id="L=17: one partial block"),
+    pytest.param(64, id="L=64: whole blocks"),
+    pytest.param(100, id="L=100: whole blocks and a tail"),
+]
+
+
+@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("length", LENGTHS)
+def test_matches_float64_reference(length, causal, squared, device, gen):
+    q, k, v = qkv(2, 2, length, length, 32, torch.float32, device, gen)
+    run_and_compare(q, k, v, causal, squared, gen)
+
+
+@pytest.mark.parametrize("d", ra.HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_each_head_dim_and_dtype(d, dtype, device, gen):
+    q, k, v = qkv(1, 2, 45, 45, d, dtype, device, gen)
+    run_and_compare(q, k, v, causal=d % 32 == 0, squared=d == 64, gen=gen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_low_precision_error_at_most_twice_torch(dtype, device, gen):
+    # flash-attention's criterion: against float64, the kernel in a low dtype errs at most ~2x as
+    # much as the naive torch implementation in that same dtype
+    # (Triton's interpreter rounds float32 -> bfloat16 towards zero, not to nearest as the GPU does: a
+    # bias of half an ulp per rounding, so the bound there is 4x)
+    q, k, v = qkv(2, 2, 96, 96, 64, dtype, device, gen)
+    ref = relu_attention_ref(q, k, v, causal=True)
+    err_kernel = relerr(crossfuse.relu_attention(q, k, v, causal=True), ref)
+    err_torch = relerr(relu_attention_naive(q, k, v, causal=True), ref)
+    factor = 4 if device == "cpu" and dtype == torch.bfloat16 else 2
+    assert err_kernel <= factor * err_torch, (err_kernel, err_torch)
+
+
+def test_long_sequence(device, gen):
+    # L=1000 (not a multiple of any block): many key blocks streamed per query block
+    q, k, v = qkv(1, 1, 1000, 1000, 16, torch.float32, device, gen)
+    run_and_compare(q, k, v, causal=True, squared=False, gen=gen)
+
+
+@pytest.mark.parametrize("lq, lk", [(17, 100), (100, 17), (1, 64)])
+def test_query_and_key_lengths_may_differ(lq, lk, device, gen):
+    q, k, v = qkv(1, 3, lq, lk, 64, torch.float32, device, gen)
+    run_and_compare(q, k, v, causal=False, squared=lq > lk, gen=gen)
+
+
+def test_layouts_give_the_same_result(device, gen):
+    q, k, v = qkv(2, 3, 50, 50, 32, torch.float32, device, gen)
+    _, out_bhld, leaves_bhld = run_and_compare(q, k, v, True, False, gen)
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [B, L, H, D] in memory
+    out = crossfuse.relu_attention(qt, kt, vt, causal=True, layout="blhd")
+    assert out.shape == qt.shape and out.is_contiguous()
+    torch.testing.assert_close(out.transpose(1, 2), out_bhld.detach(), rtol=1e-5, atol=1e-6)
+    run_and_compare(qt, kt, vt, True, False, gen, layout="blhd")
+
+
+def test_strided_views_read_in_place(device, gen):
+    # q, k, v as slices of one packed [B, L, 3, H, D] projection: no copies are made
+    b, l, h, d = 2, 33, 2, 16
+    packed = randn((b, l, 3, h, d), torch.float32, device, gen)
+    q, k, v = packed.unbind(2)
+    assert ra._unit_d(ra._to_bhld(q, "blhd")).data_ptr() == q.data_ptr()
+    run_and_compare(q, k, v, False, True, gen, layout="blhd")
+
+
+def test_output_and_gradients_fully_written(device, gen):
+    # poison the memory the allocator hands out next; every element must be overwritten
+    q, k, v = qkv(1, 2, 70, 70, 32, torch.float32, device, gen)
+    for _ in range(4):
+        torch.full((1, 2, 70, 32), float("nan"), device=device)
+    errs, out, leaves = run_and_compare(q, k, v, True, True, gen)
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
+def test_gradient_at_exactly_zero_score_is_zero(device):
+    # q orthogonal to k: every score is exactly 0; relu'(0) = 0, so dq = dk = 0 (torch's convention)
+    q = torch.zeros(1, 1, 4, 16, device=device)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, 4, 16, device=device)
+    k[..., 1] = 1.0
+    v = torch.randn(1, 1, 4, 16, device=device)
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    crossfuse.relu_attention(q, k, v).sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q)) and torch.equal(k.grad, torch.zeros_like(k))
+
+
+@pytest.mark.parametrize("causal, squared", [(True, False), (False, True)], ids=["causal relu", "full squared"])
+def test_gradcheck_float64(causal, squared, device, gen):
+    if device == "cuda":
+        pytest.skip("Triton's dot has no float64 on GPUs: gradcheck runs under the interpreter (CPU)")
+    # fast mode (random projections of the Jacobian): a full one takes minutes in the interpreter
+    q, k, v = (t.requires_grad_(True) for t in qkv(1, 1, 7, 7, 16, torch.float64, device, gen))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: crossfuse.relu_attention(q, k, v, causal=causal, squared=squared), (q, k, v), fast_mode=True
+    )
+
+
+def test_custom_scales(device, gen):
+    q, k, v = qkv(1, 1, 20, 20, 32, torch.float32, device, gen)
+    out = crossfuse.relu_attention(q, k, v, scale=0.3, relu_scale=2.0)
+    ref = relu_attention_ref(q, k, v, scale=0.3, relu_scale=2.0)
+    assert relerr(out, ref) <= tolerance("relu_attention", torch.float32, tf32=q.is_cuda)
+
+
+def test_saves_tensors_for_backward(device, gen):
+    # the seed assigned ctx.save_for_backward instead of calling it; here the graph holds q, k, v
+    q, k, v = (t.requires_grad_(True) for t in qkv(1, 1, 8, 8, 16, torch.float32, device, gen))
+    out = crossfuse.relu_attention(q, k, v)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 3 and all(s.shape == (1, 1, 8, 16) for s in saved)
+
+
+def test_module(device, gen):
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    mod = crossfuse.nn.ReLUAttention(64, 2, causal=True, device=device)
+    x = randn((2, 30, 64), torch.float32, device, gen)
+    y = mod(x)
+    qkv_ = mod.qkv(x).view(2, 30, 3, 2, 32).permute(2, 0, 3, 1, 4)
+    ref = relu_attention_ref(qkv_[0], qkv_[1], qkv_[2], causal=True).float()
+    expected = mod.out_proj(ref.transpose(1, 2).reshape(2, 30, 64))
+    assert relerr(y, expected) <= (1e-4 if device == "cpu" else tolerance("relu_attention", torch.float32, tf32=True))
+    y.sum().backward()
+    assert mod.qkv.weight.grad is not None
+    with pytest.raises(ValueError, match="head_dim"):
+        crossfuse.nn.ReLUAttention(60, 2)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bad input
+# ----------------------------------------------------------------------------------------------------
+
+
+def _t(*shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(*shape, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(
+    "make, exc, words",
+    [
+        (lambda d: (_t(1, 2, 8, 16, device=d), _t(1, 3, 8, 16, device=d), _t(1, 3, 8, 16, device=d), {}),
+         ValueError, "k's shape"),
+        (lambda d: (_t(1, 2, 8, 16, device=d), _t(1, 2, 8, 16, device=d), _t(1, 2, 9, 16, device=d), {}),
+         ValueError, "v's shape"),
+        (lambda d: (_t(1, 2, 8, 48, device=d),) * 3 + ({},), ValueError, "head dim D=48"),
+        (lambda d: (_t(1, 2, 8, 16, device=d), _t(1, 2, 8, 16, dtype=torch.float16, device=d),
+                    _t(1, 2, 8, 16, device=d), {}), TypeError, "share one dtype"),
+        (lambda d: (_t(1, 2, 8, 16, device=d), _t(1, 2, 9, 16, device=d), _t(1, 2, 9, 16, device=d),
+                    {"causal": True}), ValueError, "causal=True needs equal"),
+        (lambda d: (_t(2, 8, 16, device=d),) * 3 + ({},), ValueError, "q must be 4-D"),
+        (lambda d: (_t(1, 2, 8, 16, device=d),) * 3 + ({"layout": "bshd"},), ValueError, "layout must be"),
+        (lambda d: (torch.ones(1, 2, 8, 16, dtype=torch.int32, device=d),) * 3 + ({},), TypeError,
+         "q has dtype int32"),
+        (lambda d: (_t(1, 2, 8, 16, device=d),) * 3 + ({"scale": 0.0},), ValueError, "scale must be"),
+        (lambda d: (_t(1, 2, 8, 16, device=d), _t(1, 2, 0, 16, device=d), _t(1, 2, 0, 16, device=d), {}),
+         ValueError, "at least one key"),
+    ],
+    ids=["heads mismatch", "v length", "unsupported D", "mixed dtypes", "causal Lq != Lk", "3-D", "layout",
+         "integer dtype", "zero scale", "no keys"],
+)  # fmt: skip
+def test_bad_input_names_the_argument(make, exc, words, device):
+    q, k, v, kw = make(device)
+    with pytest.raises(exc) as info:
+        crossfuse.relu_attention(q, k, v, **kw)
+    assert words in str(info.value)
+
+
+@pytest.mark.gpu
+def test_cuda_and_cpu_tensors_mixed_are_rejected(gen):
+    q, k, v = qkv(1, 1, 8, 8, 16, torch.float32, "cuda", gen)
+    with pytest.raises(ValueError, match="k is on cpu"):
+        crossfuse.relu_attention(q, k.cpu(), v)
+
+
+@pytest.mark.gpu
+def test_float64_on_gpu_is_a_clear_error(gen):
+    q, k, v = qkv(1, 1, 8, 8, 16, torch.float64, "cuda", gen)
+    with pytest.raises(TypeError, match="float64 runs only under the Triton interpreter"):
+        crossfuse.relu_attention(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_anchor_like_shapes_bf16(d, gen):
+    # realistic sizes on the GPU: blocks of 64/128, tails, causal skipping
+    for length in (1000, 2048):
+        q, k, v = qkv(2, 4, length, length, d, torch.bfloat16, "cuda", gen)
+        for causal in (False, True):
+            run_and_compare(q, k, v, causal, False, gen)
+
+
+def test_launch_configs_divide_for_causal_blocks():
+    # causal loops need the block sizes to divide each other (fwd/dq: BLOCK_N | BLOCK_M; dkdv: BLOCK_M |
+    # BLOCK_N), for every head dim and dtype the heuristic or the tuned table can return
+    for d in ra.HEAD_DIMS:
+        for dtype in DTYPES:
+            for causal in (False, True):
+                for kind in ("fwd", "dq"):
+                    cfg = ra.attention_config(kind, d, dtype, causal)
+                    assert cfg.block_m % cfg.block_n == 0, (kind, d, dtype, cfg)
+                cfg = ra.attention_config("dkdv", d, dtype, causal)
+                assert cfg.block_n % cfg.block_m == 0, (d, dtype, cfg)
+                assert math.log2(cfg.block_m).is_integer() and math.log2(cfg.block_n).is_integer()
