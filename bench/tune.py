@@ -68,6 +68,10 @@ def ln_candidates(quick: bool) -> list[dict]:
     return out
 
 
+def _attn(kind, d, causal, bm, bn, warps, stages) -> dict:
+    return dict(kind=kind, d=d, causal=causal, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+
+
 def attn_candidates(quick: bool) -> list[dict]:
     out = []
     for d in ATTN_DS:
@@ -75,18 +79,15 @@ def attn_candidates(quick: bool) -> list[dict]:
             for bm, bn in ((64, 32), (64, 64), (128, 32), (128, 64), (128, 128)):
                 for warps in (4, 8):
                     for stages in (2, 3, 4):
-                        out.append(dict(kind="fwd", d=d, causal=causal, block_m=bm, block_n=bn, num_warps=warps,
-                                        num_stages=stages))  # fmt: skip
+                        out.append(_attn("fwd", d, causal, bm, bn, warps, stages))
             for bm, bn in ((16, 64), (32, 64), (64, 64), (16, 128), (32, 128), (64, 128)):
                 for warps in (4, 8):
                     for stages in (2, 3):
-                        out.append(dict(kind="dkdv", d=d, causal=causal, block_m=bm, block_n=bn, num_warps=warps,
-                                        num_stages=stages))  # fmt: skip
+                        out.append(_attn("dkdv", d, causal, bm, bn, warps, stages))
             for bm, bn in ((64, 16), (64, 32), (64, 64), (128, 16), (128, 32), (128, 64)):
                 for warps in (4, 8):
                     for stages in (2, 3):
-                        out.append(dict(kind="dq", d=d, causal=causal, block_m=bm, block_n=bn, num_warps=warps,
-                                        num_stages=stages))  # fmt: skip
+                        out.append(_attn("dq", d, causal, bm, bn, warps, stages))
     if quick:
         out = out[::9]
     return out
@@ -123,7 +124,9 @@ def make_launch(c: dict, shape):
             return (lambda: ln.layer_norm_fwd(x, w, b, 1e-5, config=cfg)), 2 * m * n * x.element_size()
         _, mean, rstd = ln.layer_norm_fwd(x, w, b, 1e-5)
         dy = torch.randn_like(x)
-        return (lambda: ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)), 3 * m * n * x.element_size()
+        return (
+            lambda: ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
+        ), 3 * m * n * x.element_size()
     from crossfuse.ops import relu_attention as ra
 
     b_, h, l, d = shape
@@ -132,7 +135,9 @@ def make_launch(c: dict, shape):
     scale, relu_scale = 1 / math.sqrt(d), 1 / l
     fwd_flops = 4 * b_ * h * l * l * d * (0.5 if c["causal"] else 1.0)
     if c["kind"] == "fwd":
-        return (lambda: ra.relu_attention_fwd(q, k, v, c["causal"], False, scale, relu_scale, config=cfg)), fwd_flops
+        return (
+            lambda: ra.relu_attention_fwd(q, k, v, c["causal"], False, scale, relu_scale, config=cfg)
+        ), fwd_flops
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     default = ra.attention_config("dq" if c["kind"] == "dkdv" else "dkdv", d, torch.bfloat16, c["causal"])
     configs = (cfg, default) if c["kind"] == "dkdv" else (default, cfg)
@@ -173,8 +178,8 @@ def main(argv=None) -> int:
     cands = []
     if args.only in (None, "ln", "ln-split"):
         cands += ln_candidates(args.quick)
-    if args.only == "ln-split":
-        cands = [c for c in cands if "block_n" in c]
+    if args.only == "ln-split":  # the backward of long rows: fused and split candidates side by side
+        cands = [c for c in cands if c["kind"] == "bwd" and c["n"] >= 8192]
     if args.only in (None, "attn"):
         cands += attn_candidates(args.quick)
     log(f"{len(cands)} candidates; compiling with {args.workers} workers")
@@ -210,11 +215,19 @@ def main(argv=None) -> int:
     # winners: geometric mean of the rate over the shapes of each candidate
     best: dict[str, tuple[float, dict]] = {}
     for c in cands:
-        rates = [r["rate"] for r in rows if r["status"] == "ok" and r["rate"] and all(r.get(k) == v for k, v in c.items())]
+        rates = [
+            r["rate"]
+            for r in rows
+            if r["status"] == "ok" and r["rate"] and all(r.get(k) == v for k, v in c.items())
+        ]
         if len(rates) != len(shapes_of(c)):
             continue
         score = math.exp(sum(math.log(x) for x in rates) / len(rates))
-        key = (f"ln/{c['kind']}/{c['dtype']}/{c['n']}" if "n" in c else f"attn/{c['kind']}/{c['d']}/{c['causal']}")
+        key = (
+            f"ln/{c['kind']}/{c['dtype']}/{c['n']}"
+            if "n" in c
+            else f"attn/{c['kind']}/{c['d']}/{c['causal']}"
+        )
         if key not in best or score > best[key][0]:
             best[key] = (score, c)
     with open(os.path.join(args.out, "tuned.json"), "w") as f:

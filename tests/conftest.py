@@ -19,7 +19,9 @@ def pytest_report_header(config):
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available() and not INTERPRETED:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU with compiled Triton kernels (run `pytest -m gpu` there)")
+    skip = pytest.mark.skip(
+        reason="needs a CUDA GPU with compiled Triton kernels (run `pytest -m gpu` there)"
+    )
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -9,6 +9,7 @@ imports juliacall.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -217,6 +218,30 @@ def test_a_failed_start_is_reported_and_cached(isolated, monkeypatch):
         crossfuse_julia.start()
 
 
+def test_cheap_checks_never_start_julia(isolated, monkeypatch):
+    from crossfuse_julia.ops import unavailable_reason
+
+    fake_julia(isolated, 'echo "julia version 1.11.3"')
+    monkeypatch.setattr(session, "_SESSION", None)
+    assert unavailable_reason("cpu") is None
+    assert "set CROSSFUSE_JULIA_CUDA=1" in unavailable_reason("cuda")
+    assert registry.get("normalise", "normal_new", side="julia").unavailable_reason("cpu") is None
+    assert session._SESSION is None and session.failure() is None  # nothing was started or tried
+
+
+def test_package_resolution_is_killed_at_its_timeout(monkeypatch):
+    t0 = time.monotonic()
+    with pytest.raises(crossfuse_julia.JuliaUnavailable, match="did not finish within 1 s"):
+        session.resolve_packages(1.0, cmd=[sys.executable, "-c", "import time; time.sleep(60)"])
+    assert time.monotonic() - t0 < 4.0
+    with pytest.raises(crossfuse_julia.JuliaUnavailable, match=r"failed with status 3:\nno registry here"):
+        failing = [sys.executable, "-c", "print('no registry here'); raise SystemExit(3)"]
+        session.resolve_packages(10.0, cmd=failing)
+    monkeypatch.setenv("CROSSFUSE_JULIA_SETUP_TIMEOUT", "soon")
+    with pytest.raises(crossfuse_julia.JuliaUnavailable, match="not a number of seconds"):
+        session.setup_timeout()
+
+
 def test_available_in_a_fresh_process_is_fast():
     """The number the issue asks for: ``available()`` in a new process, on this machine, as it is."""
     code = ("import time; t = time.monotonic(); import crossfuse_julia as c; a = c.available(); "
@@ -287,8 +312,25 @@ def test_a_julia_exception_becomes_julia_error_with_the_julia_message(monkeypatc
 # ----------------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module", autouse=True)
+def julia_registered():
+    """The Julia entries, registered through the entry point when crossfuse is installed, else directly
+    (``register`` is idempotent), so the bridge's logic is tested either way."""
+    if not registry.implementations(side="julia"):
+        from crossfuse_julia.registry import register
+
+        register(registry)
+
+
 def julia_entries():
     return registry.implementations(side="julia")
+
+
+def test_the_plugin_entry_point_is_declared():
+    eps = importlib.metadata.entry_points(group="crossfuse.implementations")
+    if not list(eps):
+        pytest.skip("crossfuse is not installed (pip install -e .): no entry points to check")
+    assert {ep.name: ep.value for ep in eps}.get("julia") == "crossfuse_julia.registry:register"
 
 
 def test_every_julia_variant_is_registered_with_its_callables():

@@ -62,7 +62,7 @@ def require(op: str, name: str, device: str):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     jl, py = JULIA[(op, name)], PYTHON[(op, name)]
-    reason = unavailable_reason(device) or jl.unavailable_reason(device)
+    reason = unavailable_reason(device, start=True) or jl.unavailable_reason(device)
     if reason:
         pytest.skip(f"Julia: {reason}")
     reason = py.unavailable_reason(device)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
+import crossfuse
 import pytest
 import torch
-
-import crossfuse
 from crossfuse.ops import layer_norm as ln_mod
 from crossfuse.reference import layer_norm as single_pass_layer_norm
 from crossfuse.reference import layer_norm_maxstd_ref, layer_norm_ref
@@ -17,7 +16,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 def randn(shape, dtype, device, gen, mean=0.0, std=1.0):
-    return (torch.randn(shape, dtype=torch.float64, generator=gen) * std + mean).to(device=device, dtype=dtype)
+    return (torch.randn(shape, dtype=torch.float64, generator=gen) * std + mean).to(
+        device=device, dtype=dtype
+    )
 
 
 def check_against_reference(x, weight, bias, eps=1e-5, gen=None):
@@ -33,7 +34,8 @@ def check_against_reference(x, weight, bias, eps=1e-5, gen=None):
     rows = max(1, x.numel() // n)
     assert y.dtype == x.dtype and y.shape == x.shape
     errors = {"y": (relerr(y, y_ref), tolerance("layer_norm", x.dtype, "fwd"))}
-    for name, got, ref, kind in zip(("x", "weight", "bias"), leaves, refs, ("bwd", "reduced", "reduced")):
+    kinds = ("bwd", "reduced", "reduced")
+    for name, got, ref, kind in zip(("x", "weight", "bias"), leaves, refs, kinds, strict=True):
         if got is None:
             continue
         assert got.grad is not None and got.grad.dtype == got.dtype, name
@@ -144,8 +146,10 @@ def test_gradcheck_float64(case, device, gen):
     w = randn((n,), torch.float64, device, gen, mean=1.0).requires_grad_(True)
     b = randn((n,), torch.float64, device, gen).requires_grad_(True)
     inputs = (x, w, b) if case == "plain" else (x, w)
-    fn = (lambda x, w, b: crossfuse.layer_norm(x, (n,), w, b)) if case == "plain" else (
-        lambda x, w: crossfuse.layer_norm(x, (n,), w, None)
+    fn = (
+        (lambda x, w, b: crossfuse.layer_norm(x, (n,), w, b))
+        if case == "plain"
+        else (lambda x, w: crossfuse.layer_norm(x, (n,), w, None))
     )
     # the chunked case is large: checking a few output columns through a fast-mode gradcheck
     assert torch.autograd.gradcheck(fn, inputs, fast_mode=case == "chunked")
@@ -197,9 +201,12 @@ def test_module_is_a_drop_in_for_torch(device, gen):
 @pytest.mark.parametrize(
     "make, exc, words",
     [
-        (lambda d: (torch.ones(4, 8, dtype=torch.int32, device=d), (8,), None, None), TypeError, "x has dtype int32"),
-        (lambda d: (torch.ones(4, 8, device=d), (8,), torch.ones(7, device=d), None), ValueError, "weight has shape"),
-        (lambda d: (torch.ones(4, 8, device=d), (8,), None, torch.ones(8, 1, device=d)), ValueError, "bias has shape"),
+        (lambda d: (torch.ones(4, 8, dtype=torch.int32, device=d), (8,), None, None), TypeError,
+         "x has dtype int32"),
+        (lambda d: (torch.ones(4, 8, device=d), (8,), torch.ones(7, device=d), None), ValueError,
+         "weight has shape"),
+        (lambda d: (torch.ones(4, 8, device=d), (8,), None, torch.ones(8, 1, device=d)), ValueError,
+         "bias has shape"),
         (lambda d: (torch.ones(4, 8, device=d), (6,), None, None), ValueError, "normalized_shape [6]"),
         (lambda d: (torch.ones(4, 8, device=d), (4, 8, 1), None, None), ValueError, "normalized_shape"),
         (lambda d: (torch.ones(1, ln_mod.MAX_N + 1, device=d), (ln_mod.MAX_N + 1,), None, None), ValueError,
@@ -256,7 +263,9 @@ def test_no_recompilation_across_row_counts(gen):
     def run(m):
         x = randn((m, 1024), torch.bfloat16, "cuda", gen).requires_grad_(True)
         w = torch.ones(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        crossfuse.layer_norm(x, (1024,), w, None).backward(torch.ones(m, 1024, device="cuda", dtype=torch.bfloat16))
+        crossfuse.layer_norm(x, (1024,), w, None).backward(
+            torch.ones(m, 1024, device="cuda", dtype=torch.bfloat16)
+        )
         torch.cuda.synchronize()
 
     def compiled():
@@ -287,5 +296,5 @@ def test_split_backward_equals_fused(device, gen):
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
     fused = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True)
     split = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=ln_mod.LaunchConfig(4, 128, 4, 1))
-    for a, b in zip(fused, split):
+    for a, b in zip(fused, split, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from crossfuse import reference as ref
 from crossfuse.tolerances import relerr
 
@@ -28,7 +27,11 @@ def test_single_pass_layer_norm_gradcheck(std, eps, affine, gen):
     a = randn((11,), gen, mean=1.0).requires_grad_(True) if affine else None
     b = randn((11,), gen).requires_grad_(True) if affine else None
     inputs = (x, a, b) if affine else (x,)
-    fn = (lambda x, a, b: ref.layer_norm(x, a, b, eps)) if affine else (lambda x: ref.layer_norm(x, None, None, eps))
+    fn = (
+        (lambda x, a, b: ref.layer_norm(x, a, b, eps))
+        if affine
+        else (lambda x: ref.layer_norm(x, None, None, eps))
+    )
     assert torch.autograd.gradcheck(fn, inputs)
 
 

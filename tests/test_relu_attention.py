@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
+import crossfuse
 import pytest
 import torch
-
-import crossfuse
 from crossfuse.ops import relu_attention as ra
 from crossfuse.reference import relu_attention_naive, relu_attention_ref
 from crossfuse.tolerances import relerr, tolerance
@@ -20,8 +19,10 @@ def randn(shape, dtype, device, gen):
 
 
 def qkv(b, h, lq, lk, d, dtype, device, gen):
-    return randn((b, h, lq, d), dtype, device, gen), randn((b, h, lk, d), dtype, device, gen), randn(
-        (b, h, lk, d), dtype, device, gen
+    return (
+        randn((b, h, lq, d), dtype, device, gen),
+        randn((b, h, lk, d), dtype, device, gen),
+        randn((b, h, lk, d), dtype, device, gen),
     )
 
 
@@ -38,7 +39,7 @@ def run_and_compare(q, k, v, causal, squared, gen, layout="bhld"):
     out_ref.backward(dout.double())
     dtype, tf32 = q.dtype, q.is_cuda  # float32 dots run on tf32 tensor cores on GPUs
     errs = {"out": (relerr(out, out_ref), tolerance("relu_attention", dtype, "fwd", tf32=tf32))}
-    for name, got, ref in zip("qkv", leaves, refs):
+    for name, got, ref in zip("qkv", leaves, refs, strict=True):
         errs["d" + name] = (relerr(got.grad, ref.grad), tolerance("relu_attention", dtype, "bwd", tf32=tf32))
     bad = {k: v for k, v in errs.items() if not v[0] <= v[1]}
     assert not bad, f"relative error over tolerance (error, tolerance): {bad}"
@@ -97,7 +98,7 @@ def test_query_and_key_lengths_may_differ(lq, lk, device, gen):
 
 def test_layouts_give_the_same_result(device, gen):
     q, k, v = qkv(2, 3, 50, 50, 32, torch.float32, device, gen)
-    _, out_bhld, leaves_bhld = run_and_compare(q, k, v, True, False, gen)
+    _, out_bhld, _ = run_and_compare(q, k, v, True, False, gen)
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [B, L, H, D] in memory
     out = crossfuse.relu_attention(qt, kt, vt, causal=True, layout="blhd")
     assert out.shape == qt.shape and out.is_contiguous()
@@ -119,7 +120,7 @@ def test_output_and_gradients_fully_written(device, gen):
     q, k, v = qkv(1, 2, 70, 70, 32, torch.float32, device, gen)
     for _ in range(4):
         torch.full((1, 2, 70, 32), float("nan"), device=device)
-    errs, out, leaves = run_and_compare(q, k, v, True, True, gen)
+    _, out, leaves = run_and_compare(q, k, v, True, True, gen)
     assert torch.isfinite(out).all()
     assert all(torch.isfinite(t.grad).all() for t in leaves)
 
@@ -137,14 +138,18 @@ def test_gradient_at_exactly_zero_score_is_zero(device):
     assert torch.equal(q.grad, torch.zeros_like(q)) and torch.equal(k.grad, torch.zeros_like(k))
 
 
-@pytest.mark.parametrize("causal, squared", [(True, False), (False, True)], ids=["causal relu", "full squared"])
+@pytest.mark.parametrize(
+    "causal, squared", [(True, False), (False, True)], ids=["causal relu", "full squared"]
+)
 def test_gradcheck_float64(causal, squared, device, gen):
     if device == "cuda":
         pytest.skip("Triton's dot has no float64 on GPUs: gradcheck runs under the interpreter (CPU)")
     # fast mode (random projections of the Jacobian): a full one takes minutes in the interpreter
     q, k, v = (t.requires_grad_(True) for t in qkv(1, 1, 7, 7, 16, torch.float64, device, gen))
     assert torch.autograd.gradcheck(
-        lambda q, k, v: crossfuse.relu_attention(q, k, v, causal=causal, squared=squared), (q, k, v), fast_mode=True
+        lambda q, k, v: crossfuse.relu_attention(q, k, v, causal=causal, squared=squared),
+        (q, k, v),
+        fast_mode=True,
     )
 
 
@@ -171,7 +176,9 @@ def test_module(device, gen):
     qkv_ = mod.qkv(x).view(2, 30, 3, 2, 32).permute(2, 0, 3, 1, 4)
     ref = relu_attention_ref(qkv_[0], qkv_[1], qkv_[2], causal=True).float()
     expected = mod.out_proj(ref.transpose(1, 2).reshape(2, 30, 64))
-    assert relerr(y, expected) <= (1e-4 if device == "cpu" else tolerance("relu_attention", torch.float32, tf32=True))
+    assert relerr(y, expected) <= (
+        1e-4 if device == "cpu" else tolerance("relu_attention", torch.float32, tf32=True)
+    )
     y.sum().backward()
     assert mod.qkv.weight.grad is not None
     with pytest.raises(ValueError, match="head_dim"):

@@ -68,8 +68,10 @@ def check_runnable(t: torch.Tensor, name: str, kernel) -> None:
                 "tensors under Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"
             )
         return
-    raise ValueError(f"{name} is on device {t.device}; crossfuse's Triton kernels support cuda (and cpu "
-                     "under the Triton interpreter)")
+    raise ValueError(
+        f"{name} is on device {t.device}; crossfuse's Triton kernels support cuda (and cpu "
+        "under the Triton interpreter)"
+    )
 
 
 @functools.cache

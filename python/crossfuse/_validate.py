@@ -23,7 +23,9 @@ def check_tensor(t, name: str, dtypes=KERNEL_DTYPES) -> torch.Tensor:
 
 def check_same_device(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
     if t.device != ref.device:
-        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; move them to one device")
+        raise ValueError(
+            f"{name} is on {t.device} but {ref_name} is on {ref.device}; move them to one device"
+        )
 
 
 def check_positive_float(value, name: str, allow_zero: bool = True) -> float:

@@ -41,7 +41,8 @@ class CheckResult:
         errs = f"fwd {self.fwd_err:.2e} (tol {self.fwd_tol:.1e})" if self.fwd_err is not None else ""
         for k, v in self.grad_err.items():
             errs += f", d{k} {v:.2e} (tol {self.grad_tol[k]:.1e})"
-        return f"{self.impl} {self.dtype} {self.shape} {self.options} seed={self.seed}: {self.status} {errs} {self.reason}"
+        case = f"{self.impl} {self.dtype} {self.shape} {self.options} seed={self.seed}"
+        return f"{case}: {self.status} {errs} {self.reason}"
 
 
 def fresh_generator(seed: int | None = None) -> tuple[torch.Generator, int]:
@@ -63,9 +64,12 @@ def run_case(
     own failures (they become ``status="error"`` with the message)."""
     options = dict(options or {})
     op = registry.OPS[impl.op]
-    res = CheckResult(impl.key, impl.op, impl.side, torch.device(device).type, str(dtype).removeprefix("torch."),
-                      tuple(shape), options, "skip")  # fmt: skip
-    reason = impl.unavailable_reason(device)
+    dtype_name = str(dtype).removeprefix("torch.")
+    dev = torch.device(device).type
+    res = CheckResult(impl.key, impl.op, impl.side, dev, dtype_name, tuple(shape), options, "skip")
+    reason = impl.unavailable_reason(device, dtype)
+    if not impl.same_function:
+        reason = f"speed-only peer: computes a different function ({impl.description})"
     if reason:
         res.reason = reason
         return res

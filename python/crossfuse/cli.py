@@ -126,7 +126,7 @@ def cmd_check(args) -> int:
                 results.append((base, "skip", None, None, "excluded by --skip"))
                 bar.update(impl.key)
                 continue
-            reason = impl.unavailable_reason(dev)  # asked once per implementation and device
+            reason = impl.unavailable_reason(dev, dt)  # asked once per implementation, device, dtype
             if reason is None and not impl.same_function:
                 reason = "speed-only peer: computes a different function (no reference to compare with)"
             if reason or not cases:

@@ -44,7 +44,9 @@ class Op:
     _make: Callable = field(repr=False)
     _reference: Callable = field(repr=False)
 
-    def make_inputs(self, shape: Sequence[int], dtype: torch.dtype, device="cpu", generator=None, **options) -> dict:
+    def make_inputs(
+        self, shape: Sequence[int], dtype: torch.dtype, device="cpu", generator=None, **options
+    ) -> dict:
         """Fresh random inputs for ``shape`` (see ``shape_names``); never zeros."""
         return self._make(tuple(shape), dtype, torch.device(device), generator, **options)
 
@@ -62,7 +64,7 @@ class Op:
                 leaves[name] = ins[name] = t.detach().double().requires_grad_(True)
         out = self._reference(**ins)
         grads = torch.autograd.grad(out, list(leaves.values()), dy.double(), allow_unused=True)
-        return out.detach(), dict(zip(leaves, grads))
+        return out.detach(), dict(zip(leaves, grads, strict=True))
 
     def rows(self, inputs: dict) -> int:
         """How many rows a reduced gradient sums over (for its tolerance)."""
@@ -85,8 +87,9 @@ def _norm_inputs(shape, dtype, device, gen, affine=True, offset=0.0, std=1.0):
     return inputs, n
 
 
-def _make_layer_norm(shape, dtype, device, gen, affine=True, weight=True, bias=True, offset=0.0, std=1.0,
-                     eps=1e-5):
+def _make_layer_norm(
+    shape, dtype, device, gen, affine=True, weight=True, bias=True, offset=0.0, std=1.0, eps=1e-5
+):
     inputs, _ = _norm_inputs(shape, dtype, device, gen, affine=affine, offset=offset, std=std)
     inputs.setdefault("weight", None)
     inputs.setdefault("bias", None)
@@ -182,8 +185,9 @@ class Implementation:
     description: str = ""
     # (inputs, dy) -> (out, {name: grad}); None means torch autograd through fn
     vjp: Callable | None = field(default=None, repr=False)
-    # () -> reason it cannot run at all, or None
-    check_available: Callable[[], str | None] | None = field(default=None, repr=False)
+    # (device) -> reason it cannot run there, or None
+    check_available: Callable[[str], str | None] | None = field(default=None, repr=False)
+    dtypes: tuple | None = None  # input dtypes it supports; None: all of the op's
     # native measurement by the implementation's own side (Julia times itself in Julia):
     # (shape, dtype, device, mode, options) -> dict of result-schema fields; None: the harness times fn
     measure: Callable | None = field(default=None, repr=False)
@@ -192,15 +196,18 @@ class Implementation:
     def key(self) -> str:
         return f"{self.op}/{self.side}/{self.name}"
 
-    def unavailable_reason(self, device: str = "cpu") -> str | None:
-        """Why this implementation cannot run on ``device`` now, or ``None``."""
+    def unavailable_reason(self, device: str = "cpu", dtype: torch.dtype | None = None) -> str | None:
+        """Why this implementation cannot run on ``device`` (in ``dtype``, when given) now, or ``None``."""
         device = torch.device(device).type
         if device not in self.devices:
             return f"runs on {', '.join(self.devices)} only"
+        if dtype is not None and self.dtypes is not None and dtype not in self.dtypes:
+            have = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
+            return f"no {str(dtype).removeprefix('torch.')} support (has {have})"
         if device == "cuda" and not torch.cuda.is_available():
             return "no CUDA device"
         if self.check_available is not None:
-            reason = self.check_available()
+            reason = self.check_available(device)
             if reason:
                 return reason
         if self.kernel == "triton":
@@ -229,7 +236,7 @@ class Implementation:
                 leaves[name] = ins[name] = t.detach().clone().requires_grad_(True)
         out = self.fn(**ins)
         grads = torch.autograd.grad(out, list(leaves.values()), dy, allow_unused=True)
-        return out.detach(), dict(zip(leaves, grads))
+        return out.detach(), dict(zip(leaves, grads, strict=True))
 
 
 _REGISTRY: dict[str, Implementation] = {}
@@ -305,7 +312,7 @@ def _torch_compile_layer_norm(x, weight, bias, eps):
     return _compiled_layer_norm()(x, (x.shape[-1],), weight, bias, eps)
 
 
-def _liger_reason() -> str | None:
+def _liger_reason(device: str | None = None) -> str | None:
     if importlib.util.find_spec("liger_kernel") is None:
         return "liger-kernel is not installed (pip install liger-kernel)"
     return None

@@ -68,7 +68,7 @@ class Subject:
     torch_table: str = ""
 
 
-def subjects(device: str) -> list[Subject]:
+def subjects(device: str, dtype: torch.dtype | None = None) -> list[Subject]:
     out = [
         Subject(
             "softmax_naive",
@@ -82,7 +82,7 @@ def subjects(device: str) -> list[Subject]:
         except KeyError:
             out.append(Subject(name, "", None, "not in the registry"))
             continue
-        reason = impl.unavailable_reason(device)
+        reason = impl.unavailable_reason(device, dtype)
         if reason is None and impl.interpreted(device):
             reason = (
                 "a Triton kernel on the CPU runs only under the interpreter (NumPy emulating the "
@@ -209,7 +209,10 @@ def merge_traces(parts: list[tuple[str, Path]], out: Path) -> Path:
 
 
 def category(name: str) -> str:
+    """A coarse kind of kernel, from its name (for the timeline's colours)."""
     n = name.lower()
+    if n.startswith("triton_") or (n.startswith("_") and "::" not in n):  # Inductor's, or a @triton.jit's
+        return "Triton kernel"
     if any(s in n for s in ("memset", "memcpy")):
         return "memset/memcpy"
     if any(s in n for s in ("flash", "fmha", "efficient_attention", "attention")):
@@ -236,7 +239,7 @@ def category(name: str) -> str:
         )
     ):
         return "elementwise"
-    return "other (e.g. Triton)"
+    return "other"
 
 
 _COLORS = {
@@ -246,7 +249,8 @@ _COLORS = {
     "elementwise": "tab:orange",
     "reduction": "tab:green",
     "memset/memcpy": "tab:gray",
-    "other (e.g. Triton)": "tab:brown",
+    "Triton kernel": "tab:brown",
+    "other": "tab:olive",
 }
 
 
@@ -292,6 +296,16 @@ def plot_timeline(subjs: list[Subject], path: Path, title: str) -> Path:
     return _save(fig, plt, path)
 
 
+_NOISE = ("void ", "at::native::", "(anonymous namespace)::", "c10::", "std::", "at::")
+
+
+def short_name(name: str, width: int = 90) -> str:
+    """A kernel name without the namespace noise, cut to ``width`` characters."""
+    for junk in _NOISE:
+        name = name.replace(junk, "")
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
 def kernel_table(s: Subject, top: int = 12) -> str:
     agg: dict = defaultdict(lambda: [0, 0.0, set()])
     for kk in s.kernels:
@@ -302,7 +316,7 @@ def kernel_table(s: Subject, top: int = 12) -> str:
     total = sum(a[1] for a in agg.values()) or 1.0
     rows = []
     for name, (calls, us, phases) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
-        short = name if len(name) <= 70 else name[:67] + "..."
+        short = short_name(name)
         rows.append(
             [
                 short,
@@ -347,7 +361,7 @@ def profile_attention(
         for _ in range(3)
     )
     dy = torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
-    subjs = subjects(device)
+    subjs = subjects(device, dtype)
     parts = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, s in enumerate(subjs):

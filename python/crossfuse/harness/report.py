@@ -150,11 +150,14 @@ def throughput_section(df: pd.DataFrame) -> str:
     peers = peers_of(df)
     out = []
     keys = ["suite", "op", "device", "dtype", "mode", "causal"]
+    # tables in the order the rows were measured, the modes of one table group as fwd, bwd, fwd+bwd
     order = df[keys].drop_duplicates()
-    order = order.assign(_m=order["mode"].map({m: i for i, m in enumerate(MODES)}))
-    for _, k in order.sort_values(
-        ["suite", "op", "device", "dtype", "causal", "_m"], kind="stable"
-    ).iterrows():
+    first = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, order[keys[:-2] + keys[-1:]].values)))}
+    order = order.assign(
+        _g=[first[tuple(v)] for v in order[keys[:-2] + keys[-1:]].values],
+        _m=order["mode"].map({m: i for i, m in enumerate(MODES)}),
+    )
+    for _, k in order.sort_values(["_g", "_m"], kind="stable").iterrows():
         g = df[(df[keys] == k[keys]).all(axis=1)]
         if g["suite"].iloc[0] == "memory":
             continue

@@ -4,11 +4,14 @@ For one implementation at one point (op, shape, dtype, options) the runner
 
 1. writes ``skip`` rows when it cannot run here (``Implementation.unavailable_reason``), is excluded by the
    suite (with the suite's reason), or the time budget (``deadline``) is spent;
-2. computes the relative error against the float64 reference once (``check.run_case``, outside any
-   timed region) and puts it into every mode's row: ``fwd`` rows get the output's error, ``bwd`` rows the
-   largest gradient error, ``fwd+bwd`` rows the largest of both. Attention is checked on a slice of
-   the batch and heads when the float64 reference would be large (heads are independent; the note says
-   so). Speed-only peers (``same_function=False``) get no relerr;
+2. computes the relative error against the float64 reference once, outside any timed region, and
+   puts it into every mode's row: ``fwd`` rows get the output's error, ``bwd`` rows the largest
+   gradient error, ``fwd+bwd`` rows the largest of both. The inputs, the output gradient ``dy`` and
+   the float64 reference (``Op.reference_grads``, with the tolerances of :mod:`crossfuse.tolerances`,
+   as ``check.run_case`` does) are made once per point and shared by all its implementations, which
+   run at the timed shape (no extra compilation). Attention too large for a float64 reference is
+   compared on batch entry 0 and its first heads (heads are independent; the note says so).
+   Speed-only peers (``same_function=False``) get no relerr;
 3. writes ``not timed`` rows for implementations that run here only under the Triton interpreter (with
    the relerr of one interpreted run when that is cheap);
 4. hands the measurement to the implementation's own side when it has ``measure`` (Julia times itself);
@@ -45,6 +48,28 @@ INTERPRETED_RELERR_MAX_WORK = 1 << 17
 # Largest float64 score matrix (B*H*L*Lk elements) the attention relerr check may build.
 ATTENTION_RELERR_MAX_SCORES = 1 << 28
 NOTE_MAX = 300
+
+
+BUDGET_SPENT = "not measured: the time budget of this run was spent"
+
+
+class _Lazy:
+    """Calls ``make`` on the first ``get()`` and keeps the result (or re-raises its exception)."""
+
+    def __init__(self, make):
+        self._make, self._value, self._exc = make, None, None
+
+    def get(self):
+        if self._exc is not None:
+            raise self._exc
+        if self._value is None:
+            try:
+                self._value = self._make()
+            except Exception as exc:  # keep the message, not the frames (they hold tensors)
+                self._exc = RuntimeError(_message(exc))
+                self._make = None
+                raise self._exc from None
+        return self._value
 
 
 class _NotMeasurable(Exception):
@@ -92,14 +117,67 @@ def throughput(op: str, shape, mode: str, dtype: torch.dtype, causal: bool, ms: 
     return gbps, tflops
 
 
-def _raise_recompile_limit(limit: int = 64) -> None:
-    """torch.compile with ``dynamic=False`` compiles once per shape and dtype; dynamo's default limit of
-    8 compiles per function would silently fall back to eager in a suite with more shapes."""
-    import torch._dynamo.config as cfg
+def prepare_compile(limit: int = 64) -> None:
+    """Settings for measuring ``torch.compile`` entries, applied before their first compilation.
 
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    if getattr(cfg, name, limit) < limit:
-        setattr(cfg, name, limit)
+    * ``dynamic=False`` compiles once per shape and dtype; dynamo's default limit of 8 compiles per
+      function would silently fall back to eager in a suite with more shapes: raise it.
+    * AOTAutograd's donated buffers (torch >= 2.5) free saved tensors during the backward, which
+      forbids ``retain_graph=True``, and the ``bwd`` mode times the gradient of a retained graph: off.
+    """
+    import torch._dynamo.config as dcfg
+
+    name = "recompile_limit" if hasattr(dcfg, "recompile_limit") else "cache_size_limit"
+    if getattr(dcfg, name, limit) < limit:
+        setattr(dcfg, name, limit)
+    try:
+        import torch._functorch.config as fcfg
+    except ImportError:  # pragma: no cover - very old torch
+        return
+    if getattr(fcfg, "donated_buffer", False):
+        fcfg.donated_buffer = False
+
+
+class PointData:
+    """What all implementations at one point share: inputs, the output gradient, the float64 reference.
+
+    Made lazily (a point whose implementations are all skipped costs nothing). ``heads``: compare only
+    ``[:1, :heads]`` (attention too large for a float64 reference), else None.
+    """
+
+    def __init__(self, p: Point, device: str):
+        self.p, self.device = p, device
+        self.op = registry.OPS[p.op]
+        self.heads = relerr_heads(p.op, p.shape)
+        gen, self.seed = check.fresh_generator()
+        self.inputs = self.op.make_inputs(p.shape, p.dtype, device, gen, **p.options)
+        self.dy: torch.Tensor | None = None
+        self._ref = None  # (out, grads or None) in float64, sliced when heads is set
+        self.ref_error: str | None = None
+
+    def part(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.heads is None else t[:1, : self.heads]
+
+    def dy_like(self, out: torch.Tensor) -> torch.Tensor:
+        """The output gradient (random, never ones), made from the first output seen."""
+        if self.dy is None:
+            gen = torch.Generator(out.device).manual_seed(self.seed)
+            self.dy = torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=gen)
+        return self.dy
+
+    def reference(self, grads: bool):
+        """``(out, {name: grad})`` in float64 (grads empty when not asked), computed once."""
+        if self._ref is not None and (self._ref[1] is not None or not grads):
+            return self._ref[0], self._ref[1] or {}
+        ins = {k: self.part(v) if k in self.op.tensor_args and isinstance(v, torch.Tensor) else v
+               for k, v in self.inputs.items()}  # fmt: skip
+        if grads:
+            out, g = self.op.reference_grads(ins, self.part(self.dy))
+            self._ref = (out, g)
+        else:
+            with torch.no_grad():
+                self._ref = (self.op.reference(ins), None)
+        return self._ref[0], self._ref[1] or {}
 
 
 class Runner:
@@ -149,12 +227,15 @@ class Runner:
         start = len(self.rows)
         if suite.copy_ceiling is not None:
             self._emit(self.copy_row(suite))
-        last = None
+        last, shared = None, None
         for p, impl in self.plan(suite, dtypes, ops, impls):
-            if last is not None and (p.op, p.shape, p.dtype) != last and self.devtype == "cuda":
-                torch.cuda.empty_cache()
-            last = (p.op, p.shape, p.dtype)
-            for row in self.measure(suite, p, impl):
+            if last is not p:
+                shared = None  # frees the previous point's tensors
+                if last is not None and self.devtype == "cuda":
+                    torch.cuda.empty_cache()
+                last = p
+                shared = _Lazy(lambda p=p: PointData(p, self.device))
+            for row in self.measure(suite, p, impl, shared):
                 self._emit(row)
         return self.rows[start:]
 
@@ -185,23 +266,36 @@ class Runner:
             **fields,
         )
 
-    def measure(self, suite: Suite, p: Point, impl: registry.Implementation) -> Iterator[Row]:
-        """Rows of one implementation at one point, one per mode."""
+    def measure(self, suite: Suite, p: Point, impl: registry.Implementation, shared=None) -> Iterator[Row]:
+        """Rows of one implementation at one point, one per mode. ``shared``: the point's
+        :class:`PointData` (behind a lazy holder), made here when not given."""
         reason = None
         for ex in suite.exclude:
             if ex.applies(impl, self.devtype, self.quick):
                 reason = ex.reason
                 break
         if reason is None:
-            reason = impl.unavailable_reason(self.device)
+            reason = impl.unavailable_reason(self.device, p.dtype)
         if reason is None and self._out_of_time():
-            reason = "not measured: the time budget of this run was spent"
+            reason = BUDGET_SPENT
         if reason is not None:
             for mode in p.modes:
                 yield self._row(suite, p, impl, mode, status="skip", note=reason)
             return
+        if "compile" in impl.name:
+            prepare_compile()
+        if shared is None:
+            shared = _Lazy(lambda: PointData(p, self.device))
+        try:
+            data = shared.get()
+        except Exception as exc:  # e.g. out of memory while making the inputs
+            msg = _message(exc)
+            free_memory(self.device)
+            for mode in p.modes:
+                yield self._row(suite, p, impl, mode, status="error", note=f"making inputs failed: {msg}")
+            return
 
-        errs, rnote = self.relerr(impl, p)
+        errs, rnote = self.relerr(impl, data)
 
         def note(*parts: str) -> str:
             return "; ".join(s for s in (*parts, rnote) if s)
@@ -219,42 +313,14 @@ class Runner:
                 yield self._measured_by_side(suite, p, impl, mode, errs.get(mode), note())
             return
 
-        if "compile" in impl.name:
-            _raise_recompile_limit()
-        op = registry.OPS[p.op]
-        gen = torch.Generator().manual_seed(0)
-        try:
-            inputs = op.make_inputs(p.shape, p.dtype, self.device, gen, **p.options)
-        except Exception as exc:
-            msg = _message(exc)
-            inputs = None
-            free_memory(self.device)
-            for mode in p.modes:
-                yield self._row(
-                    suite,
-                    p,
-                    impl,
-                    mode,
-                    relerr=errs.get(mode),
-                    status="error",
-                    note=note(f"making inputs failed: {msg}"),
-                )
-            return
         for mode in p.modes:
             if self._out_of_time():
-                yield self._row(
-                    suite,
-                    p,
-                    impl,
-                    mode,
-                    status="skip",
-                    note="not measured: the time budget of this run was spent",
-                )
+                yield self._row(suite, p, impl, mode, status="skip", note=BUDGET_SPENT)
                 continue
             status, msg, t, mem = "ok", "", None, None
             call = None
             try:
-                call = self._callable(impl, op, inputs, mode)
+                call = self._callable(impl, data, mode)
                 t = timing.time_call(call, self.device, self.config)
                 mem = memory.measure_call(call, self.device)
             except _NotMeasurable as exc:
@@ -271,14 +337,14 @@ class Runner:
             if mem is not None:
                 fields.update(alloc_bytes=mem.alloc_bytes, peak_bytes=mem.peak_bytes)
             yield self._row(suite, p, impl, mode, **fields)
-        inputs = None
 
     # ------------------------------------------------------------------------------------------------
-    def _callable(self, impl, op, inputs: dict, mode: str) -> Callable[[], object]:
+    def _callable(self, impl, data: PointData, mode: str) -> Callable[[], object]:
         """The zero-argument call that ``mode`` times; its first call (compile, autotune) happens here."""
+        inputs = data.inputs
         leaves = {
             n: inputs[n].detach().clone().requires_grad_(True)
-            for n in op.grad_args
+            for n in data.op.grad_args
             if isinstance(inputs.get(n), torch.Tensor)
         }
         ins = {**inputs, **leaves}
@@ -290,7 +356,7 @@ class Runner:
             raise TypeError(f"{impl.key} returned {type(out).__name__}, expected a torch.Tensor")
         if mode == "fwd":
             return lambda: impl.fn(**ins)
-        dy = torch.randn_like(out)
+        dy = data.dy_like(out)
         if impl.vjp is not None:
             if mode == "bwd":
                 raise _NotMeasurable(
@@ -304,88 +370,61 @@ class Runner:
         out = None  # fwd+bwd builds a fresh graph every call
         return _forward_backward(impl, ins, lv, dy)
 
-    def relerr(self, impl, p: Point) -> tuple[dict, str]:
-        """``{mode: relative error}`` against the float64 reference, and a note."""
+    def relerr(self, impl, data: PointData) -> tuple[dict, str]:
+        """``{mode: relative error}`` against the float64 reference, and a note (why there is none, or
+        that it is above the tolerance)."""
+        p, op = data.p, data.op
         if not impl.same_function:
             return {}, "speed-only peer: computes a different function, no relerr"
-        interpreted = impl.interpreted(self.device)
-        if interpreted and work(p.op, p.shape) > INTERPRETED_RELERR_MAX_WORK:
+        if impl.interpreted(self.device) and work(p.op, p.shape) > INTERPRETED_RELERR_MAX_WORK:
             return {}, "relerr not computed: an interpreted run at this size is too slow"
-        heads = relerr_heads(p.op, p.shape)
-        note = "" if heads is None else f"relerr on batch 0, heads 0..{heads - 1} (independent of the rest)"
         grads = any(m != "fwd" for m in p.modes)
+        note = ""
+        if data.heads is not None:
+            which = "head 0" if data.heads == 1 else f"heads 0..{data.heads - 1}"
+            note = f"relerr on batch 0, {which} (heads are independent)"
         try:
-            if heads is None:
-                res = check.run_case(impl, p.shape, p.dtype, self.device, p.options, grads=grads)
-            else:
-                res = self._sliced_case(impl, p, heads, grads)
-        except Exception as exc:  # the reference itself failed (e.g. out of memory in float64)
-            msg = _message(exc)
-            free_memory(self.device)
-            return {}, f"relerr not computed: {msg}"
-        if res.status == "error":
-            free_memory(self.device)
-            return {}, f"relerr check raised {res.reason}"
-        if res.status == "skip":
-            return {}, f"relerr not computed: {res.reason}"
-        fwd = res.fwd_err
-        g = max(res.grad_err.values()) if res.grad_err else None
-        errs = {"fwd": fwd}
-        if g is not None:
-            errs["bwd"] = g
-            errs["fwd+bwd"] = max(fwd, g) if not (math.isnan(fwd) or math.isnan(g)) else float("nan")
-        if res.status == "fail":
-            note = "; ".join(s for s in (note, f"relerr above tolerance (fwd tol {res.fwd_tol:.1e})") if s)
-        return errs, note
-
-    def _sliced_case(self, impl, p: Point, heads: int, grads: bool) -> check.CheckResult:
-        """Like ``check.run_case``, but the implementation runs at the full shape (the one timed, no
-        recompilation) and only ``[:1, :heads]`` of its output and gradients is compared with a float64
-        reference of that slice."""
-        op = registry.OPS[p.op]
-        res = check.CheckResult(impl.key, p.op, impl.side, self.devtype, dtype_str(p.dtype), p.shape,
-                                dict(p.options), "skip")  # fmt: skip
-        gen, res.seed = check.fresh_generator()
-        inputs = op.make_inputs(p.shape, p.dtype, self.device, gen, **p.options)
-
-        def part(t):
-            return t[:1, :heads]
-
-        small = {
-            k: part(v) if k in op.tensor_args and isinstance(v, torch.Tensor) else v
-            for k, v in inputs.items()
-        }
-        with torch.no_grad():
-            ref_out = op.reference(small)
-        dy = torch.randn((*p.shape[:2], *ref_out.shape[2:]), dtype=torch.float64, generator=gen)
-        dy = dy.to(device=self.device, dtype=p.dtype)
-        try:
+            with torch.no_grad():
+                probe = impl.fn(**data.inputs) if data.dy is None and grads else None
+            dy = data.dy_like(probe) if grads else None
+            probe = None
             if grads:
-                out, got = impl.forward_backward(inputs, dy)
+                out, got = impl.forward_backward(data.inputs, dy)
             else:
                 with torch.no_grad():
-                    out, got = impl.fn(**inputs), {}
-        except Exception as exc:
-            res.status, res.reason = "error", _message(exc)
-            return res
-        out = part(out).clone()
-        got = {k: part(g).clone() for k, g in got.items() if g is not None}
-        inputs = None
-        if grads:
-            ref_out, ref_grads = op.reference_grads(small, part(dy))
-        else:
-            ref_grads = {}
-        res.fwd_tol = tolerance(op.name, p.dtype, "fwd")
-        res.fwd_err = tolerances.relerr(out, ref_out)
-        ok = res.fwd_err <= res.fwd_tol
+                    out, got = impl.fn(**data.inputs), {}
+            out = data.part(out).detach().clone()
+            got = {k: data.part(g).clone() for k, g in got.items() if g is not None}
+        except Exception as exc:  # the implementation's own failure: the timing will say so too
+            msg = _message(exc)
+            free_memory(self.device)
+            return {}, f"relerr check raised {msg}"
+        if data.ref_error is None:
+            try:
+                data.reference(grads)
+            except Exception as exc:  # e.g. out of memory in float64: say so once per point
+                data.ref_error = _message(exc)
+                free_memory(self.device)
+        if data.ref_error is not None:
+            return {}, f"relerr not computed: float64 reference failed: {data.ref_error}"
+        ref_out, ref_grads = data.reference(grads)
+        fwd = tolerances.relerr(out, ref_out)
+        ok = fwd <= tolerance(op.name, p.dtype, "fwd")
+        errs = {"fwd": fwd}
+        gerrs = []
         for name, ref_g in ref_grads.items():
             kind = "reduced" if name in op.reduced_args else "bwd"
-            res.grad_tol[name] = tolerance(op.name, p.dtype, kind, op.rows(small))
             g = got.get(name)
-            res.grad_err[name] = float("nan") if g is None else tolerances.relerr(g, ref_g)
-            ok = ok and res.grad_err[name] <= res.grad_tol[name]
-        res.status = "pass" if ok else "fail"
-        return res
+            e = float("nan") if g is None else tolerances.relerr(g, ref_g)
+            ok = ok and e <= tolerance(op.name, p.dtype, kind, op.rows(data.inputs))
+            gerrs.append(e)
+        if gerrs:
+            g = float("nan") if any(math.isnan(e) for e in gerrs) else max(gerrs)
+            errs["bwd"] = g
+            errs["fwd+bwd"] = float("nan") if math.isnan(fwd) or math.isnan(g) else max(fwd, g)
+        if not ok:
+            note = "; ".join(s for s in (note, "relerr above the tolerance of crossfuse.tolerances") if s)
+        return errs, note
 
     def _measured_by_side(self, suite, p: Point, impl, mode: str, relerr, note: str) -> Row:
         """A row from the implementation's own ``measure`` (e.g. Julia timing itself in Julia)."""

@@ -2,9 +2,10 @@
 
 * CUDA: CUDA events around each call, after warm-up; the L2 cache is flushed before every repeat by
   zeroing a 256 MiB buffer (larger than any current L2), outside the timed region (the method of
-  ``triton.testing.do_bench``, written out here so it does not depend on a Triton version). The number
-  of repeats is chosen from an estimate so that they take about ``rep_ms``, within
-  ``[min_reps, max_reps]``.
+  ``triton.testing.do_bench``, written out here so it does not depend on a Triton version). A GPU
+  spin longer than the call's CPU enqueue time precedes each start event, so the time is the GPU's
+  (kernels and the gaps between them), not Python or launch overhead. The number of repeats is chosen
+  from an estimate so that they take about ``rep_ms``, within ``[min_reps, max_reps]``.
 * CPU: ``time.perf_counter`` around each call, after warm-up; no cache flush.
 
 The callable is whatever is measured (the runner builds it: a forward, the gradient call of a retained
@@ -93,8 +94,17 @@ def l2_flush_buffer(device) -> torch.Tensor:
     return _FLUSH[idx]
 
 
+def _gpu_sleep():
+    return getattr(torch.cuda, "_sleep", None)
+
+
 def time_cuda(fn: Callable[[], object], device="cuda", config: TimingConfig = DEFAULT) -> Timing:
-    """Percentiles of ``fn()``'s GPU time between two CUDA events, L2 flushed before every repeat."""
+    """Percentiles of ``fn()``'s GPU time between two CUDA events, L2 flushed before every repeat.
+
+    The CPU time ``fn`` needs to enqueue its work (Python, autograd, launches) is measured during the
+    warm-up; before each repeat a GPU spin (``torch.cuda._sleep``) longer than that keeps the GPU busy
+    while the CPU enqueues, so the events bracket queued GPU work only, not launch overhead.
+    """
     cache = l2_flush_buffer(device) if config.flush_l2 else None
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -106,15 +116,24 @@ def time_cuda(fn: Callable[[], object], device="cuda", config: TimingConfig = DE
         fn()
     end.record()
     torch.cuda.synchronize(device)
-    est = start.elapsed_time(end) / n_est  # includes the flush: a conservative estimate
-    for _ in range(_clamp(config.cuda_warmup_ms / max(est, 1e-6), 1, 100)):
+    est = start.elapsed_time(end) / n_est  # includes the flush and any launch gaps: conservative
+    enqueue_s = 0.0
+    for _ in range(_clamp(config.cuda_warmup_ms / max(est, 1e-6), 3, 100)):
+        t = time.perf_counter()
         fn()
+        enqueue_s = max(enqueue_s, time.perf_counter() - t)
+        torch.cuda.synchronize(device)
+    sleep = _gpu_sleep()
+    # cycles at <= 2.5 GHz: a lower clock only makes the spin longer; capped at 50 ms
+    cycles = int(min(enqueue_s * 1.5 + 20e-6, 0.05) * 2.5e9)
     reps = _clamp(config.cuda_rep_ms / max(est, 1e-6), config.cuda_min_reps, config.cuda_max_reps)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
         if cache is not None:
             cache.zero_()
+        if sleep is not None:
+            sleep(cycles)
         starts[i].record()
         fn()
         ends[i].record()
@@ -131,5 +150,5 @@ def time_call(fn: Callable[[], object], device, config: TimingConfig = DEFAULT) 
 
 def method(device) -> str:
     if torch.device(device).type == "cuda":
-        return "CUDA events, L2 flushed (256 MiB zero) before each repeat"
+        return "CUDA events, L2 flushed (256 MiB zero) and launch overhead hidden by a GPU spin"
     return "time.perf_counter around each call"

@@ -19,7 +19,9 @@ class ReLUAttention(torch.nn.Module):
                  bias: bool = True, device=None, dtype=None):  # fmt: skip
         super().__init__()
         if num_heads < 1 or embed_dim % num_heads:
-            raise ValueError(f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})")
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})"
+            )
         head_dim = embed_dim // num_heads
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim = embed_dim // num_heads = {head_dim}; it must be one of {HEAD_DIMS}")

@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _tuning
 from .._backend import check_runnable, device_parallelism
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
 
@@ -399,6 +400,8 @@ TUNED: dict[tuple[str, int, int], LaunchConfig] = {
     ("fwd", 4, 8192): LaunchConfig(1, 8192, 8, 1),  # 3839 GB/s
 }
 
+TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
+
 
 def launch_config(n: int, dtype: torch.dtype, kind: str) -> LaunchConfig:
     """Tile shape and warps for a row length ``n``; ``kind`` is ``"fwd"`` or ``"bwd"``.
@@ -547,7 +550,7 @@ class LayerNormFunction(torch.autograd.Function):
         need_dw, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
         dx, dw, db = layer_norm_bwd(_rows(dy, x2.shape[1]), x2, w, mean, rstd, need_dw, need_db)
         grads = []
-        for g, p in zip((dw, db), ctx.params):
+        for g, p in zip((dw, db), ctx.params, strict=True):
             grads.append(None if g is None else g.view(p[0]).to(p[1]))
         return dx.view(ctx.x_shape), None, grads[0], grads[1], None
 
@@ -561,7 +564,9 @@ def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> int:
             raise TypeError
         normalized_shape = tuple(int(d) for d in normalized_shape)
     except (TypeError, ValueError):
-        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}") from None
+        raise TypeError(
+            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
+        ) from None
     k = len(normalized_shape)
     if k == 0 or x.dim() < k or tuple(x.shape[x.dim() - k :]) != normalized_shape:
         raise ValueError(
@@ -579,7 +584,9 @@ def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> int:
             continue
         check_tensor(p, name, SUPPORTED_DTYPES)
         if tuple(p.shape) != normalized_shape:
-            raise ValueError(f"{name} has shape {list(p.shape)}; expected normalized_shape {list(normalized_shape)}")
+            raise ValueError(
+                f"{name} has shape {list(p.shape)}; expected normalized_shape {list(normalized_shape)}"
+            )
         check_same_device(p, name, x, "x")
     check_positive_float(eps, "eps")
     check_runnable(x, "x", _ln_fwd_kernel)

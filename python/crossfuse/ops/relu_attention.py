@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _tuning
 from .._backend import check_runnable, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor, dtype_name
 
@@ -95,8 +96,12 @@ def _fwd_range(
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if MASK_N:
-            kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None], mask=offs_n[None, :] < Lk, other=0.0)
-            v = tl.load(V + offs_n[:, None] * stride_vl + offs_d[None, :], mask=offs_n[:, None] < Lk, other=0.0)
+            kt = tl.load(
+                K + offs_n[None, :] * stride_kl + offs_d[:, None], mask=offs_n[None, :] < Lk, other=0.0
+            )
+            v = tl.load(
+                V + offs_n[:, None] * stride_vl + offs_d[None, :], mask=offs_n[:, None] < Lk, other=0.0
+            )
         else:
             kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
             v = tl.load(V + offs_n[:, None] * stride_vl + offs_d[None, :])
@@ -194,8 +199,12 @@ def _dkdv_range(
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         if MASK_M:
-            qt = tl.load(Q + offs_m[None, :] * stride_ql + offs_d[:, None], mask=offs_m[None, :] < Lq, other=0.0)
-            do = tl.load(DO + offs_m[:, None] * stride_dol + offs_d[None, :], mask=offs_m[:, None] < Lq, other=0.0)
+            qt = tl.load(
+                Q + offs_m[None, :] * stride_ql + offs_d[:, None], mask=offs_m[None, :] < Lq, other=0.0
+            )
+            do = tl.load(
+                DO + offs_m[:, None] * stride_dol + offs_d[None, :], mask=offs_m[:, None] < Lq, other=0.0
+            )
         else:
             qt = tl.load(Q + offs_m[None, :] * stride_ql + offs_d[:, None])
             do = tl.load(DO + offs_m[:, None] * stride_dol + offs_d[None, :])
@@ -306,8 +315,12 @@ def _dq_range(
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if MASK_N:
-            kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None], mask=offs_n[None, :] < Lk, other=0.0)
-            vt = tl.load(V + offs_n[None, :] * stride_vl + offs_d[:, None], mask=offs_n[None, :] < Lk, other=0.0)
+            kt = tl.load(
+                K + offs_n[None, :] * stride_kl + offs_d[:, None], mask=offs_n[None, :] < Lk, other=0.0
+            )
+            vt = tl.load(
+                V + offs_n[None, :] * stride_vl + offs_d[:, None], mask=offs_n[None, :] < Lk, other=0.0
+            )
         else:
             kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
             vt = tl.load(V + offs_n[None, :] * stride_vl + offs_d[:, None])
@@ -361,7 +374,9 @@ def _relu_attn_bwd_dq_kernel(
         do = tl.load(DO + offs_m[:, None] * stride_dol + offs_d[None, :])
     else:
         q = tl.load(Q + offs_m[:, None] * stride_ql + offs_d[None, :], mask=offs_m[:, None] < Lq, other=0.0)
-        do = tl.load(DO + offs_m[:, None] * stride_dol + offs_d[None, :], mask=offs_m[:, None] < Lq, other=0.0)
+        do = tl.load(
+            DO + offs_m[:, None] * stride_dol + offs_d[None, :], mask=offs_m[:, None] < Lq, other=0.0
+        )
     dq = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float64 if IS_FP64 else tl.float32)
     if CAUSAL:
         diag = pid_m * BLOCK_M
@@ -410,8 +425,12 @@ TUNED: dict[tuple[str, int, int, bool], AttnConfig] = {
     ("fwd", 64, 2, True): AttnConfig(128, 64, 8, 3),  # 582 TFLOP/s
 }
 
+TUNED.update(_tuning.attention_overrides(AttnConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
 
-def attention_config(kind: str, d: int, dtype: torch.dtype, causal: bool, interpreted: bool = False) -> AttnConfig:
+
+def attention_config(
+    kind: str, d: int, dtype: torch.dtype, causal: bool, interpreted: bool = False
+) -> AttnConfig:
     """Tiles for ``kind`` in ``("fwd", "dkdv", "dq")``. Causal kernels need BLOCK_M and BLOCK_N to
     divide each other (fwd/dq: BLOCK_N | BLOCK_M; dkdv: BLOCK_M | BLOCK_N)."""
     if interpreted:  # the interpreter runs tiles as numpy arrays: few, large programs are fastest
@@ -548,7 +567,8 @@ def _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout):
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(t, name, dtypes)
         if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D ({'[B, H, L, D]' if layout == 'bhld' else '[B, L, H, D]'}), "
+            dims = "[B, H, L, D]" if layout == "bhld" else "[B, L, H, D]"
+            raise ValueError(f"{name} must be 4-D ({dims}), "
                              f"got shape {list(t.shape)}")  # fmt: skip
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype; got {dtype_name(q.dtype)}, {dtype_name(k.dtype)}, "
@@ -557,7 +577,8 @@ def _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout):
     check_same_device(v, "v", q, "q")
     if q.dtype == torch.float64 and q.device.type == "cuda":
         raise TypeError("q, k, v have dtype float64: on GPUs Triton's dot has no float64; float64 runs only "
-                        "under the Triton interpreter (for gradcheck); use float32, float16 or bfloat16")  # fmt: skip
+                        "under the Triton interpreter (for gradcheck); use float32, float16 or "
+                        "bfloat16")  # fmt: skip
     qb, kb, vb = (_to_bhld(t, layout) for t in (q, k, v))
     (B, H, Lq, D), (Bk, Hk, Lk, Dk) = qb.shape, kb.shape
     if (Bk, Hk, Dk) != (B, H, D):

@@ -14,7 +14,10 @@ import torch
 
 def attention_scales(d: int, lk: int, scale: float | None, relu_scale: float | None) -> tuple[float, float]:
     """Defaults: ``scale = 1/sqrt(D)``, ``relu_scale = 1/Lk``."""
-    return (1.0 / math.sqrt(d) if scale is None else float(scale), 1.0 / lk if relu_scale is None else float(relu_scale))
+    return (
+        1.0 / math.sqrt(d) if scale is None else float(scale),
+        1.0 / lk if relu_scale is None else float(relu_scale),
+    )
 
 
 def relu_attention_naive(q, k, v, causal: bool = False, squared: bool = False, scale=None, relu_scale=None):

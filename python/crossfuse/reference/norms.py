@@ -57,8 +57,10 @@ def layer_norm_maxstd_ref(x, alpha=None, beta=None, eps: float = 1e-5) -> torch.
     """``alpha * (x - mean) / max(std, eps) + beta`` in float64, two-pass statistics."""
     x = x.double()
     mean = x.mean(-1, keepdim=True)
-    std = (x - mean).square().mean(-1, keepdim=True).sqrt()
-    y = (x - mean) / torch.clamp(std, min=eps)
+    # max(std, eps) as sqrt(max(var, eps^2)): the same value, and a zero (not 0 * inf) gradient where
+    # the floor is active, e.g. a zero variance
+    sigma = (x - mean).square().mean(-1, keepdim=True).clamp(min=eps * eps).sqrt()
+    y = (x - mean) / sigma
     if alpha is not None:
         y = y * alpha.double()
     if beta is not None:

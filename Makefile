@@ -1,0 +1,35 @@
+# crossfuse: the two commands of the quick start.
+#   make run   - set up .venv, run the correctness suite and a small comparison table
+#   make test  - set up .venv, run the linters and the test-suite (what CI runs)
+# On a machine without a GPU, Triton kernels run under Triton's interpreter.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch 2.13.0: a CPU build lies on this project's machines; on a GPU machine PyPI's build has CUDA.
+TORCH_SPEC ?= torch==2.13.0
+OUT ?= out
+
+.PHONY: run test lint clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	touch $@
+
+run: $(BIN)/.installed
+	$(BIN)/crossfuse info
+	$(BIN)/crossfuse check
+	$(BIN)/crossfuse bench layer_norm --quick --out $(OUT)/quick
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check python bridge tests bench
+	$(BIN)/fatou lint julia bench/julia bridge
+	$(BIN)/fatou format --check julia bench/julia bridge
+
+test: lint
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache

@@ -1,0 +1,185 @@
+"""The Julia session: started lazily, once per process, on the first call of a Julia entry.
+
+Start-up, in order:
+
+1. :func:`crossfuse_julia._detect.detect` must have found a Julia executable (else
+   :class:`JuliaUnavailable` with its reason, at once).
+2. With ``CROSSFUSE_JULIA_CUDA=1`` the GPU path is asked for: CUDA.jl is added to the environment's
+   own juliapkg file with ``juliapkg.add`` (``juliapkg.json`` does not declare it, so CPU-only users
+   never install it). It stays there; ``juliapkg.rm("CUDA")`` takes it out again.
+3. ``juliapkg.resolve()`` runs in a child Python process with a timeout
+   (``CROSSFUSE_JULIA_SETUP_TIMEOUT`` seconds, default 1800): it installs Julia packages on first use
+   and needs network then; when nothing changed it returns in about a second. Run in a child, a
+   resolution that hangs (no network) is killed instead of blocking this process.
+4. ``import juliacall`` here: it finds the packages resolved and starts Julia. torch is already
+   imported by then, which juliacall warns about (PythonCall issue 215 / pytorch issue 78829: a
+   crash at start on some systems); where that bites, import ``crossfuse_julia.early`` before torch.
+5. ``CrossFuseBridge.jl`` (next to this file) is included into ``Main``; with the GPU path, ``import
+   CUDA`` first (which also loads the CUDA extensions of DLPack and CrossFuse).
+
+A failure at any step is cached: later calls raise the same :class:`JuliaUnavailable` at once, and
+:func:`crossfuse_julia.unavailable_reason` reports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _detect
+from .errors import JuliaError, JuliaUnavailable
+
+log = logging.getLogger("crossfuse_julia")
+
+GLUE = Path(__file__).resolve().parent / "CrossFuseBridge.jl"
+CUDA_UUID = "052768ef-5323-5732-b1bb-66c8b64840ba"
+CUDA_COMPAT = "5, 6"  # as julia/Project.toml's [compat] for its CUDA extension
+DEFAULT_SETUP_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class Session:
+    """A started Julia: ``main`` is juliacall's ``Main``, ``bridge`` the ``CrossFuseBridge`` module."""
+
+    main: object
+    bridge: object
+    cuda: bool  # CUDA.jl loaded and functional
+    cuda_reason: str | None  # why the GPU path is off, when it is
+
+
+_SESSION: Session | None = None
+_FAILED: str | None = None
+
+
+def cuda_requested() -> bool:
+    try:
+        return bool(_detect.env_flag("CROSSFUSE_JULIA_CUDA"))
+    except ValueError:
+        return False
+
+
+def failure() -> str | None:
+    """Why starting Julia failed in this process, or ``None`` (not tried yet, or started)."""
+    return _FAILED
+
+
+def started() -> bool:
+    return _SESSION is not None
+
+
+def get() -> Session:
+    """The Julia session, started on first use; raises :class:`JuliaUnavailable` with the reason."""
+    global _SESSION, _FAILED
+    if _SESSION is not None:
+        return _SESSION
+    if _FAILED is not None:
+        raise JuliaUnavailable(_FAILED)
+    reason = _detect.detect().reason
+    if reason:
+        raise JuliaUnavailable(reason)
+    try:
+        _SESSION = _start()
+    except JuliaUnavailable as exc:
+        _FAILED = exc.reason
+        raise
+    return _SESSION
+
+
+def _start() -> Session:
+    if cuda_requested():
+        _declare_cuda()
+    if not (os.environ.get("PYTHON_JULIACALL_EXE") and os.environ.get("PYTHON_JULIACALL_PROJECT")):
+        resolve_packages()  # (with both set, juliacall skips juliapkg: that project is the user's to set up)
+    try:
+        import juliacall
+    except Exception as exc:  # juliacall raises plain Exceptions when Julia cannot start
+        raise JuliaUnavailable(f"juliacall could not start Julia ({type(exc).__name__}: {exc})") from exc
+    main = juliacall.Main
+    cuda, cuda_reason = False, "the GPU path is off (set CROSSFUSE_JULIA_CUDA=1 before the first Julia call)"
+    try:
+        if cuda_requested():
+            main.seval("import CUDA")
+            cuda = bool(main.seval("CUDA.functional()"))
+            cuda_reason = None if cuda else "CUDA.jl is loaded but CUDA.functional() is false"
+        bridge = main.include(str(GLUE))
+        if cuda:
+            bridge.use_cuda(main.CUDA)
+    except juliacall.JuliaError as exc:
+        raise JuliaUnavailable(f"loading CrossFuse into Julia failed: {exc}") from exc
+    return Session(main, bridge, cuda, cuda_reason)
+
+
+def _declare_cuda() -> None:
+    """Add CUDA.jl to the environment's juliapkg file (what ``juliapkg.add`` edits), once."""
+    import juliapkg
+
+    try:
+        deps = juliapkg.deps.load_cur_deps()
+        if "CUDA" in deps.get("packages", {}):
+            return
+    except Exception:  # an internal helper of juliapkg: if it moved, add unconditionally
+        pass
+    log.warning("crossfuse_julia: adding CUDA.jl to the Julia environment (CROSSFUSE_JULIA_CUDA=1)")
+    juliapkg.add("CUDA", CUDA_UUID, version=CUDA_COMPAT)
+
+
+def setup_timeout() -> float:
+    value = os.environ.get("CROSSFUSE_JULIA_SETUP_TIMEOUT", "")
+    try:
+        return float(value) if value.strip() else DEFAULT_SETUP_TIMEOUT_S
+    except ValueError:
+        msg = f"CROSSFUSE_JULIA_SETUP_TIMEOUT={value!r} is not a number of seconds"
+        raise JuliaUnavailable(msg) from None
+
+
+RESOLVE_CMD = (sys.executable, "-c", "import juliapkg; juliapkg.resolve()")
+
+
+def resolve_packages(timeout: float | None = None, quiet: bool = True, cmd=RESOLVE_CMD) -> None:
+    """``juliapkg.resolve()`` in a child process, killed after ``timeout`` seconds.
+
+    ``quiet=False`` lets juliapkg's progress through to this process's stdout/stderr (used by
+    ``python -m crossfuse_julia install``).
+    """
+    timeout = setup_timeout() if timeout is None else timeout
+    log.info("crossfuse_julia: resolving Julia packages (first use installs them, which takes minutes)")
+    cmd = list(cmd)
+    out_to, err_to = (subprocess.PIPE, subprocess.STDOUT) if quiet else (None, None)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out_to, stderr=err_to, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _detect._kill_group(proc)
+        raise JuliaUnavailable(
+            f"resolving the Julia packages (juliapkg.resolve) did not finish within {timeout:g} s: no "
+            "network to install them? (CROSSFUSE_JULIA_SETUP_TIMEOUT sets the limit)"
+        ) from None
+    if proc.returncode != 0:
+        tail = "\n".join((out or "").strip().splitlines()[-15:])
+        raise JuliaUnavailable(f"resolving the Julia packages (juliapkg.resolve) failed with status "
+                               f"{proc.returncode}:\n{tail}")
+
+
+def call(where: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with a Julia exception (``juliacall.JuliaError``) turned into
+    :class:`JuliaError`, Julia's message kept. Never imports juliacall itself (that would start Julia)."""
+    jc = sys.modules.get("juliacall")
+    julia_error = getattr(jc, "JuliaError", None)
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        if julia_error is not None and isinstance(exc, julia_error):
+            raise JuliaError(where, exc) from exc
+        raise
+
+
+def synchronize() -> None:
+    """Wait for Julia's GPU work (``CUDA.synchronize()``); nothing without the GPU path."""
+    s = get()
+    if s.cuda:
+        call("CUDA.synchronize", s.bridge.synchronize)
