@@ -58,6 +58,11 @@ def ln_candidates(quick: bool) -> list[dict]:
                         continue
                     for pps in (1, 2, 4, 8):
                         out.append(dict(kind="bwd", n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=pps))
+            for bn in (1024, 2048, 4096):  # the chunked forward: two passes over chunks of the row
+                if bn < n and n >= 4096:
+                    for warps in (4, 8):
+                        out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=1, block_n=bn,
+                                        num_warps=warps, pps=1))  # fmt: skip
             if n >= 8192:  # the split backward: row sums first, then column chunks of several rows
                 for bn in (1024, 2048):
                     for bm in (2, 4, 8):
@@ -167,7 +172,7 @@ def _compile_one(c: dict) -> tuple[dict, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", choices=("ln", "ln-split", "attn"))
+    ap.add_argument("--only", choices=("ln", "ln-split", "ln-chunked", "attn"))
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
@@ -176,10 +181,12 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     cands = []
-    if args.only in (None, "ln", "ln-split"):
+    if args.only in (None, "ln", "ln-split", "ln-chunked"):
         cands += ln_candidates(args.quick)
     if args.only == "ln-split":  # the backward of long rows: fused and split candidates side by side
         cands = [c for c in cands if c["kind"] == "bwd" and c["n"] >= 8192]
+    if args.only == "ln-chunked":  # the forward of long rows: one-tile and chunked candidates side by side
+        cands = [c for c in cands if c["kind"] == "fwd" and c["n"] >= 4096]
     if args.only in (None, "attn"):
         cands += attn_candidates(args.quick)
     log(f"{len(cands)} candidates; compiling with {args.workers} workers")

@@ -298,3 +298,17 @@ def test_split_backward_equals_fused(device, gen):
     split = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=ln_mod.LaunchConfig(4, 128, 4, 1))
     for a, b in zip(fused, split, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_chunked_forward_equals_fused(dtype, device, gen):
+    # the tuning table may pick the chunked forward (two passes, chunk statistics merged by Chan's
+    # update) for long rows: forced here on a row of 2.3 chunks, it must match the one-tile kernel
+    m, n = 19, 300
+    x = randn((m, n), dtype, device, gen, mean=3.0)
+    w, b = randn((n,), dtype, device, gen), randn((n,), dtype, device, gen)
+    fused = ln_mod.layer_norm_fwd(x, w, b, 1e-5)
+    chunked = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=ln_mod.LaunchConfig(1, 128, 4, 1))
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    for a, c in zip(fused, chunked, strict=True):
+        torch.testing.assert_close(a, c, **tol)
