@@ -378,31 +378,31 @@ class LaunchConfig(NamedTuple):
     programs_per_sm: int = 1  # backward: persistent programs per SM
 
 
-# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_2026-11-29.csv): the fastest by the
-# geometric mean of GB/s at M=4096 and at M*N=128M. (kind, element bytes, next_power_of_2(N)) -> config;
+# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_*.csv; runs 1, 4 and 5 of bench/results/h200/NOTES.md):
+# the fastest by the geometric mean of GB/s at M=4096 and at M*N=128M. (kind, element bytes, next_power_of_2(N)) -> config;
 # a backward config whose block_n is below N runs the split kernels. Shapes not listed (float16 uses the
 # bfloat16 rows) fall back to the rule in launch_config.
 TUNED: dict[tuple[str, int, int], LaunchConfig] = {
-    ("bwd", 2, 1024): LaunchConfig(1, 1024, 4, 8),  # 1181 GB/s
-    ("bwd", 2, 16384): LaunchConfig(4, 2048, 8, 4),  # 2319 GB/s (run 2, split)
-    ("bwd", 2, 2048): LaunchConfig(2, 2048, 8, 4),  # 1679 GB/s
-    ("bwd", 2, 4096): LaunchConfig(1, 4096, 8, 2),  # 2386 GB/s
-    ("bwd", 2, 8192): LaunchConfig(1, 8192, 16, 1),  # 2493 GB/s (run 2)
-    ("bwd", 4, 1024): LaunchConfig(1, 1024, 8, 4),  # 1957 GB/s
-    ("bwd", 4, 16384): LaunchConfig(4, 1024, 8, 4),  # 2497 GB/s (run 2, split)
-    ("bwd", 4, 2048): LaunchConfig(2, 2048, 16, 4),  # 2408 GB/s
-    ("bwd", 4, 4096): LaunchConfig(4, 4096, 32, 1),  # 3479 GB/s
-    ("bwd", 4, 8192): LaunchConfig(1, 8192, 16, 1),  # 3683 GB/s (run 2)
-    ("fwd", 2, 1024): LaunchConfig(1, 1024, 2, 1),  # 2538 GB/s
-    ("fwd", 2, 16384): LaunchConfig(1, 16384, 16, 1),  # 3390 GB/s
-    ("fwd", 2, 2048): LaunchConfig(4, 2048, 8, 1),  # 2741 GB/s
-    ("fwd", 2, 4096): LaunchConfig(2, 4096, 8, 1),  # 3281 GB/s
-    ("fwd", 2, 8192): LaunchConfig(2, 8192, 16, 1),  # 3296 GB/s
-    ("fwd", 4, 1024): LaunchConfig(1, 1024, 4, 1),  # 3126 GB/s
-    ("fwd", 4, 16384): LaunchConfig(2, 16384, 32, 1),  # 3720 GB/s
-    ("fwd", 4, 2048): LaunchConfig(1, 2048, 4, 1),  # 3405 GB/s
-    ("fwd", 4, 4096): LaunchConfig(1, 4096, 16, 1),  # 3711 GB/s
-    ("fwd", 4, 8192): LaunchConfig(1, 8192, 8, 1),  # 3839 GB/s
+    ("bwd", 2, 1024): LaunchConfig(1, 1024, 4, 8),  # 1181 GB/s (run 1)
+    ("bwd", 2, 16384): LaunchConfig(4, 2048, 8, 4),  # 2319 GB/s (run 4, split)
+    ("bwd", 2, 2048): LaunchConfig(2, 2048, 8, 4),  # 1679 GB/s (run 1)
+    ("bwd", 2, 4096): LaunchConfig(1, 4096, 8, 2),  # 2386 GB/s (run 1)
+    ("bwd", 2, 8192): LaunchConfig(1, 8192, 16, 1),  # 2493 GB/s (run 4)
+    ("bwd", 4, 1024): LaunchConfig(1, 1024, 8, 4),  # 1957 GB/s (run 1)
+    ("bwd", 4, 16384): LaunchConfig(4, 1024, 8, 4),  # 2497 GB/s (run 4, split)
+    ("bwd", 4, 2048): LaunchConfig(2, 2048, 16, 4),  # 2408 GB/s (run 1)
+    ("bwd", 4, 4096): LaunchConfig(4, 4096, 32, 1),  # 3479 GB/s (run 1)
+    ("bwd", 4, 8192): LaunchConfig(1, 8192, 16, 1),  # 3683 GB/s (run 4)
+    ("fwd", 2, 1024): LaunchConfig(1, 1024, 2, 1),  # 2538 GB/s (run 1)
+    ("fwd", 2, 16384): LaunchConfig(1, 4096, 8, 1),  # 2974 GB/s (run 5, chunked)
+    ("fwd", 2, 2048): LaunchConfig(4, 2048, 8, 1),  # 2741 GB/s (run 1)
+    ("fwd", 2, 4096): LaunchConfig(1, 2048, 4, 1),  # 2705 GB/s (run 5, chunked)
+    ("fwd", 2, 8192): LaunchConfig(1, 4096, 4, 1),  # 3343 GB/s (run 5, chunked)
+    ("fwd", 4, 1024): LaunchConfig(1, 1024, 4, 1),  # 3126 GB/s (run 1)
+    ("fwd", 4, 16384): LaunchConfig(2, 16384, 32, 1),  # 3725 GB/s (run 5)
+    ("fwd", 4, 2048): LaunchConfig(1, 2048, 4, 1),  # 3405 GB/s (run 1)
+    ("fwd", 4, 4096): LaunchConfig(1, 2048, 8, 1),  # 3378 GB/s (run 5, chunked)
+    ("fwd", 4, 8192): LaunchConfig(1, 8192, 16, 1),  # 3794 GB/s (run 5)
 }
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set

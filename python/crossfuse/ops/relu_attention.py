@@ -407,7 +407,7 @@ class AttnConfig(NamedTuple):
     num_stages: int
 
 
-# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_2026-11-29.csv), bf16, 16k tokens
+# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_run1_2026-11-29.csv), bf16, 16k tokens
 # at L=4096: (kind, D, element bytes, causal) -> config (float16 shares the 2-byte rows; dkdv and dq
 # are scored as the whole backward with the other kernel at its default). Missing entries use the rule.
 TUNED: dict[tuple[str, int, int, bool], AttnConfig] = {
