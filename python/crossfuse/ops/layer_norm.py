@@ -378,10 +378,11 @@ class LaunchConfig(NamedTuple):
     programs_per_sm: int = 1  # backward: persistent programs per SM
 
 
-# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_*.csv; runs 1, 4 and 5 of bench/results/h200/NOTES.md):
-# the fastest by the geometric mean of GB/s at M=4096 and at M*N=128M. (kind, element bytes, next_power_of_2(N)) -> config;
-# a backward config whose block_n is below N runs the split kernels. Shapes not listed (float16 uses the
-# bfloat16 rows) fall back to the rule in launch_config.
+# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_*.csv; runs 1, 4 and 5 of
+# bench/results/h200/NOTES.md): the fastest by the geometric mean of GB/s at M=4096 and at M*N=128M.
+# (kind, element bytes, next_power_of_2(N)) -> config; a config whose block_n is below N runs the
+# chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
+# to the rule in launch_config.
 TUNED: dict[tuple[str, int, int], LaunchConfig] = {
     ("bwd", 2, 1024): LaunchConfig(1, 1024, 4, 8),  # 1181 GB/s (run 1)
     ("bwd", 2, 16384): LaunchConfig(4, 2048, 8, 4),  # 2319 GB/s (run 4, split)
