@@ -45,6 +45,33 @@ class CheckResult:
         return f"{case}: {self.status} {errs} {self.reason}"
 
 
+@dataclass
+class Comparison:
+    fwd_err: float
+    fwd_tol: float
+    grad_err: dict  # name -> relative error (NaN when the implementation gave no gradient)
+    grad_tol: dict
+    ok: bool
+
+
+def compare(impl, dtype, device, rows: int, out, got: dict, ref_out, ref_grads: dict) -> Comparison:
+    """Relative errors of an output and its gradients against the float64 ones, and whether each is
+    within the op's tolerance (reduced gradients: growing with sqrt(rows); Triton on a GPU: tf32)."""
+    op = registry.OPS[impl.op]
+    tf32 = torch.device(device).type == "cuda" and impl.kernel == "triton"  # float32 dots on tf32 cores
+    fwd_tol = tolerance(op.name, dtype, "fwd", tf32=tf32)
+    fwd_err = relerr(out, ref_out)
+    ok = fwd_err <= fwd_tol
+    grad_err, grad_tol = {}, {}
+    for name, ref_g in ref_grads.items():
+        kind = "reduced" if name in op.reduced_args else "bwd"
+        grad_tol[name] = tolerance(op.name, dtype, kind, rows, tf32=tf32)
+        g = got.get(name)
+        grad_err[name] = float("nan") if g is None else relerr(g, ref_g)
+        ok = ok and grad_err[name] <= grad_tol[name]
+    return Comparison(fwd_err, fwd_tol, grad_err, grad_tol, ok)
+
+
 def fresh_generator(seed: int | None = None) -> tuple[torch.Generator, int]:
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
@@ -89,20 +116,7 @@ def run_case(
     except Exception as exc:  # the implementation's own failure is a result, not a crash
         res.status, res.reason = "error", f"{type(exc).__name__}: {exc}"
         return res
-    tf32 = res.device == "cuda" and impl.kernel == "triton"  # Triton's float32 dot runs on tf32 cores
-    res.fwd_tol = tolerance(op.name, dtype, "fwd", tf32=tf32)
-    res.fwd_err = relerr(out, ref_out)
-    ok = res.fwd_err <= res.fwd_tol
-    rows = op.rows(inputs)
-    for name, ref_g in ref_grads.items():
-        g = got.get(name)
-        kind = "reduced" if name in op.reduced_args else "bwd"
-        res.grad_tol[name] = tolerance(op.name, dtype, kind, rows, tf32=tf32)
-        if g is None:
-            res.grad_err[name] = float("nan")
-            ok = False
-            continue
-        res.grad_err[name] = relerr(g, ref_g)
-        ok = ok and res.grad_err[name] <= res.grad_tol[name]
-    res.status = "pass" if ok else "fail"
+    c = compare(impl, dtype, device, op.rows(inputs), out, got, ref_out, ref_grads)
+    res.fwd_err, res.fwd_tol, res.grad_err, res.grad_tol = c.fwd_err, c.fwd_tol, c.grad_err, c.grad_tol
+    res.status = "pass" if c.ok else "fail"
     return res

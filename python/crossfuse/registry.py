@@ -56,20 +56,27 @@ class Op:
 
     def reference_grads(self, inputs: dict, dy: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The float64 output and the float64 gradients of ``<out, dy>`` for the ``grad_args`` present."""
-        ins = dict(inputs)
-        leaves = {}
-        for name in self.grad_args:
-            t = ins.get(name)
-            if t is not None:
-                leaves[name] = ins[name] = t.detach().double().requires_grad_(True)
-        out = self._reference(**ins)
-        grads = torch.autograd.grad(out, list(leaves.values()), dy.double(), allow_unused=True)
-        return out.detach(), dict(zip(leaves, grads, strict=True))
+        return _vjp(self._reference, inputs, self.grad_args, dy.double(), torch.float64)
 
     def rows(self, inputs: dict) -> int:
         """How many rows a reduced gradient sums over (for its tolerance)."""
         t = inputs[self.tensor_args[0]]
         return max(1, t.numel() // max(1, t.shape[-1]))
+
+
+def _vjp(fn, inputs: dict, names, dy: torch.Tensor, dtype: torch.dtype | None = None):
+    """``fn(**inputs)`` and the gradients of ``<out, dy>`` for the tensor inputs named in ``names``,
+    taken on fresh leaves (converted to ``dtype`` when given; the caller's tensors are untouched)."""
+    ins = dict(inputs)
+    leaves = {}
+    for name in names:
+        t = ins.get(name)
+        if t is not None:
+            t = t.detach().to(dtype) if dtype is not None else t.detach().clone()
+            leaves[name] = ins[name] = t.requires_grad_(True)
+    out = fn(**ins)
+    grads = torch.autograd.grad(out, list(leaves.values()), dy, allow_unused=True)
+    return out.detach(), dict(zip(leaves, grads, strict=True))
 
 
 def _randn(shape, dtype, device, gen, mean=0.0, std=1.0):
@@ -227,16 +234,7 @@ class Implementation:
         """Output and gradients of ``<fn(**inputs), dy>`` for the op's grad_args present in inputs."""
         if self.vjp is not None:
             return self.vjp(inputs, dy)
-        op = OPS[self.op]
-        ins = dict(inputs)
-        leaves = {}
-        for name in op.grad_args:
-            t = ins.get(name)
-            if t is not None:
-                leaves[name] = ins[name] = t.detach().clone().requires_grad_(True)
-        out = self.fn(**ins)
-        grads = torch.autograd.grad(out, list(leaves.values()), dy, allow_unused=True)
-        return out.detach(), dict(zip(leaves, grads, strict=True))
+        return _vjp(self.fn, inputs, OPS[self.op].grad_args, dy)
 
 
 _REGISTRY: dict[str, Implementation] = {}
@@ -303,9 +301,32 @@ def _torch_layer_norm(x, weight, bias, eps):
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+def _compile(fn):
+    """``torch.compile(fn, dynamic=False)`` for a peer entry, with settings fit for checking and timing it.
+
+    * ``dynamic=False`` compiles once per shape and dtype; dynamo's default limit of 8 compiles per
+      function would silently fall back to eager in a suite with more shapes: raised to 64.
+    * AOTAutograd's donated buffers (torch >= 2.5) free saved tensors during the backward, which forbids
+      ``retain_graph=True`` (how the harness times a backward alone): off.
+    Both are process-wide dynamo settings, applied before the entry's first compilation.
+    """
+    import torch._dynamo.config as dcfg
+
+    name = "recompile_limit" if hasattr(dcfg, "recompile_limit") else "cache_size_limit"
+    if getattr(dcfg, name, 64) < 64:
+        setattr(dcfg, name, 64)
+    try:
+        import torch._functorch.config as fcfg
+    except ImportError:  # pragma: no cover - very old torch
+        fcfg = None
+    if fcfg is not None and getattr(fcfg, "donated_buffer", False):
+        fcfg.donated_buffer = False
+    return torch.compile(fn, dynamic=False)
+
+
 @functools.cache
 def _compiled_layer_norm():
-    return torch.compile(torch.nn.functional.layer_norm, dynamic=False)
+    return _compile(torch.nn.functional.layer_norm)
 
 
 def _torch_compile_layer_norm(x, weight, bias, eps):
@@ -341,7 +362,7 @@ def _relu_attention_naive(q, k, v, causal, squared):
 
 @functools.cache
 def _compiled_relu_attention():
-    return torch.compile(_attn_ref.relu_attention_naive, dynamic=False)
+    return _compile(_attn_ref.relu_attention_naive)
 
 
 def _relu_attention_compiled(q, k, v, causal, squared):

@@ -37,8 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from .. import check, registry, tolerances
-from ..tolerances import tolerance
+from .. import check, registry
 from . import memory, timing
 from .schema import CsvWriter, Row, device_name, dtype_str, shape_str
 from .suite import Point, Suite, points, select
@@ -115,27 +114,6 @@ def throughput(op: str, shape, mode: str, dtype: torch.dtype, causal: bool, ms: 
     gbps = nbytes / (ms * 1e-3) / 1e9 if nbytes else None
     tflops = nflops / (ms * 1e-3) / 1e12 if nflops else None
     return gbps, tflops
-
-
-def prepare_compile(limit: int = 64) -> None:
-    """Settings for measuring ``torch.compile`` entries, applied before their first compilation.
-
-    * ``dynamic=False`` compiles once per shape and dtype; dynamo's default limit of 8 compiles per
-      function would silently fall back to eager in a suite with more shapes: raise it.
-    * AOTAutograd's donated buffers (torch >= 2.5) free saved tensors during the backward, which
-      forbids ``retain_graph=True``, and the ``bwd`` mode times the gradient of a retained graph: off.
-    """
-    import torch._dynamo.config as dcfg
-
-    name = "recompile_limit" if hasattr(dcfg, "recompile_limit") else "cache_size_limit"
-    if getattr(dcfg, name, limit) < limit:
-        setattr(dcfg, name, limit)
-    try:
-        import torch._functorch.config as fcfg
-    except ImportError:  # pragma: no cover - very old torch
-        return
-    if getattr(fcfg, "donated_buffer", False):
-        fcfg.donated_buffer = False
 
 
 class PointData:
@@ -282,8 +260,6 @@ class Runner:
             for mode in p.modes:
                 yield self._row(suite, p, impl, mode, status="skip", note=reason)
             return
-        if "compile" in impl.name:
-            prepare_compile()
         if shared is None:
             shared = _Lazy(lambda: PointData(p, self.device))
         try:
@@ -408,16 +384,10 @@ class Runner:
         if data.ref_error is not None:
             return {}, f"relerr not computed: float64 reference failed: {data.ref_error}"
         ref_out, ref_grads = data.reference(grads)
-        fwd = tolerances.relerr(out, ref_out)
-        ok = fwd <= tolerance(op.name, p.dtype, "fwd")
+        c = check.compare(impl, p.dtype, self.device, op.rows(data.inputs), out, got, ref_out, ref_grads)
+        fwd, ok = c.fwd_err, c.ok
         errs = {"fwd": fwd}
-        gerrs = []
-        for name, ref_g in ref_grads.items():
-            kind = "reduced" if name in op.reduced_args else "bwd"
-            g = got.get(name)
-            e = float("nan") if g is None else tolerances.relerr(g, ref_g)
-            ok = ok and e <= tolerance(op.name, p.dtype, kind, op.rows(data.inputs))
-            gerrs.append(e)
+        gerrs = list(c.grad_err.values())
         if gerrs:
             g = float("nan") if any(math.isnan(e) for e in gerrs) else max(gerrs)
             errs["bwd"] = g
