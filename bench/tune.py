@@ -1,15 +1,18 @@
 """Sweep launch configurations of crossfuse's kernels on a GPU and pick the fastest per key.
 
-    python bench/tune.py --out DIR [--only ln|attn] [--workers 16] [--quick]
+    python bench/tune.py --out DIR [--only ln|ln-split|ln-chunked|attn|attn128] [--workers 16] [--quick]
 
 Phase 1 compiles every candidate in parallel worker processes (each launches it once on real-shaped
 inputs, filling Triton's on-disk cache); phase 2 times them one at a time in this process with
-``triton.testing.do_bench`` (median); phase 3 writes ``tuning.csv`` (every candidate) and
-``tuned.json`` (the winner per key), and prints the winners as the ``TUNED`` tables of
+``crossfuse.harness.timing.time_cuda`` (median GPU time, L2 flushed, the CPU's enqueue time hidden
+behind a GPU spin: small shapes are not scored on launch overhead); phase 3 writes ``tuning.csv``
+(every candidate) and ``tuned.json`` (the winner per key), and prints the winners as the ``TUNED`` tables of
 ``crossfuse.ops.layer_norm`` and ``crossfuse.ops.relu_attention``.
 
-Layer norm is timed at M=4096 and at a large M (M*N = 128M elements) and scored by the geometric
-mean of both GB/s; attention at 16k tokens, L=4096 (B=4), H=32 for D=64 and H=16 for D=128, bf16.
+Layer norm is timed at M=4096 (the "few rows" regime of ``crossfuse.ops.layer_norm.TUNED``) and at a
+large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime gets its own winner.
+Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
+``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ import time
 LN_NS = (1024, 2048, 4096, 8192, 16384)
 LN_DTYPES = ("bfloat16", "float32")
 ATTN_DS = (64, 128)
+
+
+def _timing_config():
+    from crossfuse.harness import timing
+
+    return timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=20.0, cuda_min_reps=10, cuda_max_reps=100)
 
 
 def log(msg: str) -> None:
@@ -49,7 +58,11 @@ def ln_candidates(quick: bool) -> list[dict]:
                 for ept in (8, 16, 32):  # elements per thread per tensor
                     warps = tile // (32 * ept)
                     if warps in (1, 2, 4, 8, 16, 32):
-                        out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=1))
+                        out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=0))
+                        if ept == 16 and not quick:  # the persistent forward
+                            for pps in (4, 8):
+                                out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=bm, num_warps=warps,
+                                                pps=pps))  # fmt: skip
                 if tile > 16384:
                     continue
                 for ept in (4, 8, 16):
@@ -58,11 +71,12 @@ def ln_candidates(quick: bool) -> list[dict]:
                         continue
                     for pps in (1, 2, 4, 8):
                         out.append(dict(kind="bwd", n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=pps))
-            for bn in (1024, 2048, 4096):  # the chunked forward: two passes over chunks of the row
+            for bn in (1024, 2048, 4096):  # the chunked forward: three passes over chunks of the row
                 if bn < n and n >= 4096:
-                    for warps in (4, 8):
-                        out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=1, block_n=bn,
-                                        num_warps=warps, pps=1))  # fmt: skip
+                    for warps in (4, 8, 16):
+                        for unroll in (1, 2):
+                            out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=1, block_n=bn,
+                                            num_warps=warps, pps=0, unroll=unroll))  # fmt: skip
             if n >= 8192:  # the split backward: row sums first, then column chunks of several rows
                 for bn in (1024, 2048):
                     for bm in (2, 4, 8):
@@ -77,13 +91,13 @@ def _attn(kind, d, causal, bm, bn, warps, stages) -> dict:
     return dict(kind=kind, d=d, causal=causal, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
 
 
-def attn_candidates(quick: bool) -> list[dict]:
+def attn_candidates(quick: bool, ds=ATTN_DS, dtype="bfloat16") -> list[dict]:
     out = []
-    for d in ATTN_DS:
+    for d in ds:
         for causal in (False, True):
             for bm, bn in ((64, 32), (64, 64), (128, 32), (128, 64), (128, 128)):
                 for warps in (4, 8):
-                    for stages in (2, 3, 4):
+                    for stages in (2, 3, 4) if dtype != "float32" else (1, 2, 3):
                         out.append(_attn("fwd", d, causal, bm, bn, warps, stages))
             for bm, bn in ((16, 64), (32, 64), (64, 64), (16, 128), (32, 128), (64, 128)):
                 for warps in (4, 8):
@@ -93,8 +107,42 @@ def attn_candidates(quick: bool) -> list[dict]:
                 for warps in (4, 8):
                     for stages in (2, 3):
                         out.append(_attn("dq", d, causal, bm, bn, warps, stages))
+    if dtype != "bfloat16":
+        out = [dict(c, dtype=dtype) for c in out]
     if quick:
         out = out[::9]
+    return out
+
+
+def pair_candidates(paths: str, top: int = 5) -> list[dict]:
+    """The backward as a pair: the ``top`` dK/dV and dQ configurations of earlier sweeps (``paths``, their
+    tuning.csv files, comma-separated; each was timed with the other kernel at its default) combined, to
+    be timed together."""
+    rows = []
+    for path in paths.split(","):
+        with open(path, newline="") as f:
+            rows += [r for r in csv.DictReader(f) if r.get("d") and r["status"] == "ok" and r["rate"]]
+    out = []
+    for d, dtype, causal in sorted({(int(r["d"]), r.get("dtype") or "bfloat16", r["causal"]) for r in rows}):
+        tops = {}
+        for kind in ("dkdv", "dq"):
+            mine = [
+                r
+                for r in rows
+                if r["kind"] == kind
+                and int(r["d"]) == d
+                and r["causal"] == causal
+                and (r.get("dtype") or "bfloat16") == dtype
+                and int(r["shape"].split("x")[2]) > 2048
+            ]
+            mine.sort(key=lambda r: -float(r["rate"]))
+            tops[kind] = [
+                [int(r[k]) for k in ("block_m", "block_n", "num_warps", "num_stages")] for r in mine[:top]
+            ]
+        for a in tops["dkdv"]:
+            for b in tops["dq"]:
+                c = dict(kind="bwd", d=d, causal=causal == "True", dkdv=a, dq=b, short=True)
+                out.append(c if dtype == "bfloat16" else dict(c, dtype=dtype))
     return out
 
 
@@ -104,11 +152,15 @@ def attn_candidates(quick: bool) -> list[dict]:
 
 
 def ln_shapes(n: int) -> list[tuple[int, int]]:
-    return [(4096, n), ((128 << 20) // n, n)]
+    return [(4096, n), (max(16384, (128 << 20) // n), n)]
 
 
-def attn_shape(d: int) -> tuple[int, int, int, int]:
-    return (4, 32 if d == 64 else 16, 4096, d)
+def attn_shapes(c: dict) -> list[tuple[int, int, int, int]]:
+    d = c["d"]
+    if c.get("dtype", "bfloat16") == "float32":  # the seed's shapes: B=4, H=16, L from 1024 to 4096
+        return [(4, 16, 4096, d)] + ([(4, 16, 1024, d)] if c.get("short") else [])
+    h = 32 if d == 64 else 16
+    return [(4, h, 4096, d)] + ([(16, h, 1024, d)] if c.get("short") else [])
 
 
 def make_launch(c: dict, shape):
@@ -124,7 +176,7 @@ def make_launch(c: dict, shape):
         w = torch.randn(n, device="cuda", dtype=dtype)
         b = torch.randn(n, device="cuda", dtype=dtype)
         bn = c.get("block_n", ln.triton.next_power_of_2(n))
-        cfg = ln.LaunchConfig(c["block_m"], bn, c["num_warps"], c["pps"])
+        cfg = ln.LaunchConfig(c["block_m"], bn, c["num_warps"], c["pps"], c.get("unroll", 1))
         if c["kind"] == "fwd":
             return (lambda: ln.layer_norm_fwd(x, w, b, 1e-5, config=cfg)), 2 * m * n * x.element_size()
         _, mean, rstd = ln.layer_norm_fwd(x, w, b, 1e-5)
@@ -135,8 +187,11 @@ def make_launch(c: dict, shape):
     from crossfuse.ops import relu_attention as ra
 
     b_, h, l, d = shape
-    q, k, v, do = (torch.randn(b_, h, l, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    cfg = ra.AttnConfig(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"])
+    dtype = getattr(torch, c.get("dtype", "bfloat16"))
+    q, k, v, do = (torch.randn(b_, h, l, d, device="cuda", dtype=dtype) for _ in range(4))
+    cfg = (
+        ra.AttnConfig(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"]) if "block_m" in c else None
+    )
     scale, relu_scale = 1 / math.sqrt(d), 1 / l
     fwd_flops = 4 * b_ * h * l * l * d * (0.5 if c["causal"] else 1.0)
     if c["kind"] == "fwd":
@@ -144,7 +199,11 @@ def make_launch(c: dict, shape):
             lambda: ra.relu_attention_fwd(q, k, v, c["causal"], False, scale, relu_scale, config=cfg)
         ), fwd_flops
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    default = ra.attention_config("dq" if c["kind"] == "dkdv" else "dkdv", d, torch.bfloat16, c["causal"])
+    if c["kind"] == "bwd":  # a pair
+        pair = (ra.AttnConfig(*c["dkdv"]), ra.AttnConfig(*c["dq"]))
+        return (lambda: ra.relu_attention_bwd(q, k, v, do, c["causal"], False, scale, relu_scale, dq, dk, dv,
+                                              configs=pair)), 2.5 * fwd_flops  # fmt: skip
+    default = ra.attention_config("dq" if c["kind"] == "dkdv" else "dkdv", d, dtype, c["causal"], length=l)
     configs = (cfg, default) if c["kind"] == "dkdv" else (default, cfg)
     # dkdv does 4 of the 7 backward matmuls, dq 3: time the pair with the other kernel at its default
     return (lambda: ra.relu_attention_bwd(q, k, v, do, c["causal"], False, scale, relu_scale, dq, dk, dv,
@@ -152,7 +211,14 @@ def make_launch(c: dict, shape):
 
 
 def shapes_of(c: dict):
-    return ln_shapes(c["n"]) if "n" in c else [attn_shape(c["d"])]
+    return ln_shapes(c["n"]) if "n" in c else attn_shapes(c)
+
+
+def regime(c: dict, shape) -> str:
+    """The table regime a timed shape stands for: few/many rows (ln), short/long sequences (attention)."""
+    if "n" in c:
+        return "many" if shape[0] > 8192 else "few"
+    return "short" if shape[2] <= 2048 else "long"
 
 
 def _compile_one(c: dict) -> tuple[dict, str]:
@@ -172,23 +238,49 @@ def _compile_one(c: dict) -> tuple[dict, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", choices=("ln", "ln-split", "ln-chunked", "attn"))
+    groups = ("ln", "ln-split", "ln-chunked", "attn", "attn128", "attn-fp32", "attn-pairs")
+    ap.add_argument("--only", help=f"comma-separated subset of {', '.join(groups)} (default: ln and attn)")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--pairs-from",
+        help="attn-pairs: tuning.csv files (comma-separated) whose best dK/dV and dQ configs to pair",
+    )
+    ap.add_argument("--base", help="tuned.json of an earlier run: its winners stay where this run has none")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="stop timing after this many seconds (from the start); the rest is marked 'budget'",
+    )
     args = ap.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else {"ln", "attn"}
+    if only - set(groups):
+        ap.error(f"unknown --only groups {sorted(only - set(groups))}; known: {', '.join(groups)}")
+    t0 = time.monotonic()
     import torch
-    import triton
+    from crossfuse.harness import timing
 
     os.makedirs(args.out, exist_ok=True)
     cands = []
-    if args.only in (None, "ln", "ln-split", "ln-chunked"):
-        cands += ln_candidates(args.quick)
-    if args.only == "ln-split":  # the backward of long rows: fused and split candidates side by side
-        cands = [c for c in cands if c["kind"] == "bwd" and c["n"] >= 8192]
-    if args.only == "ln-chunked":  # the forward of long rows: one-tile and chunked candidates side by side
-        cands = [c for c in cands if c["kind"] == "fwd" and c["n"] >= 4096]
-    if args.only in (None, "attn"):
+    ln_all = ln_candidates(args.quick)
+    if "ln" in only:
+        cands += ln_all
+    if "ln-split" in only:  # the backward of long rows: fused and split candidates side by side
+        cands += [c for c in ln_all if c["kind"] == "bwd" and c["n"] >= 8192]
+    if "ln-chunked" in only:  # the forward of long rows: one-tile and chunked candidates side by side
+        cands += [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096]
+    if "attn" in only:
         cands += attn_candidates(args.quick)
+    if "attn128" in only:  # D=128 at two lengths, each its own winner
+        cands += [dict(c, short=True) for c in attn_candidates(args.quick, ds=(128,))]
+    if "attn-fp32" in only:  # float32 (tf32 dots) at the seed's shapes, D=64, two lengths
+        cands += [dict(c, short=True) for c in attn_candidates(args.quick, ds=(64,), dtype="float32")]
+    if "attn-pairs" in only:
+        if not args.pairs_from:
+            ap.error("attn-pairs needs --pairs-from TUNING_CSV")
+        cands += pair_candidates(args.pairs_from)
+    cands = list({json.dumps(c, sort_keys=True): c for c in cands}.values())  # groups may overlap
     log(f"{len(cands)} candidates; compiling with {args.workers} workers")
     status = {}
     ctx = mp.get_context("spawn")
@@ -197,16 +289,19 @@ def main(argv=None) -> int:
             status[json.dumps(c, sort_keys=True)] = st
             if (i + 1) % 50 == 0:
                 log(f"compiled {i + 1}/{len(cands)}")
+    timing_cfg = _timing_config()
     log("timing")
     rows = []
     for i, c in enumerate(cands):
         st = status[json.dumps(c, sort_keys=True)]
         for shape in shapes_of(c):
             row = dict(c, shape="x".join(map(str, shape)), ms=None, rate=None, status=st)
-            if st == "ok":
+            if st == "ok" and args.budget_s is not None and time.monotonic() - t0 > args.budget_s:
+                row["status"] = "budget"
+            elif st == "ok":
                 try:
                     fn, units = make_launch(c, shape)
-                    ms = triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+                    ms = timing.time_cuda(fn, config=timing_cfg).p50
                     row.update(ms=ms, rate=units / ms / 1e6 if "n" in c else units / ms / 1e9)
                 except Exception as exc:
                     row["status"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -219,27 +314,37 @@ def main(argv=None) -> int:
         w = csv.DictWriter(f, fields)
         w.writeheader()
         w.writerows(rows)
-    # winners: geometric mean of the rate over the shapes of each candidate
+    # winners: the fastest per key and regime (each timed shape is one regime of the tables)
     best: dict[str, tuple[float, dict]] = {}
-    for c in cands:
-        rates = [
-            r["rate"]
-            for r in rows
-            if r["status"] == "ok" and r["rate"] and all(r.get(k) == v for k, v in c.items())
-        ]
-        if len(rates) != len(shapes_of(c)):
+    for r in rows:
+        if r["status"] != "ok" or not r["rate"]:
             continue
-        score = math.exp(sum(math.log(x) for x in rates) / len(rates))
-        key = (
-            f"ln/{c['kind']}/{c['dtype']}/{c['n']}"
-            if "n" in c
-            else f"attn/{c['kind']}/{c['d']}/{c['causal']}"
-        )
-        if key not in best or score > best[key][0]:
-            best[key] = (score, c)
+        c = {k: r[k] for k in r if k not in ("shape", "ms", "rate", "status", "short")}
+        shape = tuple(int(x) for x in r["shape"].split("x"))
+        reg = regime(c, shape)
+        if "n" in c:
+            key = f"ln/{c['kind']}/{c['dtype']}/{c['n']}/{reg}"
+            c["rows"] = reg
+        else:
+            key = f"attn/{c['kind']}/{c.get('dtype', 'bfloat16')}/{c['d']}/{c['causal']}/{reg}"
+            c["length"] = reg
+        if key not in best or r["rate"] > best[key][0]:
+            best[key] = (r["rate"], c)
+    for key in [k for k in best if k.startswith("attn/bwd/")]:  # a pair: one entry per kernel
+        rate, c = best.pop(key)
+        for kind in ("dkdv", "dq"):
+            bm, bn, warps, stages = json.loads(c[kind]) if isinstance(c[kind], str) else c[kind]
+            entry = {k: v for k, v in c.items() if k not in ("dkdv", "dq")}
+            entry.update(kind=kind, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, paired=True)
+            best[key.replace("/bwd/", f"/{kind}/")] = (rate, entry)
+    tuned = {}
+    if args.base:
+        with open(args.base) as f:
+            tuned = json.load(f)
+    tuned.update({k: dict(v[1], score=v[0]) for k, v in best.items()})
     with open(os.path.join(args.out, "tuned.json"), "w") as f:
-        json.dump({k: dict(v[1], score=v[0]) for k, v in sorted(best.items())}, f, indent=1)
-    log("winners (score: GB/s for ln, TFLOP/s for attention):")
+        json.dump(dict(sorted(tuned.items())), f, indent=1)
+    log("winners (GB/s for ln, TFLOP/s for attention, at the regime's shape):")
     for k, (score, c) in sorted(best.items()):
         print(f"  {k:28s} {score:8.1f}  {c}")
     return 0

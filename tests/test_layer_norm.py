@@ -264,7 +264,9 @@ def test_cpu_tensor_without_interpreter_is_a_clear_error():
 
 @pytest.mark.gpu
 def test_no_recompilation_across_row_counts(gen):
-    # the row count M is never specialised on: new batch sizes reuse the compiled kernels
+    # the row count M is never specialised on: new batch sizes reuse the compiled kernels. The tuning
+    # table has two regimes (few rows, many rows: ln_mod.MANY_ROWS) that may pick different tiles, so a
+    # kernel compiles at most once per regime: one row count of each first, then no more compilations
     kernels = (ln_mod._ln_fwd_kernel, ln_mod._ln_bwd_kernel, ln_mod._dwdb_reduce_kernel)
 
     def run(m):
@@ -279,8 +281,9 @@ def test_no_recompilation_across_row_counts(gen):
         return sum(len(cache) for k in kernels for cache in _kernel_caches(k))
 
     run(4096)
+    run(ln_mod.MANY_ROWS + 1)
     before = compiled()
-    for m in (1, 7, 16, 100, 1000, 4097, 65536):
+    for m in (1, 7, 16, 100, 1000, 4097, ln_mod.MANY_ROWS, 65536):
         run(m)
     assert compiled() == before, "a new row count triggered a recompilation"
 
@@ -291,6 +294,18 @@ def _kernel_caches(kernel):
     if caches is None:
         pytest.skip("this Triton version keeps no device_caches on JITFunction")
     return [entry[0] for entry in caches.values()]
+
+
+def test_persistent_forward_equals_one_program_per_tile(device, gen):
+    # a config with programs_per_sm > 0 runs the forward on a persistent grid (programs loop over row
+    # tiles): 4 rows per tile, 103 rows (a masked tail tile), more tiles than programs
+    m, n = 103, 200
+    x = randn((m, n), torch.float32, device, gen, mean=2.0)
+    w, b = randn((n,), torch.float32, device, gen), randn((n,), torch.float32, device, gen)
+    one = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=ln_mod.LaunchConfig(4, 256, 4, 0))
+    persistent = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=ln_mod.LaunchConfig(4, 256, 4, 1))
+    for a, c in zip(one, persistent, strict=True):
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
 
 
 def test_split_backward_equals_fused(device, gen):
@@ -307,15 +322,16 @@ def test_split_backward_equals_fused(device, gen):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("unroll", [1, 2], ids=["unroll 1", "unroll 2: 3 chunks leave a remainder"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_chunked_forward_equals_fused(dtype, device, gen):
-    # the tuning table may pick the chunked forward (two passes, chunk statistics merged by Chan's
-    # update) for long rows: forced here on a row of 2.3 chunks, it must match the one-tile kernel
+def test_chunked_forward_equals_fused(dtype, unroll, device, gen):
+    # the tuning table may pick the chunked forward (three passes over chunks, per-lane sums) for long
+    # rows: forced here on a row of 2.3 chunks, it must match the one-tile kernel
     m, n = 19, 300
     x = randn((m, n), dtype, device, gen, mean=3.0)
     w, b = randn((n,), dtype, device, gen), randn((n,), dtype, device, gen)
     fused = ln_mod.layer_norm_fwd(x, w, b, 1e-5)
-    chunked = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=ln_mod.LaunchConfig(1, 128, 4, 1))
+    chunked = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=ln_mod.LaunchConfig(1, 128, 4, 0, unroll))
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     for a, c in zip(fused, chunked, strict=True):
         torch.testing.assert_close(a, c, **tol)

@@ -31,22 +31,30 @@ def _entries() -> dict:
 
 
 def layer_norm_overrides(config_type) -> dict:
-    """``{(kind, element bytes, BLOCK_N of the row): LaunchConfig}`` from the override file."""
+    """``{(kind, element bytes, BLOCK_N of the row, many rows): LaunchConfig}`` from the override file.
+
+    Entries without ``rows`` (files of earlier versions) serve both row regimes; their forward ran one
+    program per tile, which ``programs_per_sm = 0`` now spells."""
     out = {}
     for key, c in _entries().items():
         if key.startswith("ln/"):
-            out[(c["kind"], _ESIZE[c["dtype"]], c["n"])] = config_type(
-                c["block_m"], c.get("block_n", c["n"]), c["num_warps"], c["pps"]
-            )
+            pps = c["pps"] if c["kind"] == "bwd" or "rows" in c else 0
+            cfg = config_type(c["block_m"], c.get("block_n", c["n"]), c["num_warps"], pps, c.get("unroll", 1))
+            regimes = (c["rows"] == "many",) if "rows" in c else (False, True)
+            for many in regimes:
+                out[(c["kind"], _ESIZE[c["dtype"]], c["n"], many)] = cfg
     return out
 
 
 def attention_overrides(config_type) -> dict:
-    """``{(kind, D, element bytes, causal): AttnConfig}`` (bf16 measurements serve both 2-byte types)."""
+    """``{(kind, D, element bytes, causal, long sequence): AttnConfig}`` (bf16 measurements serve both
+    2-byte types; entries without ``dtype`` are bf16; entries without ``length``, from earlier versions,
+    serve both lengths)."""
     out = {}
     for key, c in _entries().items():
         if key.startswith("attn/"):
-            out[(c["kind"], c["d"], 2, c["causal"])] = config_type(
-                c["block_m"], c["block_n"], c["num_warps"], c["num_stages"]
-            )
+            cfg = config_type(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"])
+            esize = _ESIZE[c.get("dtype", "bfloat16")]
+            for long in (c["length"] == "long",) if "length" in c else (False, True):
+                out[(c["kind"], c["d"], esize, c["causal"], long)] = cfg
     return out

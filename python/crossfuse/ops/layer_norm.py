@@ -22,8 +22,9 @@ Design:
   float32 registers; it writes them once to a (programs, N) float32 buffer that a second small kernel
   reduces and casts. No locks, no atomics: the result does not depend on scheduling.
 * N > FUSED_MAX_N (up to MAX_N): the row does not fit in registers. Forward ("chunked") loops over
-  the row twice: chunk statistics merged by Chan's pairwise update, then normalise and write (the
-  second read hits L2). Backward ("split") computes the two row sums in one kernel, then a 2-D grid
+  the row three times, each thread summing its own elements of every chunk (one reduction per pass):
+  the mean, the centred sums of the corrected two-pass variance, then normalise and write (the second
+  and third reads hit L2). Backward ("split") computes the two row sums in one kernel, then a 2-D grid
   over (column chunks, row groups) writes dx and partial dw/db. The tuning table picks either for
   long rows below FUSED_MAX_N too, where one whole row per program leaves too little in flight.
 * Statistics and accumulation are float32 for float32/float16/bfloat16 inputs, and float64 for
@@ -87,36 +88,34 @@ def _ln_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     IS_FP64: tl.constexpr,
 ):
+    # a program normalises row tiles pid, pid + num_programs, ...: one tile each when the grid has a
+    # program per tile, several when the grid is persistent
     pid = tl.program_id(0)
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    num_programs = tl.num_programs(0)
+    acc_ty = tl.float64 if IS_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < M
     col_ok = cols < N
-    mask = row_ok[:, None] & col_ok[None, :]
-    rows = rows.to(tl.int64)
-    x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
-    if IS_FP64:
-        x = x.to(tl.float64)
-    else:
-        x = x.to(tl.float32)
-    mean = _div(tl.sum(x, axis=1), N, IS_FP64)
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-    # corrected two-pass: the residual sum fixes the rounding of the first mean (exact for equal rows)
-    resid = tl.sum(xc, axis=1)
-    var = _div(tl.sum(xc * xc, axis=1) - _div(resid * resid, N, IS_FP64), N, IS_FP64)
-    mean += _div(resid, N, IS_FP64)
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(var + eps)
-    y = xc * rstd[:, None]
-    if HAS_WEIGHT:
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(y.dtype)
-        y = y * w[None, :]
-    if HAS_BIAS:
-        b = tl.load(B + cols, mask=col_ok, other=0.0).to(y.dtype)
-        y = y + b[None, :]
-    tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(Mean + rows, mean, mask=row_ok)
-    tl.store(Rstd + rows, rstd, mask=row_ok)
+    for tile in range(pid, tl.cdiv(M, BLOCK_M), num_programs):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows = rows.to(tl.int64)
+        x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(acc_ty)
+        mean = _div(tl.sum(x, axis=1), N, IS_FP64)
+        xc = tl.where(mask, x - mean[:, None], 0.0)  # x is not needed after this: fewer live registers
+        # corrected two-pass: the residual sum fixes the rounding of the first mean (exact for equal rows)
+        corr = _div(tl.sum(xc, axis=1), N, IS_FP64)
+        var = tl.maximum(_div(tl.sum(xc * xc, axis=1), N, IS_FP64) - corr * corr, 0.0)
+        mean += corr
+        rstd = 1.0 / tl.sqrt(var + eps)
+        y = (xc - corr[:, None]) * rstd[:, None]
+        if HAS_WEIGHT:
+            y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)[None, :]
+        if HAS_BIAS:
+            y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)[None, :]
+        tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(Mean + rows, mean, mask=row_ok)
+        tl.store(Rstd + rows, rstd, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -136,34 +135,36 @@ def _ln_fwd_chunked_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IS_FP64: tl.constexpr,
+    UNROLL: tl.constexpr,  # chunks per loop iteration: more loads in flight, more registers
 ):
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_xm
     Y += row * stride_ym
     acc_ty = tl.float64 if IS_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
-    # pass 1: per chunk, its mean and centred sum of squares (corrected two-pass, in registers),
-    # merged into the row's running (count, mean, M2) by Chan et al.'s pairwise update
-    count = tl.zeros([], dtype=acc_ty)
-    mean = tl.zeros([], dtype=acc_ty)
-    m2 = tl.zeros([], dtype=acc_ty)
-    for start in range(0, N, BLOCK_N):
+    # The statistics of the fused kernel (corrected two-pass), summed per lane: each thread adds its own
+    # elements of every chunk and the lanes are reduced once per pass, so no barrier sits inside a loop
+    # and the loads of successive chunks can be in flight together. Passes 2 and 3 re-read the row,
+    # which is still in L2.
+    # pass 1: the mean
+    acc = tl.zeros([BLOCK_N], dtype=acc_ty)
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+        acc += tl.load(X + start + cols, mask=start + cols < N, other=0.0).to(acc_ty)
+    mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
+    # pass 2: centred sums; the residual sum corrects the first mean's rounding
+    acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
+    acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
         ok = start + cols < N
-        x = tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty)
-        c = tl.minimum(N - start, BLOCK_N) * 1.0
-        m_c = tl.sum(x, axis=0) / c
-        d = tl.where(ok, x - m_c, 0.0)
-        r = tl.sum(d, axis=0)
-        m2_c = tl.sum(d * d, axis=0) - r * r / c
-        m_c += r / c
-        total = count + c
-        delta = m_c - mean
-        mean += delta * (c / total)
-        m2 += m2_c + delta * delta * (count * c / total)
-        count = total
-    rstd = 1.0 / tl.sqrt(_div(m2, N, IS_FP64) + eps)
-    # pass 2 (the row is still in L2): normalise and write
-    for start in range(0, N, BLOCK_N):
+        xc = tl.where(ok, tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty) - mean, 0.0)
+        acc1 += xc
+        acc2 += xc * xc
+    corr = _div(tl.sum(acc1, axis=0), N, IS_FP64)
+    var = tl.maximum(_div(tl.sum(acc2, axis=0), N, IS_FP64) - corr * corr, 0.0)
+    mean += corr
+    rstd = 1.0 / tl.sqrt(var + eps)
+    # pass 3: normalise and write
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
         ok = start + cols < N
         x = tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty)
         y = (x - mean) * rstd
@@ -375,42 +376,73 @@ class LaunchConfig(NamedTuple):
     block_m: int  # rows per tile
     block_n: int  # columns per tile (the whole row when N <= FUSED_MAX_N)
     num_warps: int
-    programs_per_sm: int = 1  # backward: persistent programs per SM
+    # persistent programs per SM; 0 = one program per row tile (forward only)
+    programs_per_sm: int = 1
+    unroll: int = 1  # chunked forward: chunks per loop iteration (tl.range's loop_unroll_factor)
 
 
-# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_*.csv; runs 1, 4 and 5 of
-# bench/results/h200/NOTES.md): the fastest by the geometric mean of GB/s at M=4096 and at M*N=128M.
-# (kind, element bytes, next_power_of_2(N)) -> config; a config whose block_n is below N runs the
-# chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
-# to the rule in launch_config.
-TUNED: dict[tuple[str, int, int], LaunchConfig] = {
-    ("bwd", 2, 1024): LaunchConfig(1, 1024, 4, 8),  # 1181 GB/s (run 1)
-    ("bwd", 2, 16384): LaunchConfig(4, 2048, 8, 4),  # 2319 GB/s (run 4, split)
-    ("bwd", 2, 2048): LaunchConfig(2, 2048, 8, 4),  # 1679 GB/s (run 1)
-    ("bwd", 2, 4096): LaunchConfig(1, 4096, 8, 2),  # 2386 GB/s (run 1)
-    ("bwd", 2, 8192): LaunchConfig(1, 8192, 16, 1),  # 2493 GB/s (run 4)
-    ("bwd", 4, 1024): LaunchConfig(1, 1024, 8, 4),  # 1957 GB/s (run 1)
-    ("bwd", 4, 16384): LaunchConfig(4, 1024, 8, 4),  # 2497 GB/s (run 4, split)
-    ("bwd", 4, 2048): LaunchConfig(2, 2048, 16, 4),  # 2408 GB/s (run 1)
-    ("bwd", 4, 4096): LaunchConfig(4, 4096, 32, 1),  # 3479 GB/s (run 1)
-    ("bwd", 4, 8192): LaunchConfig(1, 8192, 16, 1),  # 3683 GB/s (run 4)
-    ("fwd", 2, 1024): LaunchConfig(1, 1024, 2, 1),  # 2538 GB/s (run 1)
-    ("fwd", 2, 16384): LaunchConfig(1, 4096, 8, 1),  # 2974 GB/s (run 5, chunked)
-    ("fwd", 2, 2048): LaunchConfig(4, 2048, 8, 1),  # 2741 GB/s (run 1)
-    ("fwd", 2, 4096): LaunchConfig(1, 2048, 4, 1),  # 2705 GB/s (run 5, chunked)
-    ("fwd", 2, 8192): LaunchConfig(1, 4096, 4, 1),  # 3343 GB/s (run 5, chunked)
-    ("fwd", 4, 1024): LaunchConfig(1, 1024, 4, 1),  # 3126 GB/s (run 1)
-    ("fwd", 4, 16384): LaunchConfig(2, 16384, 32, 1),  # 3725 GB/s (run 5)
-    ("fwd", 4, 2048): LaunchConfig(1, 2048, 4, 1),  # 3405 GB/s (run 1)
-    ("fwd", 4, 4096): LaunchConfig(1, 2048, 8, 1),  # 3378 GB/s (run 5, chunked)
-    ("fwd", 4, 8192): LaunchConfig(1, 8192, 16, 1),  # 3794 GB/s (run 5)
+# Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
+# grid of one program per tile leaves SMs idle or short of bytes in flight, and launch and tail costs
+# weigh more, so the two regimes have different fastest tiles. A kernel compiles at most once per
+# (N, dtype, regime): the row count is never specialised on.
+MANY_ROWS = 8192
+
+# Measured on the H200 by bench/tune.py in runs 8 and 10 of bench/results/h200/NOTES.md
+# (tuned_run8_2026-11-29.json, tuned_run10_2026-11-29.json: run 10 re-swept the forward for N >= 4096
+# with the three-pass chunked kernel): the fastest by median GPU time, "few rows" at M=4096 and "many
+# rows" at M*N=128M elements (M >= 16384). (kind, element bytes, next_power_of_2(N), many rows) ->
+# config; a config whose block_n is below N runs the chunked forward or the split backward. Shapes not
+# listed (float16 uses the bfloat16 rows) fall back to the entry of the other regime, then to the rule
+# in launch_config.
+TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
+    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 1),  # 714 GB/s (run 8)
+    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4),  # 2906 GB/s (run 8)
+    ("bwd", 2, 16384, False): LaunchConfig(4, 2048, 8, 4),  # 2196 GB/s (run 8, split)
+    ("bwd", 2, 16384, True): LaunchConfig(4, 2048, 8, 4),  # 2503 GB/s (run 8, split)
+    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 2),  # 1119 GB/s (run 8)
+    ("bwd", 2, 2048, True): LaunchConfig(1, 2048, 4, 4),  # 2987 GB/s (run 8)
+    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 8),  # 1806 GB/s (run 8)
+    ("bwd", 2, 4096, True): LaunchConfig(1, 4096, 8, 2),  # 2938 GB/s (run 8)
+    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 2),  # 2226 GB/s (run 8)
+    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 2717 GB/s (run 8)
+    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 4),  # 1679 GB/s (run 8)
+    ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 2),  # 3975 GB/s (run 8)
+    ("bwd", 4, 16384, False): LaunchConfig(2, 1024, 8, 4),  # 2444 GB/s (run 8, split)
+    ("bwd", 4, 16384, True): LaunchConfig(4, 1024, 8, 4),  # 2607 GB/s (run 8, split)
+    ("bwd", 4, 2048, False): LaunchConfig(2, 2048, 16, 8),  # 2299 GB/s (run 8)
+    ("bwd", 4, 2048, True): LaunchConfig(2, 2048, 16, 2),  # 4005 GB/s (run 8)
+    ("bwd", 4, 4096, False): LaunchConfig(1, 4096, 8, 8),  # 2995 GB/s (run 8)
+    ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 2),  # 4052 GB/s (run 8)
+    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1),  # 3378 GB/s (run 8)
+    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3934 GB/s (run 8)
+    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0),  # 1522 GB/s (run 8)
+    ("fwd", 2, 1024, True): LaunchConfig(1, 1024, 1, 0),  # 3951 GB/s (run 8)
+    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 16, 0, 2),  # 3069 GB/s (run 10, chunked)
+    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 16, 0, 2),  # 3417 GB/s (run 10, chunked)
+    ("fwd", 2, 2048, False): LaunchConfig(2, 2048, 4, 0),  # 2149 GB/s (run 8)
+    ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 3898 GB/s (run 8)
+    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0),  # 2685 GB/s (run 10)
+    ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),  # 3862 GB/s (run 10)
+    ("fwd", 2, 8192, False): LaunchConfig(1, 4096, 8, 0, 2),  # 2910 GB/s (run 10, chunked)
+    ("fwd", 2, 8192, True): LaunchConfig(1, 4096, 4, 0, 2),  # 3366 GB/s (run 10, chunked)
+    ("fwd", 4, 1024, False): LaunchConfig(2, 1024, 4, 0),  # 2315 GB/s (run 8)
+    ("fwd", 4, 1024, True): LaunchConfig(2, 1024, 4, 0),  # 4114 GB/s (run 8)
+    ("fwd", 4, 16384, False): LaunchConfig(1, 4096, 16, 0, 2),  # 3363 GB/s (run 10, chunked)
+    ("fwd", 4, 16384, True): LaunchConfig(1, 4096, 16, 0, 2),  # 3578 GB/s (run 10, chunked)
+    ("fwd", 4, 2048, False): LaunchConfig(2, 2048, 4, 0),  # 2962 GB/s (run 8)
+    ("fwd", 4, 2048, True): LaunchConfig(2, 2048, 4, 0),  # 4132 GB/s (run 8)
+    ("fwd", 4, 4096, False): LaunchConfig(1, 4096, 8, 0),  # 3373 GB/s (run 10)
+    ("fwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 0),  # 4116 GB/s (run 10)
+    ("fwd", 4, 8192, False): LaunchConfig(1, 8192, 8, 0),  # 3537 GB/s (run 10)
+    ("fwd", 4, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3920 GB/s (run 10)
 }
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
 
 
-def launch_config(n: int, dtype: torch.dtype, kind: str) -> LaunchConfig:
-    """Tile shape and warps for a row length ``n``; ``kind`` is ``"fwd"`` or ``"bwd"``.
+def launch_config(n: int, dtype: torch.dtype, kind: str, m: int | None = None) -> LaunchConfig:
+    """Tile shape, warps and grid for rows of length ``n`` (``m`` rows, when known); ``kind`` is
+    ``"fwd"`` or ``"bwd"``.
 
     Rule of thumb where nothing was measured: a tile of about 4096 elements per program (several rows
     when rows are short), one warp per 256 elements of the tile, 1 to 16 warps.
@@ -418,16 +450,29 @@ def launch_config(n: int, dtype: torch.dtype, kind: str) -> LaunchConfig:
     if kind not in ("fwd", "bwd"):
         raise ValueError(f"kind must be 'fwd' or 'bwd', got {kind!r}")
     block_n = triton.next_power_of_2(min(n, FUSED_MAX_N)) if n <= FUSED_MAX_N else 4096
-    esize = torch.empty((), dtype=dtype).element_size()
-    tuned = TUNED.get((kind, esize, block_n))
+    esize = dtype.itemsize
+    many = m is not None and m > MANY_ROWS
+    tuned = TUNED.get((kind, esize, block_n, many), TUNED.get((kind, esize, block_n, not many)))
     if tuned is not None and n <= FUSED_MAX_N:
         return tuned
     if n > FUSED_MAX_N:
-        return LaunchConfig(1 if kind == "fwd" else 4, block_n, 8 if kind == "fwd" else 4, 2)
+        return LaunchConfig(
+            1 if kind == "fwd" else 4, block_n, 8 if kind == "fwd" else 4, 0 if kind == "fwd" else 2
+        )
     target = 4096 if kind == "fwd" else 2048
     block_m = max(1, min(64, target // block_n))
     num_warps = max(1, min(16, block_m * block_n // 256))
-    return LaunchConfig(block_m, block_n, num_warps, 2)
+    return LaunchConfig(block_m, block_n, num_warps, 0 if kind == "fwd" else 2)
+
+
+def backward_programs(cfg: LaunchConfig, m: int, esize: int, sms: int) -> int:
+    """Persistent programs of the backward: ``programs_per_sm`` per SM, no more than there are tiles, and
+    few enough that the float32 dw/db partials (written once, read once: 16 bytes per program and column)
+    stay under an eighth of the 3·M·N·esize bytes the backward must move; a whole number of programs per
+    SM, at least one (an SM with one program more than the others would set the time)."""
+    tiles = triton.cdiv(m, cfg.block_m)
+    per_sm = max(1, min(cfg.programs_per_sm, (3 * m * esize) // (8 * 16 * sms)))
+    return max(1, min(tiles, per_sm * sms))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -448,7 +493,7 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
     rstd = torch.empty((M,), dtype=_stats_dtype(x.dtype), device=x.device)
     if M == 0:
         return y, mean, rstd
-    cfg = config or launch_config(N, x.dtype, "fwd")
+    cfg = config or launch_config(N, x.dtype, "fwd", M)
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     common = dict(
@@ -458,15 +503,18 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
         num_warps=cfg.num_warps,
     )
     if N <= cfg.block_n:  # the whole row in one tile
-        grid = (triton.cdiv(M, cfg.block_m),)
-        _ln_fwd_kernel[grid](
+        tiles = triton.cdiv(M, cfg.block_m)
+        if cfg.programs_per_sm > 0:  # a persistent grid
+            tiles = min(tiles, cfg.programs_per_sm * device_parallelism(x))
+        _ln_fwd_kernel[(tiles,)](
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common,
         )  # fmt: skip
     else:
         _ln_fwd_chunked_kernel[(M,)](
-            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps, BLOCK_N=cfg.block_n, **common
-        )
+            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
+            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, **common,
+        )  # fmt: skip
     return y, mean, rstd
 
 
@@ -485,7 +533,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             if t is not None:
                 t.zero_()
         return dx, dw, db
-    cfg = config or launch_config(N, x.dtype, "bwd")
+    cfg = config or launch_config(N, x.dtype, "bwd", M)
     w = weight if weight is not None else x
     flags = dict(
         HAS_WEIGHT=weight is not None,
@@ -494,8 +542,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         IS_FP64=x.dtype == torch.float64,
     )
     num_tiles = triton.cdiv(M, cfg.block_m)
-    programs = max(1, min(num_tiles, cfg.programs_per_sm * device_parallelism(x)))
-    if N <= cfg.block_n:  # the whole row in one tile
+    if N <= cfg.block_n:
+        programs = backward_programs(cfg, M, x.element_size(), device_parallelism(x))
         shape = (programs, N) if (compute_dw or compute_db) else (1, 1)
         dw_part = torch.empty(shape, dtype=acc, device=x.device) if compute_dw else dx
         db_part = torch.empty(shape, dtype=acc, device=x.device) if compute_db else dx
@@ -519,10 +567,11 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             M, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags,
         )  # fmt: skip
     if compute_dw or compute_db:
-        block_n = min(256, triton.next_power_of_2(N))
+        # narrow column blocks: enough programs to read the (programs, N) partials in parallel
+        block_n = min(64, triton.next_power_of_2(N))
         _dwdb_reduce_kernel[(triton.cdiv(N, block_n),)](
             dw_part, db_part, dw if compute_dw else dx, db if compute_db else dx, programs, N,
-            BLOCK_P=32, BLOCK_N=block_n, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=4,
+            BLOCK_P=64, BLOCK_N=block_n, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=4,
         )  # fmt: skip
     return dx, dw, db
 

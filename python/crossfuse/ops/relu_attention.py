@@ -407,36 +407,61 @@ class AttnConfig(NamedTuple):
     num_stages: int
 
 
-# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_run1_2026-11-29.csv), bf16, 16k tokens
-# at L=4096: (kind, D, element bytes, causal) -> config (float16 shares the 2-byte rows; dkdv and dq
-# are scored as the whole backward with the other kernel at its default). Missing entries use the rule.
-TUNED: dict[tuple[str, int, int, bool], AttnConfig] = {
-    ("dkdv", 128, 2, False): AttnConfig(64, 128, 8, 3),  # 290 TFLOP/s
-    ("dkdv", 128, 2, True): AttnConfig(64, 64, 4, 2),  # 266 TFLOP/s
-    ("dkdv", 64, 2, False): AttnConfig(32, 128, 4, 3),  # 435 TFLOP/s
-    ("dkdv", 64, 2, True): AttnConfig(64, 64, 4, 2),  # 380 TFLOP/s
-    ("dq", 128, 2, False): AttnConfig(128, 64, 8, 3),  # 266 TFLOP/s
-    ("dq", 128, 2, True): AttnConfig(128, 64, 8, 3),  # 243 TFLOP/s
-    ("dq", 64, 2, False): AttnConfig(64, 64, 4, 2),  # 448 TFLOP/s
-    ("dq", 64, 2, True): AttnConfig(128, 64, 8, 3),  # 415 TFLOP/s
-    ("fwd", 128, 2, False): AttnConfig(128, 32, 8, 3),  # 662 TFLOP/s
-    ("fwd", 128, 2, True): AttnConfig(64, 64, 4, 3),  # 600 TFLOP/s
-    ("fwd", 64, 2, False): AttnConfig(128, 32, 4, 3),  # 672 TFLOP/s
-    ("fwd", 64, 2, True): AttnConfig(128, 64, 8, 3),  # 582 TFLOP/s
+# Sequences up to SHORT_L use the "short" entries of TUNED where there are any: with 16k tokens a
+# short sequence has many (batch, head) pairs and few blocks per pair, so its fastest tiles can differ.
+SHORT_L = 2048
+
+# Measured on the H200 by bench/tune.py (bench/results/h200/tuning_run*.csv): bf16 at 16k tokens, D=64
+# at L=4096 in run 1; D=128 in run 7 (at L=4096, "long", and L=1024, "short"), where the run-1 backward
+# stayed (the full sessions measured it faster than the pair of run-7 winners, each of which had been
+# timed with the other kernel at its old default); float32 (tf32 dots) at the seed's shapes (B=4, H=16,
+# L=4096 long, L=1024 short) in run 8. (kind, D, element bytes, causal, long sequence) -> config (float16
+# shares the 2-byte rows; dkdv and dq are scored as the whole backward, 2.5x the forward's FLOPs, with
+# the other kernel at its default). A missing entry falls back to the other length's entry, then to the
+# rule in attention_config.
+TUNED: dict[tuple[str, int, int, bool, bool], AttnConfig] = {
+    ("dkdv", 64, 2, False, True): AttnConfig(32, 128, 4, 3),  # 435 TFLOP/s (run 1)
+    ("dkdv", 64, 2, True, True): AttnConfig(64, 64, 4, 2),  # 380 TFLOP/s (run 1)
+    ("dq", 64, 2, False, True): AttnConfig(64, 64, 4, 2),  # 448 TFLOP/s (run 1)
+    ("dq", 64, 2, True, True): AttnConfig(128, 64, 8, 3),  # 415 TFLOP/s (run 1)
+    ("fwd", 64, 2, False, True): AttnConfig(128, 32, 4, 3),  # 672 TFLOP/s (run 1)
+    ("fwd", 64, 2, True, True): AttnConfig(128, 64, 8, 3),  # 582 TFLOP/s (run 1)
+    ("dkdv", 128, 2, False, True): AttnConfig(64, 128, 8, 3),  # 290 TFLOP/s (run 1)
+    ("dkdv", 128, 2, True, True): AttnConfig(64, 64, 4, 2),  # 266 TFLOP/s (run 1)
+    ("dq", 128, 2, False, True): AttnConfig(128, 64, 8, 3),  # 266 TFLOP/s (run 1)
+    ("dq", 128, 2, True, True): AttnConfig(128, 64, 8, 3),  # 243 TFLOP/s (run 1)
+    ("fwd", 128, 2, False, True): AttnConfig(64, 64, 4, 3),  # 702 TFLOP/s (run 7)
+    ("fwd", 128, 2, True, True): AttnConfig(64, 64, 4, 3),  # 610 TFLOP/s (run 7)
+    ("fwd", 128, 2, False, False): AttnConfig(128, 32, 8, 3),  # 546 TFLOP/s (run 7; 557 for 128x64x4x2)
+    ("fwd", 128, 2, True, False): AttnConfig(128, 32, 8, 3),  # 400 TFLOP/s (run 7)
+    ("dkdv", 64, 4, False, True): AttnConfig(64, 128, 8, 3),  # 76 TFLOP/s (run 8)
+    ("dkdv", 64, 4, False, False): AttnConfig(64, 128, 8, 2),  # 69 TFLOP/s (run 8)
+    ("dkdv", 64, 4, True, True): AttnConfig(64, 128, 8, 2),  # 61 TFLOP/s (run 8)
+    ("dkdv", 64, 4, True, False): AttnConfig(64, 128, 8, 2),  # 44 TFLOP/s (run 8)
+    ("dq", 64, 4, False, True): AttnConfig(128, 32, 8, 2),  # 62 TFLOP/s (run 8)
+    ("dq", 64, 4, False, False): AttnConfig(128, 32, 8, 2),  # 55 TFLOP/s (run 8)
+    ("dq", 64, 4, True, True): AttnConfig(128, 32, 8, 2),  # 59 TFLOP/s (run 8)
+    ("dq", 64, 4, True, False): AttnConfig(128, 32, 8, 3),  # 44 TFLOP/s (run 8)
+    ("fwd", 64, 4, False, True): AttnConfig(128, 64, 8, 1),  # 164 TFLOP/s (run 8)
+    ("fwd", 64, 4, False, False): AttnConfig(128, 64, 8, 1),  # 138 TFLOP/s (run 8)
+    ("fwd", 64, 4, True, True): AttnConfig(128, 64, 8, 1),  # 143 TFLOP/s (run 8)
+    ("fwd", 64, 4, True, False): AttnConfig(128, 64, 8, 1),  # 84 TFLOP/s (run 8)
 }
 
 TUNED.update(_tuning.attention_overrides(AttnConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
 
 
 def attention_config(
-    kind: str, d: int, dtype: torch.dtype, causal: bool, interpreted: bool = False
+    kind: str, d: int, dtype: torch.dtype, causal: bool, interpreted: bool = False, length: int | None = None
 ) -> AttnConfig:
-    """Tiles for ``kind`` in ``("fwd", "dkdv", "dq")``. Causal kernels need BLOCK_M and BLOCK_N to
-    divide each other (fwd/dq: BLOCK_N | BLOCK_M; dkdv: BLOCK_M | BLOCK_N)."""
+    """Tiles for ``kind`` in ``("fwd", "dkdv", "dq")``; ``length`` is max(Lq, Lk) when known. Causal
+    kernels need BLOCK_M and BLOCK_N to divide each other (fwd/dq: BLOCK_N | BLOCK_M; dkdv: BLOCK_M |
+    BLOCK_N)."""
     if interpreted:  # the interpreter runs tiles as numpy arrays: few, large programs are fastest
         return AttnConfig(32, 32, 4, 1)
-    esize = torch.empty((), dtype=dtype).element_size()
-    tuned = TUNED.get((kind, d, esize, causal))
+    esize = dtype.itemsize
+    long = length is None or length > SHORT_L
+    tuned = TUNED.get((kind, d, esize, causal, long), TUNED.get((kind, d, esize, causal, not long)))
     if tuned is not None:
         return tuned
     big = d * esize >= 256  # D=128 in 16 bits, D=64 in fp32, or larger
@@ -473,7 +498,7 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
     if out is None:
         out = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     interp = is_interpreted(_relu_attn_fwd_kernel)
-    cfg = config or attention_config("fwd", D, q.dtype, causal, interp)
+    cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
     _relu_attn_fwd_kernel[grid](
         q, k, v, out, *_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(out),
@@ -497,7 +522,7 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     dv = torch.empty((B, H, Lk, D), dtype=v.dtype, device=v.device) if dv is None else dv
     interp = is_interpreted(_relu_attn_bwd_dkdv_kernel)
     strides = (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
-    cfg = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp)
+    cfg = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
     _relu_attn_bwd_dkdv_kernel[(triton.cdiv(Lk, cfg.block_n), B * H)](
         q, k, v, do, dk, dv, *strides, *_bhld_strides(dk), *_bhld_strides(dv), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
@@ -505,7 +530,7 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
         UPCAST=interp and q.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    cfg = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp)
+    cfg = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
     _relu_attn_bwd_dq_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
         q, k, v, do, dq, *strides, *_bhld_strides(dq), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,

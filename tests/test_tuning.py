@@ -1,0 +1,65 @@
+"""CROSSFUSE_TUNED_CONFIGS: tuned.json files of bench/tune.py override the built-in launch tables."""
+
+import json
+
+import pytest
+from crossfuse import _tuning
+from crossfuse.ops.layer_norm import LaunchConfig
+from crossfuse.ops.relu_attention import AttnConfig
+
+
+@pytest.fixture
+def tuned_file(tmp_path, monkeypatch):
+    def write(entries: dict):
+        path = tmp_path / "tuned.json"
+        path.write_text(json.dumps(entries))
+        monkeypatch.setenv("CROSSFUSE_TUNED_CONFIGS", str(path))
+        _tuning._entries.cache_clear()
+
+    yield write
+    _tuning._entries.cache_clear()
+
+
+def test_layer_norm_entries_by_row_regime(tuned_file):
+    tuned_file({
+        "ln/fwd/bfloat16/4096/many": dict(kind="fwd", dtype="bfloat16", n=4096, block_m=1, num_warps=4, pps=0,
+                                          rows="many"),
+        "ln/bwd/float32/1024/few": dict(kind="bwd", dtype="float32", n=1024, block_m=2, num_warps=8, pps=4,
+                                        rows="few"),
+    })  # fmt: skip
+    got = _tuning.layer_norm_overrides(LaunchConfig)
+    assert got == {
+        ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),
+        ("bwd", 4, 1024, False): LaunchConfig(2, 1024, 8, 4),
+    }
+
+
+def test_layer_norm_entries_of_earlier_files_serve_both_regimes(tuned_file):
+    # files written before the row regimes: no "rows"; their forward ran one program per tile (pps 1 then)
+    old = dict(kind="fwd", dtype="float32", n=2048, block_m=2, num_warps=4, pps=1)
+    tuned_file({"ln/fwd/float32/2048": old})
+    got = _tuning.layer_norm_overrides(LaunchConfig)
+    assert got == {("fwd", 4, 2048, many): LaunchConfig(2, 2048, 4, 0) for many in (False, True)}
+
+
+def test_attention_entries_by_length(tuned_file):
+    tuned_file({
+        "attn/fwd/128/True/short": dict(kind="fwd", d=128, causal=True, block_m=128, block_n=64, num_warps=8,
+                                        num_stages=3, length="short"),
+        "attn/dq/64/False": dict(kind="dq", d=64, causal=False, block_m=64, block_n=32, num_warps=4,
+                                 num_stages=2),
+    })  # fmt: skip
+    got = _tuning.attention_overrides(AttnConfig)
+    assert got[("fwd", 128, 2, True, False)] == AttnConfig(128, 64, 8, 3)
+    assert ("fwd", 128, 2, True, True) not in got
+    assert got[("dq", 64, 2, False, False)] == got[("dq", 64, 2, False, True)] == AttnConfig(64, 32, 4, 2)
+
+
+def test_unreadable_file_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CROSSFUSE_TUNED_CONFIGS", str(tmp_path / "missing.json"))
+    _tuning._entries.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="CROSSFUSE_TUNED_CONFIGS"):
+            _tuning.layer_norm_overrides(LaunchConfig)
+    finally:
+        _tuning._entries.cache_clear()
