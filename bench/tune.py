@@ -87,6 +87,30 @@ def ln_candidates(quick: bool) -> list[dict]:
     return out
 
 
+def ln_unroll_candidates() -> list[dict]:
+    """Persistent loops unrolled (two row tiles per iteration: the second tile's loads issue before the
+    first tile's reductions) against the same loops not unrolled, N <= 4096, timed at many rows only."""
+    out = []
+    for n in (1024, 2048, 4096):
+        for dtype in LN_DTYPES:
+            for bm in (1, 2, 4):
+                tile = bm * n
+                for ept in (4, 8, 16):
+                    warps = tile // (32 * ept)
+                    if warps not in (1, 2, 4, 8, 16):
+                        continue
+                    base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, many_only=True)
+                    for unroll in (1, 2):
+                        for pps in (1, 2, 4, 8):
+                            out.append(dict(base, kind="bwd", pps=pps, unroll=unroll))
+                        for pps in (2, 4, 8):
+                            out.append(dict(base, kind="fwd", pps=pps, unroll=unroll))
+                    out.append(
+                        dict(kind="fwd", n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=0, many_only=True)
+                    )
+    return out
+
+
 def _attn(kind, d, causal, bm, bn, warps, stages) -> dict:
     return dict(kind=kind, d=d, causal=causal, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
 
@@ -211,7 +235,9 @@ def make_launch(c: dict, shape):
 
 
 def shapes_of(c: dict):
-    return ln_shapes(c["n"]) if "n" in c else attn_shapes(c)
+    if "n" in c:
+        return ln_shapes(c["n"])[1:] if c.get("many_only") else ln_shapes(c["n"])
+    return attn_shapes(c)
 
 
 def regime(c: dict, shape) -> str:
@@ -238,7 +264,7 @@ def _compile_one(c: dict) -> tuple[dict, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    groups = ("ln", "ln-split", "ln-chunked", "attn", "attn128", "attn-fp32", "attn-pairs")
+    groups = ("ln", "ln-split", "ln-chunked", "ln-unroll", "attn", "attn128", "attn-fp32", "attn-pairs")
     ap.add_argument("--only", help=f"comma-separated subset of {', '.join(groups)} (default: ln and attn)")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true")
@@ -270,6 +296,8 @@ def main(argv=None) -> int:
         cands += [c for c in ln_all if c["kind"] == "bwd" and c["n"] >= 8192]
     if "ln-chunked" in only:  # the forward of long rows: one-tile and chunked candidates side by side
         cands += [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096]
+    if "ln-unroll" in only:
+        cands += ln_unroll_candidates()
     if "attn" in only:
         cands += attn_candidates(args.quick)
     if "attn128" in only:  # D=128 at two lengths, each its own winner
@@ -319,7 +347,7 @@ def main(argv=None) -> int:
     for r in rows:
         if r["status"] != "ok" or not r["rate"]:
             continue
-        c = {k: r[k] for k in r if k not in ("shape", "ms", "rate", "status", "short")}
+        c = {k: r[k] for k in r if k not in ("shape", "ms", "rate", "status", "short", "many_only")}
         shape = tuple(int(x) for x in r["shape"].split("x"))
         reg = regime(c, shape)
         if "n" in c:

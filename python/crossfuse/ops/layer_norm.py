@@ -87,6 +87,7 @@ def _ln_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IS_FP64: tl.constexpr,
+    UNROLL: tl.constexpr,  # row tiles per loop iteration (persistent grids): more loads in flight
 ):
     # a program normalises row tiles pid, pid + num_programs, ...: one tile each when the grid has a
     # program per tile, several when the grid is persistent
@@ -95,7 +96,7 @@ def _ln_fwd_kernel(
     acc_ty = tl.float64 if IS_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    for tile in range(pid, tl.cdiv(M, BLOCK_M), num_programs):
+    for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
@@ -198,6 +199,7 @@ def _ln_bwd_kernel(
     COMPUTE_DW: tl.constexpr,
     COMPUTE_DB: tl.constexpr,
     IS_FP64: tl.constexpr,
+    UNROLL: tl.constexpr,  # row tiles per loop iteration: more loads in flight, more registers
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -209,7 +211,7 @@ def _ln_bwd_kernel(
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
     num_tiles = tl.cdiv(M, BLOCK_M)
-    for tile in range(pid, num_tiles, num_programs):
+    for tile in tl.range(pid, num_tiles, num_programs, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
@@ -297,6 +299,7 @@ def _ln_bwd_split_kernel(
     COMPUTE_DW: tl.constexpr,
     COMPUTE_DB: tl.constexpr,
     IS_FP64: tl.constexpr,
+    UNROLL: tl.constexpr,  # row tiles per loop iteration: more loads in flight, more registers
 ):
     pid_n = tl.program_id(0)
     group = tl.program_id(1)
@@ -308,7 +311,7 @@ def _ln_bwd_split_kernel(
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
-    for tile in range(group, tl.cdiv(M, BLOCK_M), num_groups):
+    for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
@@ -378,7 +381,7 @@ class LaunchConfig(NamedTuple):
     num_warps: int
     # persistent programs per SM; 0 = one program per row tile (forward only)
     programs_per_sm: int = 1
-    unroll: int = 1  # chunked forward: chunks per loop iteration (tl.range's loop_unroll_factor)
+    unroll: int = 1  # tiles (or chunks, chunked forward) per loop iteration: tl.range's loop_unroll_factor
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -508,7 +511,7 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
             tiles = min(tiles, cfg.programs_per_sm * device_parallelism(x))
         _ln_fwd_kernel[(tiles,)](
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, **common,
         )  # fmt: skip
     else:
         _ln_fwd_chunked_kernel[(M,)](
@@ -540,6 +543,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         COMPUTE_DW=compute_dw,
         COMPUTE_DB=compute_db,
         IS_FP64=x.dtype == torch.float64,
+        UNROLL=cfg.unroll,
     )
     num_tiles = triton.cdiv(M, cfg.block_m)
     if N <= cfg.block_n:
