@@ -170,6 +170,29 @@ def pair_candidates(paths: str, top: int = 5) -> list[dict]:
     return out
 
 
+def base_candidates(base: dict, cands: list[dict]) -> list[dict]:
+    """The entries of an earlier tuned.json whose (kind, dtype, N or D, causal) this run tunes, as
+    candidates timed at the same shapes as this run's own candidates for that key."""
+    meta = ("score", "rows", "length", "paired")
+
+    def ident(c):
+        return (c["kind"], c.get("dtype", "bfloat16"), c.get("n"), c.get("d"), c.get("causal"))
+
+    flags = {}
+    for c in cands:
+        if c["kind"] != "bwd" or "n" in c:  # attention pairs are split into dkdv/dq entries below
+            flags.setdefault(ident(c), {k: c[k] for k in ("many_only", "short") if k in c})
+        else:
+            for kind in ("dkdv", "dq"):
+                flags.setdefault(ident(dict(c, kind=kind)), {"short": True} if c.get("short") else {})
+    out = []
+    for entry in base.values():
+        c = {k: v for k, v in entry.items() if k not in meta}
+        if ident(c) in flags:
+            out.append(dict(c, **flags[ident(c)]))
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # One candidate: build inputs and a launch closure
 # ----------------------------------------------------------------------------------------------------
@@ -308,6 +331,9 @@ def main(argv=None) -> int:
         if not args.pairs_from:
             ap.error("attn-pairs needs --pairs-from TUNING_CSV")
         cands += pair_candidates(args.pairs_from)
+    if args.base:  # the base's winners compete again, in this run: a key's new winner must beat them here
+        with open(args.base) as f:
+            cands += base_candidates(json.load(f), cands)
     cands = list({json.dumps(c, sort_keys=True): c for c in cands}.values())  # groups may overlap
     log(f"{len(cands)} candidates; compiling with {args.workers} workers")
     status = {}
@@ -360,6 +386,8 @@ def main(argv=None) -> int:
             best[key] = (r["rate"], c)
     for key in [k for k in best if k.startswith("attn/bwd/")]:  # a pair: one entry per kernel
         rate, c = best.pop(key)
+        if any(best.get(key.replace("/bwd/", f"/{kind}/"), (0.0,))[0] >= rate for kind in ("dkdv", "dq")):
+            continue  # a single-kernel candidate (from --base) timed as fast as the best pair
         for kind in ("dkdv", "dq"):
             bm, bn, warps, stages = json.loads(c[kind]) if isinstance(c[kind], str) else c[kind]
             entry = {k: v for k, v in c.items() if k not in ("dkdv", "dq")}
