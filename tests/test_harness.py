@@ -408,6 +408,15 @@ def test_memory_report_shows_multiples_of_the_input():
     assert "| normal_now | 1.5 MiB (4.00×) | 1.5 MiB (4.00×) | 0.4 MiB (1.00×) | 0.4 MiB (1.00×) |" in md
 
 
+def test_speed_suites_get_a_peak_memory_table_of_fwd_bwd():
+    rows = [row(impl=i, peer=i == "torch", mode="fwd+bwd", status="ok", peak_bytes=p, suite="layer_norm")
+            for i, p in (("fused", 17 * 2**20), ("torch", 16 * 2**20))]  # fmt: skip
+    rows.append(row(impl="fused", mode="fwd", status="ok", peak_bytes=2**30, suite="layer_norm"))  # not in it
+    md = report.peak_section(schema.rows_frame(rows))
+    assert "### peak memory of fwd+bwd · layer_norm · cpu · float32" in md
+    assert "| 4096x1024 | 17.0 MiB | 16.0 MiB |" in md and "1024.0 MiB" not in md
+
+
 def test_pandas_frame_from_rows_has_schema_types():
     df = schema.rows_frame([row(alloc_bytes=5)])
     assert df["alloc_bytes"].dtype == "float64" and df["peer"].dtype == bool

@@ -219,6 +219,24 @@ def memory_section(df: pd.DataFrame) -> str:
     return "\n\n".join(out)
 
 
+def peak_section(df: pd.DataFrame) -> str:
+    """Peak memory of forward+backward in the speed suites: one table per (op, device, dtype, causal),
+    MiB per shape and implementation (the allocator's peak above what was live before the call)."""
+    m = df[(df["suite"] != "memory") & (df["op"] != "copy") & (df["mode"] == "fwd+bwd")]
+    m = m[m["peak_bytes"].notna()] if "peak_bytes" in m else m.iloc[0:0]
+    if m.empty:
+        return ""
+    out = []
+    for (op, device, dtype, causal), g in m.groupby(["op", "device", "dtype", "causal"], sort=False):
+        table = pivot(with_labels(g), "peak_bytes")
+        rows = [[shape, *(fmt_bytes(table.at[shape, c]) if not pd.isna(table.at[shape, c]) else ""
+                          for c in table.columns)] for shape in table.index]  # fmt: skip
+        mask = f" · {'causal' if causal else 'not causal'}" if op == "relu_attention" else ""
+        title = f"### peak memory of fwd+bwd · {op} · {device} · {dtype}{mask}"
+        out.append(title + "\n\n" + markdown_table(["shape", *table.columns], rows))
+    return "\n\n".join(out)
+
+
 def _element_size(dtype: str) -> int:
     import torch
 
@@ -286,7 +304,9 @@ def render(df_or_rows, title: str = "crossfuse benchmark results", source: str |
         c = copy_ceiling(df, dev)
         if c:
             parts.append(f"Copy ceiling on {dev}: {c:.0f} GB/s (y.copy_(x), bytes read + written).")
-    for section in (throughput_section(df), memory_section(df), accuracy_section(df), notes_section(df)):
+    sections = (throughput_section(df), peak_section(df), memory_section(df), accuracy_section(df),
+                notes_section(df))  # fmt: skip
+    for section in sections:
         if section:
             parts.append(section)
     return "\n\n".join(parts) + "\n"
