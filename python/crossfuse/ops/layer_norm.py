@@ -16,11 +16,13 @@ Design:
 
 * Forward, N <= FUSED_MAX_N: each program normalises a tile of BLOCK_M rows x BLOCK_N columns held in
   registers (small N gets several rows per program so every program moves enough bytes). It stores
-  the float32 mean and rstd of each row for the backward.
+  the float32 mean and rstd of each row for the backward. A config may make the grid persistent
+  (``programs_per_sm > 0``: programs loop over tiles); the measured tables use one program per tile.
 * Backward, N <= FUSED_MAX_N: a persistent grid of about ``programs_per_sm`` programs per SM; each
   walks row tiles with a stride of the grid size, writes dx, and keeps its partial sums of dw and db in
   float32 registers; it writes them once to a (programs, N) float32 buffer that a second small kernel
-  reduces and casts. No locks, no atomics: the result does not depend on scheduling.
+  reduces and casts (fewer programs when M is small, so the partials stay under an eighth of the
+  traffic). No locks, no atomics: the result does not depend on scheduling.
 * N > FUSED_MAX_N (up to MAX_N): the row does not fit in registers. Forward ("chunked") loops over
   the row three times, each thread summing its own elements of every chunk (one reduction per pass):
   the mean, the centred sums of the corrected two-pass variance, then normalise and write (the second
@@ -30,7 +32,8 @@ Design:
 * Statistics and accumulation are float32 for float32/float16/bfloat16 inputs, and float64 for
   float64 inputs (so ``torch.autograd.gradcheck`` can check the kernels).
 * The number of rows M is never a compile-time constant or specialised on (``do_not_specialize``),
-  so a new batch size reuses the compiled kernels; tile shapes depend only on N and the dtype.
+  so a new batch size reuses the compiled kernels; tile shapes depend on N, the dtype and the row
+  regime (few or many rows, ``MANY_ROWS``), so a kernel compiles at most once per regime.
 
 Limits: last dim 1 <= N <= MAX_N; float32, float16, bfloat16 (float64 for checking); rows may be
 strided (any row stride, unit column stride) and are read without a copy when ``reshape`` gives a view.
