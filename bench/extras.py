@@ -60,7 +60,10 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 import triton.testing  # noqa: E402
+from crossfuse import registry  # noqa: E402
+from crossfuse._validate import dtype_name  # noqa: E402
 from crossfuse.harness import timing  # noqa: E402
+from crossfuse.harness.report import markdown_table  # noqa: E402
 from crossfuse.harness.schema import versions  # noqa: E402
 from crossfuse.ops import relu_attention as attn  # noqa: E402
 from crossfuse.reference import relu_attention_ref  # noqa: E402
@@ -127,13 +130,9 @@ def log(msg: str) -> None:
     print(f"[{time.monotonic() - T0:6.1f} s {stamp}] {msg}", flush=True)
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def attention_flops(b: int, h: int, length: int, d: int, causal: bool) -> float:
-    """Forward FLOPs: two L x L x D matmuls per (batch, head), half of them when causal."""
-    return 4.0 * b * h * length * length * d * (0.5 if causal else 1.0)
+    """Forward FLOPs as the harness counts them (``crossfuse.registry.flops``)."""
+    return registry.flops("relu_attention", (b, h, length, d), "fwd", causal)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -535,13 +534,6 @@ def fmt_ratio(x) -> str:
     return "—" if x is None or x == "" else f"{x:.3f}"
 
 
-def table(header: list[str], body: list[list[str]], right_from: int = 1) -> str:
-    align = ["---" if i < right_from else "---:" for i in range(len(header))]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(r) + " |" for r in body]
-    return "\n".join(lines)
-
-
 def problems(rec: Recorder, section: str) -> str:
     """A section's skipped cases and errors, one line per (status, reason), with the cases it hit."""
     groups: dict[tuple[str, str], list[str]] = {}
@@ -592,7 +584,7 @@ def overhead_report(ctx: Context) -> str:
            "enqueue time shows when the CPU is the bottleneck (like the seed's `%timeit`). `time_cuda` = "
            "the harness's timer (p50): the enqueue hidden behind a GPU spin, so GPU time only. "
            if ctx.cuda else "`perf_counter` = the harness's CPU timer (p50): no GPU, not a measurement. ")
-        + "The issue's criterion: autograd/raw ≤ 1.05.\n\n" + table(header, body, right_from=3) + "\n"
+        + "The issue's criterion: autograd/raw ≤ 1.05.\n\n" + markdown_table(header, body, left=3) + "\n"
         + problems(rec, "overhead")
     )  # fmt: skip
 
@@ -622,7 +614,7 @@ def heads_report(ctx: Context) -> str:
         f"(fixed), [B, H, L, D]; fwd+bwd through autograd (`torch.autograd.grad`). FLOPs: 4·B·H·L²·D "
         f"forward, halved when causal; fwd+bwd 3.5× that. Timer: `{ctx.gpu_method}` (p50). float32 runs "
         f"on tf32 tensor cores on GPUs. A ratio near 1 means no per-head slowdown (H={many} does "
-        f"{many // few}× the work of H={few}).\n\n" + table(header, body, right_from=4) + "\n"
+        f"{many // few}× the work of H={few}).\n\n" + markdown_table(header, body, left=4) + "\n"
         + problems(rec, "heads")
     )  # fmt: skip
 
@@ -684,12 +676,12 @@ def seed_report(ctx: Context) -> str:
         f"`relu_attention_bwd` on `.transpose(1, 2)` views. float32, [B, L, H, D] contiguous, B={B}, "
         f"H={H}, D={D}, scale = 1/sqrt(D), relu_scale = 1/L. FLOPs: 4·B·H·L²·D forward (halved when "
         f"causal), backward 2.5× that. Timer: `{ctx.gpu_method}` (p50). ours/seed = seed time / our "
-        "time.\n\n" + table(speed_header, speed, right_from=3) + "\n\n"
+        "time.\n\n" + markdown_table(speed_header, speed, left=3) + "\n\n"
         f"Relative errors `‖a − b‖ / ‖b‖` (`crossfuse.tolerances.relerr`) against torch's float64 "
         f"`relu_attention_ref` (gradients by autograd in float64) on the same inputs. Limits: "
         f"`tolerance('relu_attention', float32, tf32={ctx.cuda})` ({tf32}) against float64, twice that "
         "between the two kernels (each within the limit of the reference).\n\n"
-        + table(acc_header, acc, right_from=3) + "\n" + problems(rec, "seed") + "\n" + SEED_NOTES
+        + markdown_table(acc_header, acc, left=3) + "\n" + problems(rec, "seed") + "\n" + SEED_NOTES
     )  # fmt: skip
 
 

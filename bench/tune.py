@@ -105,9 +105,7 @@ def ln_unroll_candidates() -> list[dict]:
                             out.append(dict(base, kind="bwd", pps=pps, unroll=unroll))
                         for pps in (2, 4, 8):
                             out.append(dict(base, kind="fwd", pps=pps, unroll=unroll))
-                    out.append(
-                        dict(kind="fwd", n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=0, many_only=True)
-                    )
+                    out.append(dict(base, kind="fwd", pps=0))
     return out
 
 
@@ -264,10 +262,14 @@ def shapes_of(c: dict):
 
 
 def regime(c: dict, shape) -> str:
-    """The table regime a timed shape stands for: few/many rows (ln), short/long sequences (attention)."""
+    """The table regime a timed shape stands for: few/many rows (ln), short/long sequences (attention),
+    by the thresholds the ops use to pick a table entry."""
+    from crossfuse.ops import layer_norm as ln
+    from crossfuse.ops import relu_attention as ra
+
     if "n" in c:
-        return "many" if shape[0] > 8192 else "few"
-    return "short" if shape[2] <= 2048 else "long"
+        return "many" if shape[0] > ln.MANY_ROWS else "few"
+    return "short" if shape[2] <= ra.SHORT_L else "long"
 
 
 def _compile_one(c: dict) -> tuple[dict, str]:

@@ -42,6 +42,21 @@ def _style(peer: bool) -> dict:
     return {"linestyle": "--" if peer else "-", "marker": "o" if not peer else "s", "markersize": 4}
 
 
+def _lines(ax, g: pd.DataFrame, x: str, y: str, title: str, ylabel: str, ceiling: float | None = None):
+    """One panel: a line per implementation label of ``g`` (peers dashed), ``x`` on a log2 axis."""
+    for label, gi in g.groupby("label", sort=False):
+        gi = gi.sort_values(x)
+        ax.plot(gi[x], gi[y], label=label, **_style(bool(gi["peer"].iloc[0])))
+    if ceiling:
+        ax.axhline(ceiling, color="grey", linestyle=":", linewidth=1, label="copy ceiling")
+    ax.set_xscale("log", base=2)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(x)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def preferred_device(df: pd.DataFrame) -> str | None:
     devs = list(dict.fromkeys(df["device"]))
     return "cuda" if "cuda" in devs else (devs[0] if devs else None)
@@ -65,19 +80,8 @@ def plot_gbps(df, path, device: str | None = None, op: str = "layer_norm") -> Pa
     ceiling = copy_ceiling(df, device)
     for i, dt in enumerate(dtypes):
         for j, mode in enumerate(modes):
-            ax = axes[i][j]
             g = d[(d["dtype"] == dt) & (d["mode"] == mode)]
-            for label, gi in g.groupby("label", sort=False):
-                gi = gi.sort_values("N")
-                ax.plot(gi["N"], gi["gbps"], label=label, **_style(bool(gi["peer"].iloc[0])))
-            if ceiling:
-                ax.axhline(ceiling, color="grey", linestyle=":", linewidth=1, label="copy ceiling")
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{op} {dt} {mode} (M={m_common})", fontsize=9)
-            ax.set_xlabel("N")
-            ax.set_ylabel("GB/s")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
+            _lines(axes[i][j], g, "N", "gbps", f"{op} {dt} {mode} (M={m_common})", "GB/s", ceiling)
     fig.suptitle(f"{op}: GB/s against N on {device} ({d['device_name'].iloc[0]})", fontsize=10)
     return _save(fig, plt, path)
 
@@ -100,18 +104,10 @@ def plot_tflops(df, path, device: str | None = None, op: str = "relu_attention")
     fig, axes = _grid(plt, len(ds), cols)
     for i, dd in enumerate(ds):
         for j, (_, p) in enumerate(panels[panels["D"] == dd].iterrows()):
-            ax = axes[i][j]
             g = d[(d["D"] == dd) & (d["causal"] == p["causal"]) & (d["mode"] == p["mode"])]
-            for label, gi in g.groupby("label", sort=False):
-                gi = gi.sort_values("L")
-                ax.plot(gi["L"], gi["tflops"], label=label, **_style(bool(gi["peer"].iloc[0])))
-            ax.set_xscale("log", base=2)
             causal = "causal" if p["causal"] else "not causal"
-            ax.set_title(f"D={dd} {g['dtype'].iloc[0] if len(g) else ''} {causal} {p['mode']}", fontsize=9)
-            ax.set_xlabel("L")
-            ax.set_ylabel("TFLOP/s")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
+            title = f"D={dd} {g['dtype'].iloc[0] if len(g) else ''} {causal} {p['mode']}"
+            _lines(axes[i][j], g, "L", "tflops", title, "TFLOP/s")
     fig.suptitle(f"{op}: TFLOP/s against L on {device} ({d['device_name'].iloc[0]})", fontsize=10)
     return _save(fig, plt, path)
 

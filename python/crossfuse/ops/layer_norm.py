@@ -548,7 +548,6 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         IS_FP64=x.dtype == torch.float64,
         UNROLL=cfg.unroll,
     )
-    num_tiles = triton.cdiv(M, cfg.block_m)
     if N <= cfg.block_n:
         programs = backward_programs(cfg, M, x.element_size(), device_parallelism(x))
         shape = (programs, N) if (compute_dw or compute_db) else (1, 1)
@@ -566,7 +565,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             BLOCK_N=cfg.block_n, HAS_WEIGHT=weight is not None, IS_FP64=flags["IS_FP64"], num_warps=8,
         )  # fmt: skip
         col_blocks = triton.cdiv(N, cfg.block_n)
-        programs = max(1, min(num_tiles, math.ceil(cfg.programs_per_sm * device_parallelism(x) / col_blocks)))
+        groups = math.ceil(cfg.programs_per_sm * device_parallelism(x) / col_blocks)  # row groups
+        programs = max(1, min(triton.cdiv(M, cfg.block_m), groups))
         dw_part = torch.empty((programs, N), dtype=acc, device=x.device) if compute_dw else dx
         db_part = torch.empty((programs, N), dtype=acc, device=x.device) if compute_db else dx
         _ln_bwd_split_kernel[(col_blocks, programs)](
