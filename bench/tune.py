@@ -1,6 +1,6 @@
 """Sweep launch configurations of crossfuse's kernels on a GPU and pick the fastest per key.
 
-    python bench/tune.py --out DIR [--only ln|ln-split|ln-chunked|attn|attn128] [--workers 16] [--quick]
+    python bench/tune.py --out DIR [--only GROUP,...] [--base code|tuned.json] [--workers 16] [--quick]
 
 Phase 1 compiles every candidate in parallel worker processes (each launches it once on real-shaped
 inputs, filling Triton's on-disk cache); phase 2 times them one at a time in this process with
@@ -106,6 +106,84 @@ def ln_unroll_candidates() -> list[dict]:
                         for pps in (2, 4, 8):
                             out.append(dict(base, kind="fwd", pps=pps, unroll=unroll))
                     out.append(dict(base, kind="fwd", pps=0))
+    return out
+
+
+def ln_prefetch_candidates() -> list[dict]:
+    """Persistent loops that load the next row tile before reducing their own (``prefetch``): the
+    forward and the fused backward with the whole row in one tile, and the split backward of long rows."""
+    out = []
+    for n in LN_NS:
+        for dtype in LN_DTYPES:
+            for bm in (1, 2, 4, 8):
+                tile = bm * n
+                if not 1024 <= tile <= 16384:
+                    continue
+                for ept in (8, 16, 32):  # elements per thread per tensor
+                    warps = tile // (32 * ept)
+                    if warps in (2, 4, 8, 16, 32):
+                        for pps in (1, 2, 4):
+                            base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=pps)
+                            out.append(dict(base, kind="fwd", prefetch=True))
+                if n > 8192:
+                    continue
+                for ept in (4, 8, 16):
+                    warps = tile // (32 * ept)
+                    if warps in (2, 4, 8, 16, 32):
+                        for pps in (1, 2, 4):
+                            base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=pps)
+                            out.append(dict(base, kind="bwd", prefetch=True))
+            if n >= 8192:
+                for bn in (1024, 2048):
+                    for bm in (2, 4, 8):
+                        for warps in (4, 8):
+                            for pps in (1, 2, 4):
+                                out.append(dict(kind="bwd", n=n, dtype=dtype, block_m=bm, block_n=bn,
+                                                num_warps=warps, pps=pps, prefetch=True))  # fmt: skip
+    return out
+
+
+def ln_welford_candidates() -> list[dict]:
+    """The chunked forward with Welford statistics (two passes over the row instead of three), N >= 4096."""
+    out = []
+    for n in (4096, 8192, 16384):
+        for dtype in LN_DTYPES:
+            for bn in (1024, 2048, 4096):
+                if bn < n:
+                    for warps in (4, 8, 16):
+                        for unroll in (1, 2):
+                            base = dict(n=n, dtype=dtype, block_m=1, block_n=bn, num_warps=warps, pps=0)
+                            out.append(dict(base, kind="fwd", unroll=unroll, welford=True))
+    return out
+
+
+def code_tables() -> dict:
+    """The configurations in the code (``TUNED`` of both ops) as ``tuned.json`` entries, for ``--base
+    code``: this run's candidates must beat them in the same run."""
+    from crossfuse.ops import layer_norm as ln
+    from crossfuse.ops import relu_attention as ra
+
+    names = {2: "bfloat16", 4: "float32"}
+    out = {}
+    for (kind, esize, n, many), c in ln.TUNED.items():
+        rows = "many" if many else "few"
+        entry = dict(kind=kind, n=n, dtype=names[esize], block_m=c.block_m, num_warps=c.num_warps,
+                     pps=c.programs_per_sm, rows=rows)  # fmt: skip
+        if c.block_n != n:
+            entry["block_n"] = c.block_n
+        if c.unroll != 1:
+            entry["unroll"] = c.unroll
+        if c.prefetch:
+            entry["prefetch"] = True
+        if c.welford:
+            entry["welford"] = True
+        out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
+    for (kind, d, esize, causal, long), c in ra.TUNED.items():
+        length = "long" if long else "short"
+        out[f"attn/{kind}/{names[esize]}/{d}/{causal}/{length}"] = dict(
+            kind=kind, d=d, causal=causal, dtype=names[esize], block_m=c.block_m, block_n=c.block_n,
+            num_warps=c.num_warps, num_stages=c.num_stages, length=length,
+        )  # fmt: skip
     return out
 
 
@@ -221,7 +299,10 @@ def make_launch(c: dict, shape):
         w = torch.randn(n, device="cuda", dtype=dtype)
         b = torch.randn(n, device="cuda", dtype=dtype)
         bn = c.get("block_n", ln.triton.next_power_of_2(n))
-        cfg = ln.LaunchConfig(c["block_m"], bn, c["num_warps"], c["pps"], c.get("unroll", 1))
+        cfg = ln.LaunchConfig(
+            c["block_m"], bn, c["num_warps"], c["pps"], c.get("unroll", 1), c.get("prefetch", False),
+            c.get("welford", False),
+        )  # fmt: skip
         if c["kind"] == "fwd":
             return (lambda: ln.layer_norm_fwd(x, w, b, 1e-5, config=cfg)), 2 * m * n * x.element_size()
         _, mean, rstd = ln.layer_norm_fwd(x, w, b, 1e-5)
@@ -289,7 +370,19 @@ def _compile_one(c: dict) -> tuple[dict, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    groups = ("ln", "ln-split", "ln-chunked", "ln-unroll", "attn", "attn128", "attn-fp32", "attn-pairs")
+    groups = (
+        "ln",
+        "ln-split",
+        "ln-chunked",
+        "ln-unroll",
+        "ln-fwd",
+        "ln-prefetch",
+        "ln-welford",
+        "attn",
+        "attn128",
+        "attn-fp32",
+        "attn-pairs",
+    )
     ap.add_argument("--only", help=f"comma-separated subset of {', '.join(groups)} (default: ln and attn)")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true")
@@ -297,7 +390,11 @@ def main(argv=None) -> int:
         "--pairs-from",
         help="attn-pairs: tuning.csv files (comma-separated) whose best dK/dV and dQ configs to pair",
     )
-    ap.add_argument("--base", help="tuned.json of an earlier run: its winners stay where this run has none")
+    ap.add_argument(
+        "--base",
+        help="tuned.json of an earlier run, or 'code' for the tables in the code: its entries are timed "
+        "again in this run, and stay where this run has no winner",
+    )
     ap.add_argument(
         "--budget-s",
         type=float,
@@ -319,10 +416,16 @@ def main(argv=None) -> int:
         cands += ln_all
     if "ln-split" in only:  # the backward of long rows: fused and split candidates side by side
         cands += [c for c in ln_all if c["kind"] == "bwd" and c["n"] >= 8192]
+    if "ln-fwd" in only:
+        cands += [c for c in ln_all if c["kind"] == "fwd"]
     if "ln-chunked" in only:  # the forward of long rows: one-tile and chunked candidates side by side
         cands += [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096]
     if "ln-unroll" in only:
         cands += ln_unroll_candidates()
+    if "ln-prefetch" in only:
+        cands += ln_prefetch_candidates()
+    if "ln-welford" in only:
+        cands += ln_welford_candidates()
     if "attn" in only:
         cands += attn_candidates(args.quick)
     if "attn128" in only:  # D=128 at two lengths, each its own winner
@@ -333,9 +436,13 @@ def main(argv=None) -> int:
         if not args.pairs_from:
             ap.error("attn-pairs needs --pairs-from TUNING_CSV")
         cands += pair_candidates(args.pairs_from)
-    if args.base:  # the base's winners compete again, in this run: a key's new winner must beat them here
+    base = {}
+    if args.base == "code":
+        base = code_tables()
+    elif args.base:
         with open(args.base) as f:
-            cands += base_candidates(json.load(f), cands)
+            base = json.load(f)
+    cands += base_candidates(base, cands)  # the base competes again, in this run: a winner must beat it here
     cands = list({json.dumps(c, sort_keys=True): c for c in cands}.values())  # groups may overlap
     log(f"{len(cands)} candidates; compiling with {args.workers} workers")
     status = {}
@@ -395,10 +502,7 @@ def main(argv=None) -> int:
             entry = {k: v for k, v in c.items() if k not in ("dkdv", "dq")}
             entry.update(kind=kind, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, paired=True)
             best[key.replace("/bwd/", f"/{kind}/")] = (rate, entry)
-    tuned = {}
-    if args.base:
-        with open(args.base) as f:
-            tuned = json.load(f)
+    tuned = dict(base)
     tuned.update({k: dict(v[1], score=v[0]) for k, v in best.items()})
     with open(os.path.join(args.out, "tuned.json"), "w") as f:
         json.dump(dict(sorted(tuned.items())), f, indent=1)

@@ -296,42 +296,72 @@ def _kernel_caches(kernel):
     return [entry[0] for entry in caches.values()]
 
 
-def test_persistent_forward_equals_one_program_per_tile(device, gen):
+@pytest.mark.parametrize("prefetch", [False, True], ids=["loads in turn", "next tile prefetched"])
+def test_persistent_forward_equals_one_program_per_tile(prefetch, device, gen):
     # a config with programs_per_sm > 0 runs the forward on a persistent grid (programs loop over row
-    # tiles): 4 rows per tile, 103 rows (a masked tail tile), more tiles than programs
+    # tiles): 4 rows per tile, 103 rows (a masked tail tile), more tiles than programs; with prefetch
+    # each iteration loads the next tile first (past the last tile: masked, nothing read)
     m, n = 103, 200
-    x = randn((m, n), torch.float32, device, gen, mean=2.0)
-    w, b = randn((n,), torch.float32, device, gen), randn((n,), torch.float32, device, gen)
+    x = randn((m, n), torch.bfloat16, device, gen, mean=2.0)
+    w, b = randn((n,), torch.bfloat16, device, gen), randn((n,), torch.bfloat16, device, gen)
     one = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=ln_mod.LaunchConfig(4, 256, 4, 0))
-    persistent = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=ln_mod.LaunchConfig(4, 256, 4, 1))
+    cfg = ln_mod.LaunchConfig(4, 256, 4, 1, prefetch=prefetch)
+    persistent = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=cfg)
     for a, c in zip(one, persistent, strict=True):
         torch.testing.assert_close(a, c, rtol=0, atol=0)
 
 
-def test_split_backward_equals_fused(device, gen):
-    # the tuning table may pick the split backward (row sums, then column chunks) for long rows:
-    # forced here on a short row, it must give the fused kernel's answer
+@pytest.mark.parametrize(
+    "cfg",
+    [ln_mod.LaunchConfig(4, 128, 4, 1), ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True),
+     ln_mod.LaunchConfig(2, 512, 4, 1, prefetch=True)],
+    ids=["split", "split, prefetch", "fused, prefetch"],
+)  # fmt: skip
+def test_backward_variants_equal_default(cfg, device, gen):
+    # the tuning table may pick the split backward (row sums, then column chunks) for long rows, and
+    # loops that prefetch the next row tile: forced here on a short row, 37 rows (a masked tail tile;
+    # on the CPU one program walks every tile), each must give the default kernel's answer
     m, n = 37, 300
     x = randn((m, n), torch.float32, device, gen)
     w = randn((n,), torch.float32, device, gen)
     dy = randn((m, n), torch.float32, device, gen)
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
-    fused = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True)
-    split = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=ln_mod.LaunchConfig(4, 128, 4, 1))
-    for a, b in zip(fused, split, strict=True):
+    default = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True)
+    variant = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
+    for a, b in zip(default, variant, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("welford", [False, True], ids=["corrected two-pass", "welford"])
 @pytest.mark.parametrize("unroll", [1, 2], ids=["unroll 1", "unroll 2: 3 chunks leave a remainder"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_chunked_forward_equals_fused(dtype, unroll, device, gen):
-    # the tuning table may pick the chunked forward (three passes over chunks, per-lane sums) for long
+def test_chunked_forward_equals_fused(dtype, unroll, welford, device, gen):
+    # the tuning table may pick the chunked forward (passes over chunks, per-lane statistics) for long
     # rows: forced here on a row of 2.3 chunks, it must match the one-tile kernel
     m, n = 19, 300
     x = randn((m, n), dtype, device, gen, mean=3.0)
     w, b = randn((n,), dtype, device, gen), randn((n,), dtype, device, gen)
     fused = ln_mod.layer_norm_fwd(x, w, b, 1e-5)
-    chunked = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=ln_mod.LaunchConfig(1, 128, 4, 0, unroll))
+    cfg = ln_mod.LaunchConfig(1, 128, 4, 0, unroll, welford=welford)
+    chunked = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=cfg)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     for a, c in zip(fused, chunked, strict=True):
         torch.testing.assert_close(a, c, **tol)
+
+
+@pytest.mark.parametrize("welford", [False, True], ids=["corrected two-pass", "welford"])
+def test_chunked_forward_statistics_are_exact_and_stable(welford, device, gen):
+    # the chunked kernels' statistics keep the fused kernel's guarantees: a row of equal values gives
+    # y == bias exactly (zero variance, x - mean exactly 0), and rows of 1e4 + randn keep the variance
+    # (the error bound of test_large_mean_keeps_precision_where_single_pass_loses_it)
+    m, n = 6, 300
+    cfg = ln_mod.LaunchConfig(1, 128, 4, 0, welford=welford)
+    x = randn((m, n), torch.float32, device, gen)
+    x[1] = 0.7134
+    x[3] = -3.25e3
+    w, b = randn((n,), torch.float32, device, gen), randn((n,), torch.float32, device, gen)
+    y, _, _ = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=cfg)
+    assert torch.equal(y[1], b) and torch.equal(y[3], b)
+    x = randn((16, n), torch.float32, device, gen, mean=1e4)
+    y, _, _ = ln_mod.layer_norm_fwd(x, None, None, 1e-5, config=cfg)
+    assert relerr(y, layer_norm_ref(x)) <= 1e-3

@@ -39,7 +39,10 @@ def layer_norm_overrides(config_type) -> dict:
     for key, c in _entries().items():
         if key.startswith("ln/"):
             pps = c["pps"] if c["kind"] == "bwd" or "rows" in c else 0
-            cfg = config_type(c["block_m"], c.get("block_n", c["n"]), c["num_warps"], pps, c.get("unroll", 1))
+            cfg = config_type(
+                c["block_m"], c.get("block_n", c["n"]), c["num_warps"], pps, c.get("unroll", 1),
+                bool(c.get("prefetch", False)), bool(c.get("welford", False)),
+            )  # fmt: skip
             regimes = (c["rows"] == "many",) if "rows" in c else (False, True)
             for many in regimes:
                 out[(c["kind"], _ESIZE[c["dtype"]], c["n"], many)] = cfg

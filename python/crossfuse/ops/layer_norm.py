@@ -72,6 +72,36 @@ def _div(x, n, IS_FP64: tl.constexpr):
         return tl.math.div_rn(x, n * 1.0)  # n may be a constexpr (Triton specialises N == 1)
 
 
+@triton.jit
+def _add_pairs(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _sum2(a, b, axis: tl.constexpr):
+    """``(tl.sum(a, axis), tl.sum(b, axis))`` in one reduction: one trip through shared memory and its
+    barriers where two separate sums would take two."""
+    return tl.reduce((a, b), axis, _add_pairs)
+
+
+@triton.jit
+def _welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    """Chan et al.'s merge of two (mean, sum of squared deviations, count) summaries; empty ones merge
+    as the other."""
+    n = n_a + n_b
+    w_b = tl.where(n > 0, n_b / tl.maximum(n, 1.0), 0.0)
+    delta = mean_b - mean_a
+    return mean_a + delta * w_b, m2_a + m2_b + delta * delta * n_a * w_b, n
+
+
+@triton.jit
+def _load_rows(P, stride, rows, M, cols, col_ok):
+    """The [rows, cols] tile of a (M, N) array with row stride ``stride``, in its own dtype; rows past M
+    and columns past N read as 0 (and move no bytes)."""
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _ln_fwd_kernel(
     X,  # input, (M, N), row stride stride_xm, unit column stride
@@ -91,6 +121,8 @@ def _ln_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # row tiles per loop iteration (persistent grids): more loads in flight
+    PREFETCH: tl.constexpr,  # persistent grids: load the next tile before this one's reductions
+    KEEP_PARAMS: tl.constexpr,  # weight and bias loaded once, kept in registers (persistent grids)
 ):
     # a program normalises row tiles pid, pid + num_programs, ...: one tile each when the grid has a
     # program per tile, several when the grid is persistent
@@ -99,24 +131,44 @@ def _ln_fwd_kernel(
     acc_ty = tl.float64 if IS_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
+    if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
+        x_next = _load_rows(X, stride_xm, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok)
+    if KEEP_PARAMS:  # a program walks many tiles: no re-read (an L1/L2 round trip) before each store
+        if HAS_WEIGHT:
+            w_kept = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
+        if HAS_BIAS:
+            b_kept = tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)
     for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
+        if PREFETCH:
+            # in the input's dtype (half the registers of float32 for 2-byte types); its loads stay in
+            # flight through this tile's reductions and stores
+            x = x_next.to(acc_ty)
+            x_next = _load_rows(X, stride_xm, rows + num_programs * BLOCK_M, M, cols, col_ok)
+        else:
+            x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
         rows = rows.to(tl.int64)
-        x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(acc_ty)
         mean = _div(tl.sum(x, axis=1), N, IS_FP64)
         xc = tl.where(mask, x - mean[:, None], 0.0)  # x is not needed after this: fewer live registers
         # corrected two-pass: the residual sum fixes the rounding of the first mean (exact for equal rows)
-        corr = _div(tl.sum(xc, axis=1), N, IS_FP64)
-        var = tl.maximum(_div(tl.sum(xc * xc, axis=1), N, IS_FP64) - corr * corr, 0.0)
+        sum_xc, sum_xc2 = _sum2(xc, xc * xc, 1)
+        corr = _div(sum_xc, N, IS_FP64)
+        var = tl.maximum(_div(sum_xc2, N, IS_FP64) - corr * corr, 0.0)
         mean += corr
         rstd = 1.0 / tl.sqrt(var + eps)
         y = (xc - corr[:, None]) * rstd[:, None]
         if HAS_WEIGHT:
-            y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)[None, :]
+            if KEEP_PARAMS:
+                y = y * w_kept[None, :]
+            else:
+                y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)[None, :]
         if HAS_BIAS:
-            y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)[None, :]
+            if KEEP_PARAMS:
+                y = y + b_kept[None, :]
+            else:
+                y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)[None, :]
         tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
         tl.store(Mean + rows, mean, mask=row_ok)
         tl.store(Rstd + rows, rstd, mask=row_ok)
@@ -140,44 +192,68 @@ def _ln_fwd_chunked_kernel(
     HAS_BIAS: tl.constexpr,
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # chunks per loop iteration: more loads in flight, more registers
+    WELFORD: tl.constexpr,  # statistics in one pass (Welford per lane); else two (corrected two-pass)
 ):
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_xm
     Y += row * stride_ym
     acc_ty = tl.float64 if IS_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
-    # The statistics of the fused kernel (corrected two-pass), summed per lane: each thread adds its own
-    # elements of every chunk and the lanes are reduced once per pass, so no barrier sits inside a loop
-    # and the loads of successive chunks can be in flight together. Passes 2 and 3 re-read the row,
-    # which is still in L2.
-    # pass 1: the mean
-    acc = tl.zeros([BLOCK_N], dtype=acc_ty)
-    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        acc += tl.load(X + start + cols, mask=start + cols < N, other=0.0).to(acc_ty)
-    mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
-    # pass 2: centred sums; the residual sum corrects the first mean's rounding
-    acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
-    acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
-    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        ok = start + cols < N
-        xc = tl.where(ok, tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty) - mean, 0.0)
-        acc1 += xc
-        acc2 += xc * xc
-    corr = _div(tl.sum(acc1, axis=0), N, IS_FP64)
-    var = tl.maximum(_div(tl.sum(acc2, axis=0), N, IS_FP64) - corr * corr, 0.0)
-    mean += corr
+    # Statistics per lane: each thread folds in its own elements of every chunk and the lanes are
+    # reduced once per pass, so no barrier sits inside a loop and the loads of successive chunks can be
+    # in flight together. The passes after the first re-read the row, which is still in L2.
+    if WELFORD:
+        # pass 1: Welford's running mean and sum of squared deviations per lane, of x - shift with the
+        # row's first element as the shift: the statistics of a row of 1e4 + randn are then those of
+        # numbers near 1, whose mean float32 keeps to ~1e-7 instead of ulp(1e4) ~ 1e-3 (the corrected
+        # two-pass gets the same from its residual sum), and a row of equal values is exactly 0.
+        # A lane valid in a chunk was valid in every earlier chunk (only the last chunk is partial), so
+        # every valid lane has seen chunk + 1 elements: one reciprocal per chunk, not per element.
+        shift = tl.load(X).to(acc_ty)
+        lane_mean = tl.zeros([BLOCK_N], dtype=acc_ty)
+        lane_m2 = tl.zeros([BLOCK_N], dtype=acc_ty)
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+            ok = start + cols < N
+            x = tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty) - shift
+            inv_count = 1.0 / (tl.zeros([], dtype=acc_ty) + (start // BLOCK_N + 1))
+            delta = tl.where(ok, x - lane_mean, 0.0)
+            lane_mean += delta * inv_count
+            lane_m2 += delta * tl.where(ok, x - lane_mean, 0.0)
+        full = N // BLOCK_N  # chunks every lane saw; lanes below N % BLOCK_N saw one more
+        lane_count = tl.where(cols < N - full * BLOCK_N, full + 1, full).to(acc_ty)
+        mean, m2, _ = tl.reduce((lane_mean, lane_m2, lane_count), 0, _welford_combine)
+        var = tl.maximum(_div(m2, N, IS_FP64), 0.0)
+    else:
+        # pass 1: the mean
+        acc = tl.zeros([BLOCK_N], dtype=acc_ty)
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+            acc += tl.load(X + start + cols, mask=start + cols < N, other=0.0).to(acc_ty)
+        mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
+        # pass 2: centred sums; the residual sum corrects the first mean's rounding
+        acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
+        acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+            ok = start + cols < N
+            xc = tl.where(ok, tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty) - mean, 0.0)
+            acc1 += xc
+            acc2 += xc * xc
+        sum_xc, sum_xc2 = _sum2(acc1, acc2, 0)
+        corr = _div(sum_xc, N, IS_FP64)
+        var = tl.maximum(_div(sum_xc2, N, IS_FP64) - corr * corr, 0.0)
+        shift = mean  # the mean is split in two parts, mean + corr: y = ((x - mean) - corr) * rstd
+        mean = corr
     rstd = 1.0 / tl.sqrt(var + eps)
-    # pass 3: normalise and write
+    # last pass: normalise and write (the row mean is shift + mean)
     for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
         ok = start + cols < N
         x = tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty)
-        y = (x - mean) * rstd
+        y = ((x - shift) - mean) * rstd
         if HAS_WEIGHT:
             y = y * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
         if HAS_BIAS:
             y = y + tl.load(B + start + cols, mask=ok, other=0.0).to(acc_ty)
         tl.store(Y + start + cols, y.to(Y.dtype.element_ty), mask=ok)
-    tl.store(Mean + row, mean)
+    tl.store(Mean + row, shift + mean)
     tl.store(Rstd + row, rstd)
 
 
@@ -203,6 +279,7 @@ def _ln_bwd_kernel(
     COMPUTE_DB: tl.constexpr,
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # row tiles per loop iteration: more loads in flight, more registers
+    PREFETCH: tl.constexpr,  # load the next tile before this one's reductions
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -214,22 +291,37 @@ def _ln_bwd_kernel(
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
     num_tiles = tl.cdiv(M, BLOCK_M)
+    if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
+        first = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        x_next = _load_rows(X, stride_xm, first, M, cols, col_ok)
+        dy_next = _load_rows(DY, stride_dym, first, M, cols, col_ok)
+        mean_next = tl.load(Mean + first, mask=first < M, other=0.0)
+        rstd_next = tl.load(Rstd + first, mask=first < M, other=0.0)
     for tile in tl.range(pid, num_tiles, num_programs, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
+        if PREFETCH:  # this tile from the registers (its own dtype), the next one's loads in flight
+            x, dy, mean, rstd = x_next.to(acc_ty), dy_next.to(acc_ty), mean_next, rstd_next
+            nxt = rows + num_programs * BLOCK_M
+            x_next = _load_rows(X, stride_xm, nxt, M, cols, col_ok)
+            dy_next = _load_rows(DY, stride_dym, nxt, M, cols, col_ok)
+            mean_next = tl.load(Mean + nxt, mask=nxt < M, other=0.0)
+            rstd_next = tl.load(Rstd + nxt, mask=nxt < M, other=0.0)
+        else:
+            x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
+            dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok).to(acc_ty)
+            mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
+            rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
         rows = rows.to(tl.int64)
-        x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(acc_ty)
-        dy = tl.load(DY + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(acc_ty)
-        mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
-        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         if HAS_WEIGHT:
             g = dy * w[None, :]
         else:
             g = dy
-        c1 = _div(tl.sum(xhat * g, axis=1), N, IS_FP64)
-        c2 = _div(tl.sum(g, axis=1), N, IS_FP64)
+        sum_gx, sum_g = _sum2(xhat * g, g, 1)
+        c1 = _div(sum_gx, N, IS_FP64)
+        c2 = _div(sum_g, N, IS_FP64)
         dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
@@ -275,8 +367,9 @@ def _ln_bwd_rowsums_kernel(
         xhat = tl.where(ok, (x - mean) * rstd, 0.0)
         acc1 += xhat * g
         acc2 += g
-    tl.store(C1 + row, _div(tl.sum(acc1, axis=0), N, IS_FP64))
-    tl.store(C2 + row, _div(tl.sum(acc2, axis=0), N, IS_FP64))
+    sum_gx, sum_g = _sum2(acc1, acc2, 0)
+    tl.store(C1 + row, _div(sum_gx, N, IS_FP64))
+    tl.store(C2 + row, _div(sum_g, N, IS_FP64))
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -303,6 +396,7 @@ def _ln_bwd_split_kernel(
     COMPUTE_DB: tl.constexpr,
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # row tiles per loop iteration: more loads in flight, more registers
+    PREFETCH: tl.constexpr,  # load the next tile before this one's reductions
 ):
     pid_n = tl.program_id(0)
     group = tl.program_id(1)
@@ -314,13 +408,23 @@ def _ln_bwd_split_kernel(
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
+    if PREFETCH:
+        first = group * BLOCK_M + tl.arange(0, BLOCK_M)
+        x_next = _load_rows(X, stride_xm, first, M, cols, col_ok)
+        dy_next = _load_rows(DY, stride_dym, first, M, cols, col_ok)
     for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
+        if PREFETCH:
+            x, dy = x_next.to(acc_ty), dy_next.to(acc_ty)
+            nxt = rows + num_groups * BLOCK_M
+            x_next = _load_rows(X, stride_xm, nxt, M, cols, col_ok)
+            dy_next = _load_rows(DY, stride_dym, nxt, M, cols, col_ok)
+        else:
+            x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
+            dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok).to(acc_ty)
         rows = rows.to(tl.int64)
-        x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(acc_ty)
-        dy = tl.load(DY + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(acc_ty)
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
         c1 = tl.load(C1 + rows, mask=row_ok, other=0.0)
@@ -385,6 +489,10 @@ class LaunchConfig(NamedTuple):
     # persistent programs per SM; 0 = one program per row tile (forward only)
     programs_per_sm: int = 1
     unroll: int = 1  # tiles (or chunks, chunked forward) per loop iteration: tl.range's loop_unroll_factor
+    # persistent loops: each iteration loads the next row tile before it reduces its own, so a program
+    # keeps two tiles' loads in flight (costing the next tile's registers, in the input's dtype)
+    prefetch: bool = False
+    welford: bool = False  # chunked forward: statistics in one pass over the row (Welford), not two
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -401,46 +509,47 @@ MANY_ROWS = 8192
 # listed (float16 uses the bfloat16 rows) fall back to the entry of the other regime, then to the rule
 # in launch_config.
 TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
-    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 1),  # 714 GB/s (run 8)
-    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4),  # 2906 GB/s (run 8)
-    ("bwd", 2, 16384, False): LaunchConfig(4, 2048, 8, 4),  # 2196 GB/s (run 8, split)
-    ("bwd", 2, 16384, True): LaunchConfig(4, 2048, 8, 4),  # 2503 GB/s (run 8, split)
-    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 2),  # 1119 GB/s (run 8)
-    ("bwd", 2, 2048, True): LaunchConfig(1, 2048, 4, 4),  # 2987 GB/s (run 8)
-    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 8),  # 1806 GB/s (run 8)
-    ("bwd", 2, 4096, True): LaunchConfig(1, 4096, 8, 2),  # 2938 GB/s (run 8)
-    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 2),  # 2226 GB/s (run 8)
-    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 2717 GB/s (run 8)
-    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 4),  # 1679 GB/s (run 8)
-    ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 2),  # 3975 GB/s (run 8)
-    ("bwd", 4, 16384, False): LaunchConfig(2, 1024, 8, 4),  # 2444 GB/s (run 8, split)
-    ("bwd", 4, 16384, True): LaunchConfig(4, 1024, 8, 4),  # 2607 GB/s (run 8, split)
-    ("bwd", 4, 2048, False): LaunchConfig(2, 2048, 16, 8),  # 2299 GB/s (run 8)
-    ("bwd", 4, 2048, True): LaunchConfig(2, 2048, 16, 2),  # 4005 GB/s (run 8)
-    ("bwd", 4, 4096, False): LaunchConfig(1, 4096, 8, 8),  # 2995 GB/s (run 8)
-    ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 2),  # 4052 GB/s (run 8)
-    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1),  # 3378 GB/s (run 8)
-    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3934 GB/s (run 8)
-    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0),  # 1522 GB/s (run 8)
-    ("fwd", 2, 1024, True): LaunchConfig(1, 1024, 1, 0),  # 3951 GB/s (run 8)
-    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 16, 0, 2),  # 3069 GB/s (run 10, chunked)
-    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 16, 0, 2),  # 3417 GB/s (run 10, chunked)
-    ("fwd", 2, 2048, False): LaunchConfig(2, 2048, 4, 0),  # 2149 GB/s (run 8)
-    ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 3898 GB/s (run 8)
-    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0),  # 2685 GB/s (run 10)
-    ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),  # 3862 GB/s (run 10)
-    ("fwd", 2, 8192, False): LaunchConfig(1, 4096, 8, 0, 2),  # 2910 GB/s (run 10, chunked)
-    ("fwd", 2, 8192, True): LaunchConfig(1, 4096, 4, 0, 2),  # 3366 GB/s (run 10, chunked)
-    ("fwd", 4, 1024, False): LaunchConfig(2, 1024, 4, 0),  # 2315 GB/s (run 8)
-    ("fwd", 4, 1024, True): LaunchConfig(2, 1024, 4, 0),  # 4114 GB/s (run 8)
-    ("fwd", 4, 16384, False): LaunchConfig(1, 4096, 16, 0, 2),  # 3363 GB/s (run 10, chunked)
-    ("fwd", 4, 16384, True): LaunchConfig(1, 4096, 16, 0, 2),  # 3578 GB/s (run 10, chunked)
-    ("fwd", 4, 2048, False): LaunchConfig(2, 2048, 4, 0),  # 2962 GB/s (run 8)
-    ("fwd", 4, 2048, True): LaunchConfig(2, 2048, 4, 0),  # 4132 GB/s (run 8)
-    ("fwd", 4, 4096, False): LaunchConfig(1, 4096, 8, 0),  # 3373 GB/s (run 10)
-    ("fwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 0),  # 4116 GB/s (run 10)
-    ("fwd", 4, 8192, False): LaunchConfig(1, 8192, 8, 0),  # 3537 GB/s (run 10)
-    ("fwd", 4, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3920 GB/s (run 10)
+    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 2, prefetch=True),  # 925 GB/s (run 13)
+    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, prefetch=True),  # 3470 GB/s (run 13)
+    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2242 GB/s (run 13, split)
+    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2517 GB/s (run 13, split)
+    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 1, prefetch=True),  # 1523 GB/s (run 13)
+    ("bwd", 2, 2048, True): LaunchConfig(1, 2048, 4, 4, prefetch=True),  # 3571 GB/s (run 13)
+    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 2204 GB/s (run 13)
+    ("bwd", 2, 4096, True): LaunchConfig(1, 4096, 8, 2, prefetch=True),  # 3720 GB/s (run 13)
+    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 2934 GB/s (run 13)
+    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 3654 GB/s (run 13)
+    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, prefetch=True),  # 1781 GB/s (run 13)
+    ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 2, prefetch=True),  # 4070 GB/s (run 13)
+    ("bwd", 4, 16384, False): LaunchConfig(4, 1024, 8, 4, prefetch=True),  # 2464 GB/s (run 13, split)
+    ("bwd", 4, 16384, True): LaunchConfig(8, 1024, 8, 4, prefetch=True),  # 2631 GB/s (run 13, split)
+    ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2506 GB/s (run 13)
+    ("bwd", 4, 2048, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 4088 GB/s (run 13)
+    ("bwd", 4, 4096, False): LaunchConfig(1, 4096, 16, 1, prefetch=True),  # 3130 GB/s (run 13)
+    ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 2),  # 4065 GB/s (run 13, re-timed)
+    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1),  # 3436 GB/s (run 13, re-timed)
+    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3930 GB/s (run 13, re-timed)
+    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0),  # 1483 GB/s (run 13, re-timed)
+    ("fwd", 2, 1024, True): LaunchConfig(1, 1024, 1, 0),  # 3976 GB/s (run 13, re-timed)
+    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 16, 0, 2),  # 3084 GB/s (run 13, chunked, re-timed)
+    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 16, 0, 2),  # 3418 GB/s (run 13, chunked, re-timed)
+    ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 2, 0),  # 2095 GB/s (run 13, re-timed)
+    ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 3913 GB/s (run 13, re-timed)
+    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0),  # 2701 GB/s (run 13, re-timed)
+    ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),  # 3848 GB/s (run 13, re-timed)
+    ("fwd", 2, 8192, False): LaunchConfig(1, 4096, 4, 0, 2),  # 2884 GB/s (run 13, chunked, re-timed)
+    ("fwd", 2, 8192, True): LaunchConfig(1, 4096, 4, 0, 2),  # 3359 GB/s (run 13, chunked, re-timed)
+    ("fwd", 4, 1024, False): LaunchConfig(4, 1024, 4, 4, prefetch=True),  # 2479 GB/s (run 13)
+    ("fwd", 4, 1024, True): LaunchConfig(2, 1024, 4, 0),  # 4137 GB/s (run 13, re-timed)
+    ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 4, prefetch=True),  # 3746 GB/s (run 13)
+    ("fwd", 4, 16384, True): LaunchConfig(1, 16384, 32, 4, prefetch=True),  # 3924 GB/s (run 13)
+    ("fwd", 4, 2048, False): LaunchConfig(1, 2048, 4, 4, prefetch=True),  # 2952 GB/s (run 13)
+    ("fwd", 4, 2048, True): LaunchConfig(2, 2048, 4, 0),  # 4129 GB/s (run 13, re-timed)
+    ("fwd", 4, 4096, False): LaunchConfig(1, 4096, 8, 0),  # 3393 GB/s (run 13, re-timed)
+    ("fwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 0),  # 4111 GB/s (run 13, re-timed)
+    ("fwd", 4, 8192, False): LaunchConfig(2, 8192, 16, 2, prefetch=True),  # 3590 GB/s (run 13)
+    ("fwd", 4, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3926 GB/s (run 13, re-timed)
+
 }
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
@@ -512,14 +621,18 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
         tiles = triton.cdiv(M, cfg.block_m)
         if cfg.programs_per_sm > 0:  # a persistent grid
             tiles = min(tiles, cfg.programs_per_sm * device_parallelism(x))
+        # weight and bias in registers while prefetching, unless that would spill: 16 elements per
+        # thread at most, and 16 warps (from 32 warps on, a thread has 64 registers)
+        keep = cfg.prefetch and cfg.num_warps <= 16 and cfg.block_m * cfg.block_n <= 512 * cfg.num_warps
         _ln_fwd_kernel[(tiles,)](
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, **common,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch,
+            KEEP_PARAMS=keep, **common,
         )  # fmt: skip
     else:
         _ln_fwd_chunked_kernel[(M,)](
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
-            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, **common,
+            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, WELFORD=cfg.welford, **common,
         )  # fmt: skip
     return y, mean, rstd
 
@@ -547,6 +660,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         COMPUTE_DB=compute_db,
         IS_FP64=x.dtype == torch.float64,
         UNROLL=cfg.unroll,
+        PREFETCH=cfg.prefetch,
     )
     if N <= cfg.block_n:
         programs = backward_programs(cfg, M, x.element_size(), device_parallelism(x))
