@@ -143,20 +143,6 @@ def ln_prefetch_candidates() -> list[dict]:
     return out
 
 
-def ln_welford_candidates() -> list[dict]:
-    """The chunked forward with Welford statistics (two passes over the row instead of three), N >= 4096."""
-    out = []
-    for n in (4096, 8192, 16384):
-        for dtype in LN_DTYPES:
-            for bn in (1024, 2048, 4096):
-                if bn < n:
-                    for warps in (4, 8, 16):
-                        for unroll in (1, 2):
-                            base = dict(n=n, dtype=dtype, block_m=1, block_n=bn, num_warps=warps, pps=0)
-                            out.append(dict(base, kind="fwd", unroll=unroll, welford=True))
-    return out
-
-
 def code_tables() -> dict:
     """The configurations in the code (``TUNED`` of both ops) as ``tuned.json`` entries, for ``--base
     code``: this run's candidates must beat them in the same run."""
@@ -175,8 +161,6 @@ def code_tables() -> dict:
             entry["unroll"] = c.unroll
         if c.prefetch:
             entry["prefetch"] = True
-        if c.welford:
-            entry["welford"] = True
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -301,7 +285,6 @@ def make_launch(c: dict, shape):
         bn = c.get("block_n", ln.triton.next_power_of_2(n))
         cfg = ln.LaunchConfig(
             c["block_m"], bn, c["num_warps"], c["pps"], c.get("unroll", 1), c.get("prefetch", False),
-            c.get("welford", False),
         )  # fmt: skip
         if c["kind"] == "fwd":
             return (lambda: ln.layer_norm_fwd(x, w, b, 1e-5, config=cfg)), 2 * m * n * x.element_size()
@@ -377,7 +360,6 @@ def main(argv=None) -> int:
         "ln-unroll",
         "ln-fwd",
         "ln-prefetch",
-        "ln-welford",
         "attn",
         "attn128",
         "attn-fp32",
@@ -424,8 +406,6 @@ def main(argv=None) -> int:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:
         cands += ln_prefetch_candidates()
-    if "ln-welford" in only:
-        cands += ln_welford_candidates()
     if "attn" in only:
         cands += attn_candidates(args.quick)
     if "attn128" in only:  # D=128 at two lengths, each its own winner
