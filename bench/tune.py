@@ -161,6 +161,8 @@ def code_tables() -> dict:
             entry["unroll"] = c.unroll
         if c.prefetch:
             entry["prefetch"] = True
+        if c.keep_params:
+            entry["keep_params"] = True
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -285,6 +287,7 @@ def make_launch(c: dict, shape):
         bn = c.get("block_n", ln.triton.next_power_of_2(n))
         cfg = ln.LaunchConfig(
             c["block_m"], bn, c["num_warps"], c["pps"], c.get("unroll", 1), c.get("prefetch", False),
+            c.get("keep_params", False),
         )  # fmt: skip
         if c["kind"] == "fwd":
             return (lambda: ln.layer_norm_fwd(x, w, b, 1e-5, config=cfg)), 2 * m * n * x.element_size()
@@ -360,6 +363,7 @@ def main(argv=None) -> int:
         "ln-unroll",
         "ln-fwd",
         "ln-prefetch",
+        "ln-fwd-params",
         "attn",
         "attn128",
         "attn-fp32",
@@ -406,6 +410,10 @@ def main(argv=None) -> int:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:
         cands += ln_prefetch_candidates()
+    if "ln-fwd-params" in only:  # one-tile and prefetching forwards with weight and bias loaded first
+        one_tile = [c for c in ln_all if c["kind"] == "fwd" and c["pps"] == 0 and "block_n" not in c]
+        prefetching = [c for c in ln_prefetch_candidates() if c["kind"] == "fwd"]
+        cands += [dict(c, keep_params=True) for c in one_tile + prefetching]
     if "attn" in only:
         cands += attn_candidates(args.quick)
     if "attn128" in only:  # D=128 at two lengths, each its own winner

@@ -296,8 +296,9 @@ def _kernel_caches(kernel):
     return [entry[0] for entry in caches.values()]
 
 
+@pytest.mark.parametrize("keep_params", [False, True], ids=["params after stats", "params first"])
 @pytest.mark.parametrize("prefetch", [False, True], ids=["loads in turn", "next tile prefetched"])
-def test_persistent_forward_equals_one_program_per_tile(prefetch, device, gen):
+def test_persistent_forward_equals_one_program_per_tile(prefetch, keep_params, device, gen):
     # a config with programs_per_sm > 0 runs the forward on a persistent grid (programs loop over row
     # tiles): 4 rows per tile, 103 rows (a masked tail tile), more tiles than programs; with prefetch
     # each iteration loads the next tile first (past the last tile: masked, nothing read)
@@ -305,7 +306,7 @@ def test_persistent_forward_equals_one_program_per_tile(prefetch, device, gen):
     x = randn((m, n), torch.bfloat16, device, gen, mean=2.0)
     w, b = randn((n,), torch.bfloat16, device, gen), randn((n,), torch.bfloat16, device, gen)
     one = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=ln_mod.LaunchConfig(4, 256, 4, 0))
-    cfg = ln_mod.LaunchConfig(4, 256, 4, 1, prefetch=prefetch)
+    cfg = ln_mod.LaunchConfig(4, 256, 4, 1, prefetch=prefetch, keep_params=keep_params)
     persistent = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=cfg)
     for a, c in zip(one, persistent, strict=True):
         torch.testing.assert_close(a, c, rtol=0, atol=0)

@@ -41,7 +41,7 @@ def layer_norm_overrides(config_type) -> dict:
             pps = c["pps"] if c["kind"] == "bwd" or "rows" in c else 0
             cfg = config_type(
                 c["block_m"], c.get("block_n", c["n"]), c["num_warps"], pps, c.get("unroll", 1),
-                bool(c.get("prefetch", False)),
+                bool(c.get("prefetch", False)), bool(c.get("keep_params", False)),
             )  # fmt: skip
             regimes = (c["rows"] == "many",) if "rows" in c else (False, True)
             for many in regimes:

@@ -115,7 +115,7 @@ def _ln_fwd_kernel(
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # row tiles per loop iteration (persistent grids): more loads in flight
     PREFETCH: tl.constexpr,  # persistent grids: load the next tile before this one's reductions
-    KEEP_PARAMS: tl.constexpr,  # weight and bias loaded once, kept in registers (persistent grids)
+    KEEP_PARAMS: tl.constexpr,  # weight and bias loaded before the loop (once per program)
 ):
     # a program normalises row tiles pid, pid + num_programs, ...: one tile each when the grid has a
     # program per tile, several when the grid is persistent
@@ -462,6 +462,10 @@ class LaunchConfig(NamedTuple):
     # persistent loops: each iteration loads the next row tile before it reduces its own, so a program
     # keeps two tiles' loads in flight (costing the next tile's registers, in the input's dtype)
     prefetch: bool = False
+    # forward: weight and bias loaded with the first tile, before the row statistics (and kept in
+    # registers by persistent grids), instead of after the statistics of every tile (fewer registers,
+    # but an L1/L2 round trip between each tile's statistics and its store)
+    keep_params: bool = False
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -512,7 +516,8 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 2, 0),  # 4145 GB/s (run 14)
     ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 4, prefetch=True),  # 3798 GB/s (run 14)
     ("fwd", 4, 16384, True): LaunchConfig(1, 16384, 16, 4, prefetch=True),  # 3942 GB/s (run 14)
-    ("fwd", 4, 2048, False): LaunchConfig(1, 2048, 4, 4, prefetch=True),  # 3048 GB/s (run 14)
+    # 3048 GB/s (run 14; keep_params: how the run-14 kernel treated a prefetching 16-element-per-thread tile)
+    ("fwd", 4, 2048, False): LaunchConfig(1, 2048, 4, 4, prefetch=True, keep_params=True),
     ("fwd", 4, 2048, True): LaunchConfig(2, 2048, 4, 0),  # 4136 GB/s (run 14)
     ("fwd", 4, 4096, False): LaunchConfig(2, 4096, 8, 0),  # 3402 GB/s (run 14)
     ("fwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 0),  # 4123 GB/s (run 14)
@@ -589,13 +594,10 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
         tiles = triton.cdiv(M, cfg.block_m)
         if cfg.programs_per_sm > 0:  # a persistent grid
             tiles = min(tiles, cfg.programs_per_sm * device_parallelism(x))
-        # weight and bias in registers while prefetching, unless that would spill: 16 elements per
-        # thread at most, and 16 warps (from 32 warps on, a thread has 64 registers)
-        keep = cfg.prefetch and cfg.num_warps <= 16 and cfg.block_m * cfg.block_n <= 512 * cfg.num_warps
         _ln_fwd_kernel[(tiles,)](
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch,
-            KEEP_PARAMS=keep, **common,
+            KEEP_PARAMS=cfg.keep_params, **common,
         )  # fmt: skip
     else:
         _ln_fwd_chunked_kernel[(M,)](
