@@ -109,7 +109,7 @@ def ln_unroll_candidates() -> list[dict]:
     return out
 
 
-def ln_prefetch_candidates() -> list[dict]:
+def ln_prefetch_candidates(pps_options=(1, 2, 4)) -> list[dict]:
     """Persistent loops that load the next row tile before reducing their own (``prefetch``): the
     forward and the fused backward with the whole row in one tile, and the split backward of long rows."""
     out = []
@@ -122,7 +122,7 @@ def ln_prefetch_candidates() -> list[dict]:
                 for ept in (8, 16, 32):  # elements per thread per tensor
                     warps = tile // (32 * ept)
                     if warps in (2, 4, 8, 16, 32):
-                        for pps in (1, 2, 4):
+                        for pps in pps_options:
                             base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=pps)
                             out.append(dict(base, kind="fwd", prefetch=True))
                 if n > 8192:
@@ -130,14 +130,14 @@ def ln_prefetch_candidates() -> list[dict]:
                 for ept in (4, 8, 16):
                     warps = tile // (32 * ept)
                     if warps in (2, 4, 8, 16, 32):
-                        for pps in (1, 2, 4):
+                        for pps in pps_options:
                             base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=pps)
                             out.append(dict(base, kind="bwd", prefetch=True))
             if n >= 8192:
                 for bn in (1024, 2048):
                     for bm in (2, 4, 8):
                         for warps in (4, 8):
-                            for pps in (1, 2, 4):
+                            for pps in pps_options:
                                 out.append(dict(kind="bwd", n=n, dtype=dtype, block_m=bm, block_n=bn,
                                                 num_warps=warps, pps=pps, prefetch=True))  # fmt: skip
     return out
@@ -364,6 +364,7 @@ def main(argv=None) -> int:
         "ln-fwd",
         "ln-prefetch",
         "ln-fwd-params",
+        "ln-prefetch-wide",
         "attn",
         "attn128",
         "attn-fp32",
@@ -410,6 +411,8 @@ def main(argv=None) -> int:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:
         cands += ln_prefetch_candidates()
+    if "ln-prefetch-wide" in only:  # more programs per SM than ln-prefetch
+        cands += ln_prefetch_candidates(pps_options=(8, 16))
     if "ln-fwd-params" in only:  # one-tile and prefetching forwards with weight and bias loaded first
         one_tile = [c for c in ln_all if c["kind"] == "fwd" and c["pps"] == 0 and "block_n" not in c]
         prefetching = [c for c in ln_prefetch_candidates() if c["kind"] == "fwd"]
