@@ -474,55 +474,57 @@ class LaunchConfig(NamedTuple):
 # (N, dtype, regime): the row count is never specialised on.
 MANY_ROWS = 8192
 
-# Measured on the H200 by bench/tune.py (bench/results/h200/NOTES.md): the backward in run 13
-# (tuned_run13_2026-11-29.json: loops that prefetch the next row tile, against the earlier table in the
-# same run), the forward in run 14 (tuned_run14_2026-11-29.json: every forward candidate against the
-# run-13 table). The fastest by median GPU time, "few rows" at M=4096 and "many rows" at M*N=128M
-# elements (M >= 16384). (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose
-# block_n is below N runs the chunked forward or the split backward. Shapes not listed (float16 uses the
-# bfloat16 rows) fall back to the entry of the other regime, then to the rule in launch_config.
+# Measured on the H200 by bench/tune.py in run 15 of bench/results/h200/NOTES.md
+# (tuned_run15_2026-11-29.json): the forward with weight and bias loaded first and the prefetching loops
+# at 8 and 16 programs per SM, against the table of runs 13 (prefetching backward) and 14 (forward)
+# timed again in the same run. The fastest by median GPU time, "few rows" at M=4096 and "many rows" at
+# M*N=128M elements (M >= 16384). (kind, element bytes, next_power_of_2(N), many rows) -> config; a
+# config whose block_n is below N runs the chunked forward or the split backward. Shapes not listed
+# (float16 uses the bfloat16 rows) fall back to the entry of the other regime, then to the rule in
+# launch_config.
 TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
-    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 2, prefetch=True),  # 925 GB/s (run 13)
-    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, prefetch=True),  # 3470 GB/s (run 13)
-    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2242 GB/s (run 13, split)
-    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2517 GB/s (run 13, split)
-    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 1, prefetch=True),  # 1523 GB/s (run 13)
-    ("bwd", 2, 2048, True): LaunchConfig(1, 2048, 4, 4, prefetch=True),  # 3571 GB/s (run 13)
-    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 2204 GB/s (run 13)
-    ("bwd", 2, 4096, True): LaunchConfig(1, 4096, 8, 2, prefetch=True),  # 3720 GB/s (run 13)
-    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 2934 GB/s (run 13)
-    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 3654 GB/s (run 13)
-    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, prefetch=True),  # 1781 GB/s (run 13)
-    ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 2, prefetch=True),  # 4070 GB/s (run 13)
-    ("bwd", 4, 16384, False): LaunchConfig(4, 1024, 8, 4, prefetch=True),  # 2464 GB/s (run 13, split)
-    ("bwd", 4, 16384, True): LaunchConfig(8, 1024, 8, 4, prefetch=True),  # 2631 GB/s (run 13, split)
-    ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2506 GB/s (run 13)
-    ("bwd", 4, 2048, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 4088 GB/s (run 13)
-    ("bwd", 4, 4096, False): LaunchConfig(1, 4096, 16, 1, prefetch=True),  # 3130 GB/s (run 13)
-    ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 2),  # 4065 GB/s (run 13)
-    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1),  # 3436 GB/s (run 13)
-    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3930 GB/s (run 13)
-    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 8),  # 1560 GB/s (run 14)
-    ("fwd", 2, 1024, True): LaunchConfig(1, 1024, 1, 0),  # 3981 GB/s (run 14)
-    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 8, 0, 2),  # 3027 GB/s (run 14, chunked)
-    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 8, 0, 2),  # 3363 GB/s (run 14, chunked)
-    ("fwd", 2, 2048, False): LaunchConfig(2, 2048, 4, 0),  # 2123 GB/s (run 14)
-    ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 3894 GB/s (run 14)
-    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0),  # 2717 GB/s (run 14)
-    ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),  # 3863 GB/s (run 14)
-    ("fwd", 2, 8192, False): LaunchConfig(1, 8192, 8, 0),  # 2935 GB/s (run 14)
-    ("fwd", 2, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3374 GB/s (run 14)
-    ("fwd", 4, 1024, False): LaunchConfig(4, 1024, 4, 4, prefetch=True),  # 2506 GB/s (run 14)
-    ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 2, 0),  # 4145 GB/s (run 14)
-    ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 4, prefetch=True),  # 3798 GB/s (run 14)
-    ("fwd", 4, 16384, True): LaunchConfig(1, 16384, 16, 4, prefetch=True),  # 3942 GB/s (run 14)
-    # 3048 GB/s (run 14; keep_params: how the run-14 kernel treated a prefetching 16-element-per-thread tile)
-    ("fwd", 4, 2048, False): LaunchConfig(1, 2048, 4, 4, prefetch=True, keep_params=True),
-    ("fwd", 4, 2048, True): LaunchConfig(2, 2048, 4, 0),  # 4136 GB/s (run 14)
-    ("fwd", 4, 4096, False): LaunchConfig(2, 4096, 8, 0),  # 3402 GB/s (run 14)
-    ("fwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 0),  # 4123 GB/s (run 14)
-    ("fwd", 4, 8192, False): LaunchConfig(1, 8192, 8, 0),  # 3646 GB/s (run 14)
-    ("fwd", 4, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 4011 GB/s (run 14)
+    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 16, prefetch=True),  # 933 GB/s (run 15)
+    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, prefetch=True),  # 3458 GB/s (run 15)
+    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2239 GB/s (run 15, split)
+    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2515 GB/s (run 15, split)
+    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 8, prefetch=True),  # 1527 GB/s (run 15)
+    ("bwd", 2, 2048, True): LaunchConfig(1, 2048, 4, 4, prefetch=True),  # 3573 GB/s (run 15)
+    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 8, prefetch=True),  # 2201 GB/s (run 15)
+    ("bwd", 2, 4096, True): LaunchConfig(1, 4096, 8, 2, prefetch=True),  # 3697 GB/s (run 15)
+    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 8, prefetch=True),  # 2970 GB/s (run 15)
+    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 3658 GB/s (run 15)
+    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, prefetch=True),  # 1791 GB/s (run 15)
+    ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 2, prefetch=True),  # 4050 GB/s (run 15)
+    ("bwd", 4, 16384, False): LaunchConfig(4, 1024, 8, 4, prefetch=True),  # 2460 GB/s (run 15, split)
+    ("bwd", 4, 16384, True): LaunchConfig(8, 1024, 8, 4, prefetch=True),  # 2633 GB/s (run 15, split)
+    ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2450 GB/s (run 15)
+    ("bwd", 4, 2048, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 4089 GB/s (run 15)
+    ("bwd", 4, 4096, False): LaunchConfig(1, 4096, 16, 1, prefetch=True),  # 3050 GB/s (run 15)
+    ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 2),  # 4052 GB/s (run 15)
+    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1),  # 3418 GB/s (run 15)
+    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3924 GB/s (run 15)
+    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 8, prefetch=True),  # 1638 GB/s (run 15)
+    ("fwd", 2, 1024, True): LaunchConfig(1, 1024, 1, 0),  # 3980 GB/s (run 15)
+    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 8, 0, 2),  # 2993 GB/s (run 15, chunked)
+    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 8, 0, 2),  # 3332 GB/s (run 15, chunked)
+    ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2144 GB/s (run 15)
+    ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 3886 GB/s (run 15)
+    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0),  # 2678 GB/s (run 15)
+    ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),  # 3859 GB/s (run 15)
+    ("fwd", 2, 8192, False): LaunchConfig(1, 8192, 8, 0),  # 2907 GB/s (run 15)
+    ("fwd", 2, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3378 GB/s (run 15)
+    # 2515 GB/s (run 15)
+    ("fwd", 4, 1024, False): LaunchConfig(4, 1024, 4, 4, prefetch=True, keep_params=True),
+    ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 2, 0, keep_params=True),  # 4177 GB/s (run 15)
+    ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 8, prefetch=True),  # 3866 GB/s (run 15)
+    ("fwd", 4, 16384, True): LaunchConfig(1, 16384, 16, 16, prefetch=True),  # 3987 GB/s (run 15)
+    ("fwd", 4, 2048, False): LaunchConfig(2, 2048, 4, 0, keep_params=True),  # 3107 GB/s (run 15)
+    ("fwd", 4, 2048, True): LaunchConfig(1, 2048, 4, 0, keep_params=True),  # 4119 GB/s (run 15)
+    ("fwd", 4, 4096, False): LaunchConfig(2, 4096, 8, 0, keep_params=True),  # 3484 GB/s (run 15)
+    ("fwd", 4, 4096, True): LaunchConfig(2, 4096, 8, 0, keep_params=True),  # 4088 GB/s (run 15)
+    # 3693 GB/s (run 15)
+    ("fwd", 4, 8192, False): LaunchConfig(2, 8192, 16, 2, prefetch=True, keep_params=True),
+    ("fwd", 4, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3993 GB/s (run 15)
 }
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
