@@ -195,17 +195,21 @@ def _ln_fwd_chunked_kernel(
     # elements of every chunk and the lanes are reduced once per pass, so no barrier sits inside a loop
     # and the loads of successive chunks can be in flight together. Passes 2 and 3 re-read the row,
     # which is still in L2.
+    # Eviction hints keep the row in L2 for the passes after the first (passes 1 and 2: evict last; the
+    # last pass: evict first) and stream the output past it (.cs), as other programs' rows stream in.
     # pass 1: the mean
     acc = tl.zeros([BLOCK_N], dtype=acc_ty)
     for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        acc += tl.load(X + start + cols, mask=start + cols < N, other=0.0).to(acc_ty)
+        x = tl.load(X + start + cols, mask=start + cols < N, other=0.0, eviction_policy="evict_last")
+        acc += x.to(acc_ty)
     mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
     # pass 2: centred sums; the residual sum corrects the first mean's rounding
     acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
     acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
     for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
         ok = start + cols < N
-        xc = tl.where(ok, tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty) - mean, 0.0)
+        x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc_ty)
+        xc = tl.where(ok, x - mean, 0.0)
         acc1 += xc
         acc2 += xc * xc
     sum_xc, sum_xc2 = _sum2(acc1, acc2, 0)
@@ -216,13 +220,13 @@ def _ln_fwd_chunked_kernel(
     # corrected (x - (mean + corr) would round the sum to ulp(mean): ~1e-3 for rows of 1e4 + randn)
     for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
         ok = start + cols < N
-        x = tl.load(X + start + cols, mask=ok, other=0.0).to(acc_ty)
+        x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(acc_ty)
         y = ((x - mean) - corr) * rstd
         if HAS_WEIGHT:
             y = y * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
         if HAS_BIAS:
             y = y + tl.load(B + start + cols, mask=ok, other=0.0).to(acc_ty)
-        tl.store(Y + start + cols, y.to(Y.dtype.element_ty), mask=ok)
+        tl.store(Y + start + cols, y.to(Y.dtype.element_ty), mask=ok, cache_modifier=".cs")
     tl.store(Mean + row, mean + corr)
     tl.store(Rstd + row, rstd)
 
