@@ -478,14 +478,14 @@ class LaunchConfig(NamedTuple):
 # (N, dtype, regime): the row count is never specialised on.
 MANY_ROWS = 8192
 
-# Measured on the H200 by bench/tune.py in run 15 of bench/results/h200/NOTES.md
-# (tuned_run15_2026-11-29.json): the forward with weight and bias loaded first and the prefetching loops
-# at 8 and 16 programs per SM, against the table of runs 13 (prefetching backward) and 14 (forward)
-# timed again in the same run. The fastest by median GPU time, "few rows" at M=4096 and "many rows" at
-# M*N=128M elements (M >= 16384). (kind, element bytes, next_power_of_2(N), many rows) -> config; a
-# config whose block_n is below N runs the chunked forward or the split backward. Shapes not listed
-# (float16 uses the bfloat16 rows) fall back to the entry of the other regime, then to the rule in
-# launch_config.
+# Measured on the H200 by bench/tune.py (bench/results/h200/NOTES.md): run 15 (tuned_run15_2026-11-29.json:
+# the forward with weight and bias loaded first, prefetching loops at 8 and 16 programs per SM, against
+# the tables of runs 13 and 14 in the same run), then run 16 for the forward of N >= 4096
+# (tuned_run16_2026-11-29.json: the chunked forward with L2 eviction hints against the run-15 table).
+# The fastest by median GPU time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384).
+# (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
+# the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
+# to the entry of the other regime, then to the rule in launch_config.
 TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 16, prefetch=True),  # 933 GB/s (run 15)
     ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, prefetch=True),  # 3458 GB/s (run 15)
@@ -509,26 +509,25 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3924 GB/s (run 15)
     ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 8, prefetch=True),  # 1638 GB/s (run 15)
     ("fwd", 2, 1024, True): LaunchConfig(1, 1024, 1, 0),  # 3980 GB/s (run 15)
-    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 8, 0, 2),  # 2993 GB/s (run 15, chunked)
-    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 8, 0, 2),  # 3332 GB/s (run 15, chunked)
+    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 4, 0, 2),  # 3210 GB/s (run 16, chunked)
+    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 4, 0, 2),  # 3594 GB/s (run 16, chunked)
     ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2144 GB/s (run 15)
     ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 3886 GB/s (run 15)
-    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0),  # 2678 GB/s (run 15)
-    ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),  # 3859 GB/s (run 15)
-    ("fwd", 2, 8192, False): LaunchConfig(1, 8192, 8, 0),  # 2907 GB/s (run 15)
-    ("fwd", 2, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3378 GB/s (run 15)
+    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0),  # 2655 GB/s (run 16)
+    ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),  # 3868 GB/s (run 16)
+    ("fwd", 2, 8192, False): LaunchConfig(1, 4096, 4, 0, 2),  # 3071 GB/s (run 16, chunked)
+    ("fwd", 2, 8192, True): LaunchConfig(1, 4096, 4, 0, 2),  # 3487 GB/s (run 16, chunked)
     # 2515 GB/s (run 15)
     ("fwd", 4, 1024, False): LaunchConfig(4, 1024, 4, 4, prefetch=True, keep_params=True),
     ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 2, 0, keep_params=True),  # 4177 GB/s (run 15)
-    ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 8, prefetch=True),  # 3866 GB/s (run 15)
-    ("fwd", 4, 16384, True): LaunchConfig(1, 16384, 16, 16, prefetch=True),  # 3987 GB/s (run 15)
+    ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 16, prefetch=True),  # 3842 GB/s (run 16)
+    ("fwd", 4, 16384, True): LaunchConfig(1, 2048, 16, 0),  # 4011 GB/s (run 16, chunked)
     ("fwd", 4, 2048, False): LaunchConfig(2, 2048, 4, 0, keep_params=True),  # 3107 GB/s (run 15)
     ("fwd", 4, 2048, True): LaunchConfig(1, 2048, 4, 0, keep_params=True),  # 4119 GB/s (run 15)
-    ("fwd", 4, 4096, False): LaunchConfig(2, 4096, 8, 0, keep_params=True),  # 3484 GB/s (run 15)
-    ("fwd", 4, 4096, True): LaunchConfig(2, 4096, 8, 0, keep_params=True),  # 4088 GB/s (run 15)
-    # 3693 GB/s (run 15)
-    ("fwd", 4, 8192, False): LaunchConfig(2, 8192, 16, 2, prefetch=True, keep_params=True),
-    ("fwd", 4, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3993 GB/s (run 15)
+    ("fwd", 4, 4096, False): LaunchConfig(1, 1024, 8, 0),  # 3474 GB/s (run 16, chunked)
+    ("fwd", 4, 4096, True): LaunchConfig(1, 1024, 8, 0),  # 4194 GB/s (run 16, chunked)
+    ("fwd", 4, 8192, False): LaunchConfig(1, 4096, 8, 0, 2),  # 3784 GB/s (run 16, chunked)
+    ("fwd", 4, 8192, True): LaunchConfig(1, 4096, 8, 0, 2),  # 4145 GB/s (run 16, chunked)
 }
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
