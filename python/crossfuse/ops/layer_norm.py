@@ -335,11 +335,8 @@ def _ln_bwd_rowsums_kernel(
     acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
     for start in range(0, N, BLOCK_N):
         ok = start + cols < N
-        # evict last: the split kernel walks the rows backwards, so it finds the last rows read here
-        # still in L2
-        x = tl.load(X + row * stride_xm + start + cols, mask=ok, other=0.0, eviction_policy="evict_last")
-        g = tl.load(DY + row * stride_dym + start + cols, mask=ok, other=0.0, eviction_policy="evict_last")
-        x, g = x.to(acc_ty), g.to(acc_ty)
+        x = tl.load(X + row * stride_xm + start + cols, mask=ok, other=0.0).to(acc_ty)
+        g = tl.load(DY + row * stride_dym + start + cols, mask=ok, other=0.0).to(acc_ty)
         if HAS_WEIGHT:
             g = g * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
         xhat = tl.where(ok, (x - mean) * rstd, 0.0)
@@ -385,20 +382,17 @@ def _ln_bwd_split_kernel(
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
-    # row tiles last to first: the row-sums kernel has just read the last rows, which L2 still holds
-    last = tl.cdiv(M, BLOCK_M) - 1
     if PREFETCH:
-        first = (last - group) * BLOCK_M + tl.arange(0, BLOCK_M)
-        x_next = _load_rows(X, stride_xm, tl.where(first >= 0, first, M), M, cols, col_ok)
-        dy_next = _load_rows(DY, stride_dym, tl.where(first >= 0, first, M), M, cols, col_ok)
-    for step in tl.range(group, last + 1, num_groups, loop_unroll_factor=UNROLL):
-        rows = (last - step) * BLOCK_M + tl.arange(0, BLOCK_M)
+        first = group * BLOCK_M + tl.arange(0, BLOCK_M)
+        x_next = _load_rows(X, stride_xm, first, M, cols, col_ok)
+        dy_next = _load_rows(DY, stride_dym, first, M, cols, col_ok)
+    for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups, loop_unroll_factor=UNROLL):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
         if PREFETCH:
             x, dy = x_next.to(acc_ty), dy_next.to(acc_ty)
-            nxt = rows - num_groups * BLOCK_M
-            nxt = tl.where(nxt >= 0, nxt, M)  # before the first tile: masked, nothing read
+            nxt = rows + num_groups * BLOCK_M
             x_next = _load_rows(X, stride_xm, nxt, M, cols, col_ok)
             dy_next = _load_rows(DY, stride_dym, nxt, M, cols, col_ok)
         else:
