@@ -18,8 +18,8 @@ Design:
   registers (small N gets several rows per program so every program moves enough bytes). It stores
   the float32 mean and rstd of each row for the backward. A config may make the grid persistent
   (``programs_per_sm > 0``: programs loop over tiles), and may have each iteration load the next tile
-  before it reduces its own (``prefetch``: two tiles' loads in flight per program). The measured table
-  uses one program per tile for bfloat16 and prefetching persistent grids for some float32 shapes.
+  before it reduces its own (``prefetch``: two tiles' loads in flight per program); the measured table
+  (``TUNED``) uses both kinds of grid.
 * Backward, N <= FUSED_MAX_N: a persistent grid of about ``programs_per_sm`` programs per SM; each
   walks row tiles with a stride of the grid size (loading the next tile before reducing the current
   one, where the table says ``prefetch``), writes dx, and keeps its partial sums of dw and db in
@@ -29,8 +29,9 @@ Design:
 * N > FUSED_MAX_N (up to MAX_N): the row does not fit in registers. Forward ("chunked") loops over
   the row three times, each thread summing its own elements of every chunk (one reduction per pass):
   the mean, the centred sums of the corrected two-pass variance, then normalise and write (the second
-  and third reads hit L2). Backward ("split") computes the two row sums in one kernel, then a 2-D grid
-  over (column chunks, row groups) writes dx and partial dw/db. The tuning table picks either for
+  and third reads hit L2: the first two passes load with ``evict_last``, the output streams past L2).
+  Backward ("split") computes the two row sums in one kernel, then a 2-D grid over (column chunks,
+  row groups) writes dx and partial dw/db. The tuning table picks either for
   long rows below FUSED_MAX_N too, where one whole row per program leaves too little in flight.
 * Statistics and accumulation are float32 for float32/float16/bfloat16 inputs, and float64 for
   float64 inputs (so ``torch.autograd.gradcheck`` can check the kernels).
