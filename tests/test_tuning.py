@@ -63,3 +63,23 @@ def test_unreadable_file_is_a_clear_error(tmp_path, monkeypatch):
             _tuning.layer_norm_overrides(LaunchConfig)
     finally:
         _tuning._entries.cache_clear()
+
+
+def test_code_tables_round_trip_through_a_tuned_file(tuned_file):
+    # bench/tune.py --base code writes the code's tables as tuned.json entries (prefetch and keep_params
+    # included); a session run with that file (CROSSFUSE_TUNED_CONFIGS) must launch exactly the code's
+    # configurations, which is how the runs of bench/results/h200 checked their tables
+    import importlib.util
+    import pathlib
+
+    from crossfuse.ops import layer_norm, relu_attention
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "tune.py"
+    spec = importlib.util.spec_from_file_location("crossfuse_bench_tune", path)
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    tuned_file(tune.code_tables())
+    assert _tuning.layer_norm_overrides(LaunchConfig) == layer_norm.TUNED
+    assert _tuning.attention_overrides(AttnConfig) == relu_attention.TUNED
+    assert any(c.prefetch for c in layer_norm.TUNED.values())
+    assert any(c.keep_params for c in layer_norm.TUNED.values())
