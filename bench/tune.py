@@ -277,6 +277,7 @@ def make_launch(c: dict, shape):
     import torch
 
     if "n" in c:
+        from crossfuse import _tuning
         from crossfuse.ops import layer_norm as ln
 
         dtype = getattr(torch, c["dtype"])
@@ -284,11 +285,7 @@ def make_launch(c: dict, shape):
         x = torch.randn(m, n, device="cuda", dtype=dtype)
         w = torch.randn(n, device="cuda", dtype=dtype)
         b = torch.randn(n, device="cuda", dtype=dtype)
-        bn = c.get("block_n", ln.triton.next_power_of_2(n))
-        cfg = ln.LaunchConfig(
-            c["block_m"], bn, c["num_warps"], c["pps"], c.get("unroll", 1), c.get("prefetch", False),
-            c.get("keep_params", False),
-        )  # fmt: skip
+        cfg = _tuning.layer_norm_config(ln.LaunchConfig, c)  # candidates' N are powers of 2: block_n = N
         if c["kind"] == "fwd":
             return (lambda: ln.layer_norm_fwd(x, w, b, 1e-5, config=cfg)), 2 * m * n * x.element_size()
         _, mean, rstd = ln.layer_norm_fwd(x, w, b, 1e-5)

@@ -30,6 +30,16 @@ def _entries() -> dict:
     return data
 
 
+def layer_norm_config(config_type, c: dict, programs_per_sm: int | None = None):
+    """The launch configuration a ``tuned.json`` layer-norm entry (or a ``bench/tune.py`` candidate)
+    spells; ``programs_per_sm`` replaces the entry's ``pps`` when given."""
+    return config_type(
+        c["block_m"], c.get("block_n", c["n"]), c["num_warps"],
+        c["pps"] if programs_per_sm is None else programs_per_sm, c.get("unroll", 1),
+        bool(c.get("prefetch", False)), bool(c.get("keep_params", False)),
+    )  # fmt: skip
+
+
 def layer_norm_overrides(config_type) -> dict:
     """``{(kind, element bytes, BLOCK_N of the row, many rows): LaunchConfig}`` from the override file.
 
@@ -38,11 +48,7 @@ def layer_norm_overrides(config_type) -> dict:
     out = {}
     for key, c in _entries().items():
         if key.startswith("ln/"):
-            pps = c["pps"] if c["kind"] == "bwd" or "rows" in c else 0
-            cfg = config_type(
-                c["block_m"], c.get("block_n", c["n"]), c["num_warps"], pps, c.get("unroll", 1),
-                bool(c.get("prefetch", False)), bool(c.get("keep_params", False)),
-            )  # fmt: skip
+            cfg = layer_norm_config(config_type, c, None if c["kind"] == "bwd" or "rows" in c else 0)
             regimes = (c["rows"] == "many",) if "rows" in c else (False, True)
             for many in regimes:
                 out[(c["kind"], _ESIZE[c["dtype"]], c["n"], many)] = cfg

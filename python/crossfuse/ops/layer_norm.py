@@ -96,6 +96,16 @@ def _load_rows(P, stride, rows, M, cols, col_ok):
     return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0)
 
 
+@triton.jit
+def _load_bwd_tile(X, DY, Mean, Rstd, stride_xm, stride_dym, rows, M, cols, col_ok):
+    """What the backward reads for the row tile ``rows``: x and dy in their own dtype, mean and rstd."""
+    x = _load_rows(X, stride_xm, rows, M, cols, col_ok)
+    dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok)
+    mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
+    rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
+    return x, dy, mean, rstd
+
+
 @triton.jit(do_not_specialize=["M"])
 def _ln_fwd_kernel(
     X,  # input, (M, N), row stride stride_xm, unit column stride
@@ -129,9 +139,9 @@ def _ln_fwd_kernel(
         x_next = _load_rows(X, stride_xm, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok)
     if KEEP_PARAMS:  # a program walks many tiles: no re-read (an L1/L2 round trip) before each store
         if HAS_WEIGHT:
-            w_kept = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
+            weight = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
         if HAS_BIAS:
-            b_kept = tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)
+            bias = tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)
     for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
@@ -154,15 +164,13 @@ def _ln_fwd_kernel(
         rstd = 1.0 / tl.sqrt(var + eps)
         y = (xc - corr[:, None]) * rstd[:, None]
         if HAS_WEIGHT:
-            if KEEP_PARAMS:
-                y = y * w_kept[None, :]
-            else:
-                y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)[None, :]
+            if not KEEP_PARAMS:
+                weight = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
+            y = y * weight[None, :]
         if HAS_BIAS:
-            if KEEP_PARAMS:
-                y = y + b_kept[None, :]
-            else:
-                y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)[None, :]
+            if not KEEP_PARAMS:
+                bias = tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)
+            y = y + bias[None, :]
         tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
         tl.store(Mean + rows, mean, mask=row_ok)
         tl.store(Rstd + rows, rstd, mask=row_ok)
@@ -267,27 +275,23 @@ def _ln_bwd_kernel(
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
     num_tiles = tl.cdiv(M, BLOCK_M)
     if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
-        first = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-        x_next = _load_rows(X, stride_xm, first, M, cols, col_ok)
-        dy_next = _load_rows(DY, stride_dym, first, M, cols, col_ok)
-        mean_next = tl.load(Mean + first, mask=first < M, other=0.0)
-        rstd_next = tl.load(Rstd + first, mask=first < M, other=0.0)
+        x_next, dy_next, mean_next, rstd_next = _load_bwd_tile(
+            X, DY, Mean, Rstd, stride_xm, stride_dym, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok
+        )
     for tile in tl.range(pid, num_tiles, num_programs, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
         if PREFETCH:  # this tile from the registers (its own dtype), the next one's loads in flight
             x, dy, mean, rstd = x_next.to(acc_ty), dy_next.to(acc_ty), mean_next, rstd_next
-            nxt = rows + num_programs * BLOCK_M
-            x_next = _load_rows(X, stride_xm, nxt, M, cols, col_ok)
-            dy_next = _load_rows(DY, stride_dym, nxt, M, cols, col_ok)
-            mean_next = tl.load(Mean + nxt, mask=nxt < M, other=0.0)
-            rstd_next = tl.load(Rstd + nxt, mask=nxt < M, other=0.0)
+            x_next, dy_next, mean_next, rstd_next = _load_bwd_tile(
+                X, DY, Mean, Rstd, stride_xm, stride_dym, rows + num_programs * BLOCK_M, M, cols, col_ok
+            )
         else:
-            x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
-            dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok).to(acc_ty)
-            mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
-            rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+            x, dy, mean, rstd = _load_bwd_tile(
+                X, DY, Mean, Rstd, stride_xm, stride_dym, rows, M, cols, col_ok
+            )
+            x, dy = x.to(acc_ty), dy.to(acc_ty)
         rows = rows.to(tl.int64)
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         if HAS_WEIGHT:
