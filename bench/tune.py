@@ -13,6 +13,8 @@ Layer norm is timed at M=4096 (the "few rows" regime of ``crossfuse.ops.layer_no
 large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime gets its own winner.
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
 ``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
+``attn-fp32`` tunes float32 (tf32 dots) at the seed's shapes (B=4, H=16, D=64, L=4096 and L=1024);
+``attn-fp32-fwd`` its forward alone, with 4 stages too.
 """
 
 from __future__ import annotations
@@ -366,6 +368,7 @@ def main(argv=None) -> int:
         "attn128",
         "attn-fp32",
         "attn-pairs",
+        "attn-fp32-fwd",
     )
     ap.add_argument("--only", help=f"comma-separated subset of {', '.join(groups)} (default: ln and attn)")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
@@ -420,6 +423,10 @@ def main(argv=None) -> int:
         cands += [dict(c, short=True) for c in attn_candidates(args.quick, ds=(128,))]
     if "attn-fp32" in only:  # float32 (tf32 dots) at the seed's shapes, D=64, two lengths
         cands += [dict(c, short=True) for c in attn_candidates(args.quick, ds=(64,), dtype="float32")]
+    if "attn-fp32-fwd" in only:  # the float32 forward alone (its value tiles stream from a transposed copy)
+        fp32 = attn_candidates(args.quick, ds=(64,), dtype="float32")
+        fp32 += [dict(c, num_stages=4) for c in fp32 if c["num_stages"] == 3]
+        cands += [dict(c, short=True) for c in fp32 if c["kind"] == "fwd"]
     if "attn-pairs" in only:
         if not args.pairs_from:
             ap.error("attn-pairs needs --pairs-from TUNING_CSV")

@@ -421,3 +421,26 @@ def test_pandas_frame_from_rows_has_schema_types():
     df = schema.rows_frame([row(alloc_bytes=5)])
     assert df["alloc_bytes"].dtype == "float64" and df["peer"].dtype == bool
     assert isinstance(df, pd.DataFrame)
+
+
+def test_no_ratio_where_a_peer_was_left_out_for_the_time_budget():
+    # the best peer of that row is unknown: no ratio, rather than one against a slower peer
+    rows = []
+    for impl, peer, shape, value, status, note in (
+        ("triton", False, "a", 600.0, "ok", ""),
+        ("sdpa", True, "a", 500.0, "ok", ""),
+        ("naive", True, "a", 50.0, "ok", ""),
+        ("triton", False, "b", 600.0, "ok", ""),
+        ("sdpa", True, "b", None, "skip", schema.BUDGET_SPENT),
+        ("naive", True, "b", 50.0, "ok", ""),
+        ("triton", False, "c", 600.0, "ok", ""),
+        ("sdpa", True, "c", None, "error", "OutOfMemoryError: boom"),
+        ("naive", True, "c", 50.0, "ok", ""),
+    ):
+        rows.append(row(op="relu_attention", impl=impl, peer=peer, shape=shape, tflops=value, status=status,
+                        note=note, dtype="bfloat16", suite="attention"))  # fmt: skip
+    md = report.render(schema.rows_frame(rows), source="r.csv")
+    lines = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
+    assert "1.20×" in lines["a"]
+    assert "×" not in lines["b"] and lines["b"].rstrip().endswith("|  |")
+    assert "12.00×" in lines["c"]  # a peer that failed (here: out of memory) is not a faster unknown

@@ -268,3 +268,35 @@ def test_launch_configs_divide_for_causal_blocks():
                 cfg = ra.attention_config("dkdv", d, dtype, causal)
                 assert cfg.block_n % cfg.block_m == 0, (d, dtype, cfg)
                 assert math.log2(cfg.block_m).is_integer() and math.log2(cfg.block_n).is_integer()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_forward_reads_values_with_unit_stride_on_keys(dtype, device, gen):
+    # the launcher streams float32 values from a transposed copy on GPUs; any dtype may come that way
+    q, k, v = qkv(2, 2, 70, 70, 32, dtype, device, gen)
+    v_t = v.transpose(2, 3).contiguous().transpose(2, 3)  # [B, H, L, D] view, unit stride on L
+    assert v_t.stride(2) == 1 and torch.equal(v_t, v)
+    want = ra.relu_attention_fwd(q, k, v, True, False, 0.2, 1 / 70)
+    got = ra.relu_attention_fwd(q, k, v_t, True, False, 0.2, 1 / 70)
+    # the same products from operands in another memory layout: equal up to the output's rounding
+    assert relerr(got, want) <= (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_reading_copies_with_unit_stride_on_keys(causal, device, gen):
+    # float32 on GPUs reads q, dout and k for the products summed over L from copies with unit stride on
+    # L (tf32 tensor cores want those operands K-major); the interpreter runs the same code when asked
+    q, k, v = qkv(2, 2, 100, 100, 32, torch.float32, device, gen)
+    do = randn(q.shape, torch.float32, device, gen)
+    args = (q, k, v, do, causal, False, 0.2, 0.01)
+    copies = ra.relu_attention_bwd(*args, trans_copies=True)
+    plain = ra.relu_attention_bwd(*args, trans_copies=False)
+    tf32 = device == "cuda"
+    refs = [(_tf32_truncate(t) if tf32 else t).double().requires_grad_(True) for t in (q, k, v)]
+    out = relu_attention_ref(*refs, causal=causal, scale=0.2, relu_scale=0.01)
+    tol = tolerance("relu_attention", torch.float32, "bwd", tf32=tf32)
+    grads = torch.autograd.grad(out, refs, do.double())
+    for name, a, b, ref in zip(("dq", "dk", "dv"), copies, plain, grads, strict=True):
+        assert relerr(a, ref) <= tol, (name, relerr(a, ref))
+        # the same products from operands in another memory layout: equal up to float32 rounding
+        assert relerr(a, b) <= 1e-6, (name, relerr(a, b))

@@ -3,7 +3,8 @@
 * Throughput tables, one per (suite, op, device, dtype, mode, causal): shapes down, implementations
   across, GB/s (normalisations) or TFLOP/s (attention) from the median time; a cell without a number
   says why (``not timed``, ``skip``, ``error``). For each implementation that is not a peer, a column
-  ``<impl> ÷ best peer`` divides it by the fastest peer in that row (where a peer was measured). Where
+  ``<impl> ÷ best peer`` divides it by the fastest peer in that row (where a peer was measured; none
+  where a peer was left out for the run's time budget, since the best is then unknown). Where
   the run measured the copy ceiling (op ``copy``) on the device, a column gives the best implementation's
   GB/s as a percentage of the copy bandwidth.
 * Memory tables for the ``memory`` suite: bytes allocated and peak above baseline per mode, in MiB and
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from .schema import MODES, parse_shape, rows_frame
+from .schema import BUDGET_SPENT, MODES, parse_shape, rows_frame
 
 ATTENTION_OPS = ("relu_attention",)
 UNIT = {"gbps": "GB/s", "tflops": "TFLOP/s"}
@@ -129,6 +130,13 @@ def _missing_cell(df: pd.DataFrame, shape: str, label: str) -> str:
     return "" if s == "ok" else s
 
 
+def _out_of_budget(df: pd.DataFrame, shape: str, label: str) -> bool:
+    """Whether ``label`` at ``shape`` was left unmeasured because the run's time budget was spent."""
+    rows = df[(df["shape"] == shape) & (df["label"] == label)]
+    budget = rows["note"].astype(str).str.contains(BUDGET_SPENT, regex=False)
+    return bool(((rows["status"] == "skip") & budget).any())
+
+
 # ----------------------------------------------------------------------------------------------------
 # sections
 # ----------------------------------------------------------------------------------------------------
@@ -166,6 +174,9 @@ def throughput_section(df: pd.DataFrame) -> str:
         if table.empty:
             continue
         ratio = peer_ratio(table, peers)
+        for shape in table.index:  # a peer left out for the time budget: its row's best peer is unknown
+            if any(_out_of_budget(g, shape, c) for c in table.columns if c in peers):
+                ratio.loc[shape] = float("nan")
         ceiling = ceilings.get(k["device"]) if metric == "gbps" else None
         header = ["shape", *table.columns, *ratio.columns]
         if ceiling:

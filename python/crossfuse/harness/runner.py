@@ -39,7 +39,7 @@ import torch
 
 from .. import check, registry
 from . import memory, timing
-from .schema import CsvWriter, Row, device_name, dtype_str, shape_str
+from .schema import BUDGET_SPENT, CsvWriter, Row, device_name, dtype_str, shape_str
 from .suite import Point, Suite, points, select
 
 # Interpreted (Triton on the CPU) runs are slow: relerr from one such run only up to this much work.
@@ -47,9 +47,6 @@ INTERPRETED_RELERR_MAX_WORK = 1 << 17
 # Largest float64 score matrix (B*H*L*Lk elements) the attention relerr check may build.
 ATTENTION_RELERR_MAX_SCORES = 1 << 28
 NOTE_MAX = 300
-
-
-BUDGET_SPENT = "not measured: the time budget of this run was spent"
 
 
 class _Lazy:

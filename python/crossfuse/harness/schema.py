@@ -60,6 +60,8 @@ DESIGN_COLUMNS: tuple[str, ...] = (
 COLUMNS: tuple[str, ...] = (*DESIGN_COLUMNS, "status", "note", "suite")
 
 MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
+# the note of rows a run left out because its time budget was spent
+BUDGET_SPENT = "not measured: the time budget of this run was spent"
 STATUSES: tuple[str, ...] = ("ok", "not timed", "skip", "error")
 
 _FLOAT_COLUMNS = ("ms_p20", "ms_p50", "ms_p80", "gbps", "tflops", "relerr")

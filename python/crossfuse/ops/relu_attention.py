@@ -23,7 +23,10 @@ batch*heads), heaviest causal blocks first; key/value blocks are streamed; causa
 diagonal are never visited (the loop bounds skip them), and only the diagonal blocks pay for the mask.
 The backward runs two kernels: dK/dV (a program owns a key block and streams query blocks) and dQ (a
 program owns a query block and streams key blocks), recomputing the scores: no atomics, deterministic.
-The float32 path uses tf32 tensor cores on GPUs (Triton's default for float32 dots).
+The float32 path uses tf32 tensor cores on GPUs (Triton's default for float32 dots); the products summed
+over the sequence read copies of their operands with unit stride on L (v in the forward; q, dout, k in the
+backward; see ``_tf32_copies``), one pass over each, so float32 needs up to two extra input-sized buffers
+while the backward runs.
 
 Limits: D in {16, 32, 64, 128, 256}; any Lq, Lk >= 1 (tails masked); Lq != Lk only when not causal;
 float32, float16, bfloat16 (float64 only under the interpreter, for gradcheck); layouts ``"bhld"`` ([B, H,
@@ -77,9 +80,10 @@ def _fwd_range(
     acc,
     q,  # (BLOCK_M, HEAD_D) query tile
     K,  # key base of this (batch, head); rows stride_kl apart
-    V,  # value base of this (batch, head)
+    V,  # value base of this (batch, head); element (n, d) at V + n*stride_vl + d*stride_vd
     stride_kl,
     stride_vl,
+    stride_vd,
     offs_m,
     lo,
     hi,
@@ -100,11 +104,13 @@ def _fwd_range(
                 K + offs_n[None, :] * stride_kl + offs_d[:, None], mask=offs_n[None, :] < Lk, other=0.0
             )
             v = tl.load(
-                V + offs_n[:, None] * stride_vl + offs_d[None, :], mask=offs_n[:, None] < Lk, other=0.0
+                V + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd,
+                mask=offs_n[:, None] < Lk,
+                other=0.0,
             )
         else:
             kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
-            v = tl.load(V + offs_n[:, None] * stride_vl + offs_d[None, :])
+            v = tl.load(V + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd)
         s = _dot(q, kt, UPCAST)
         p = tl.maximum(s * scale, 0.0)  # padded keys load as 0: their score is 0, their p is 0
         if SQUARED:
@@ -119,11 +125,11 @@ def _fwd_range(
 def _relu_attn_fwd_kernel(
     Q,  # (B, H, Lq, HEAD_D) through strides stride_qb, stride_qh, stride_ql; unit stride on D
     K,  # (B, H, Lk, HEAD_D)
-    V,  # (B, H, Lk, HEAD_D)
+    V,  # (B, H, Lk, HEAD_D): unit stride on D, or on L (a transposed copy, for float32: see the launcher)
     O,  # out, (B, H, Lq, HEAD_D)
     stride_qb, stride_qh, stride_ql,
     stride_kb, stride_kh, stride_kl,
-    stride_vb, stride_vh, stride_vl,
+    stride_vb, stride_vh, stride_vl, stride_vd,
     stride_ob, stride_oh, stride_ol,
     H, Lq, Lk,
     scale,
@@ -157,13 +163,13 @@ def _relu_attn_fwd_kernel(
     if CAUSAL:
         # keys [0, pid_m*BLOCK_M) are visible to every row: no mask; then the diagonal blocks
         diag = pid_m * BLOCK_M
-        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, offs_m, 0, diag, Lk, scale,
+        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, 0, diag, Lk, scale,
                          BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST)  # fmt: skip
         hi = tl.minimum(diag + BLOCK_M, Lk)
-        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, offs_m, diag, hi, Lk, scale,
+        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, diag, hi, Lk, scale,
                          BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
     else:
-        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, offs_m, 0, Lk, Lk, scale,
+        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, 0, Lk, Lk, scale,
                          BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
     out = (acc * relu_scale).to(O.dtype.element_ty)
     o_ptrs = O + offs_m[:, None] * stride_ol + offs_d[None, :]
@@ -181,8 +187,12 @@ def _dkdv_range(
     v,  # (BLOCK_N, HEAD_D) value tile
     Q,  # query base of this (batch, head)
     DO,  # output-gradient base of this (batch, head)
+    QC,  # with TRANS_COPIES: q and dout again, element (m, d) at QC + m + d*stride_qcd: queries
+    DOC,  # contiguous, the layout tf32 tensor cores read for the products that sum over queries
     stride_ql,
     stride_dol,
+    stride_qcd,
+    stride_docd,
     offs_n,
     lo,
     hi,
@@ -194,6 +204,7 @@ def _dkdv_range(
     MASK_M: tl.constexpr,
     SQUARED: tl.constexpr,
     UPCAST: tl.constexpr,
+    TRANS_COPIES: tl.constexpr,
 ):
     offs_d = tl.arange(0, HEAD_D)
     for start_m in range(lo, hi, BLOCK_M):
@@ -221,8 +232,20 @@ def _dkdv_range(
             visible = offs_m[None, :] >= offs_n[:, None]
             pt = tl.where(visible, pt, 0.0)
             dst = tl.where(visible, dst, 0.0)
-        dv = _dot_acc(pt.to(do.dtype), do, dv, UPCAST)
-        dk = _dot_acc(dst.to(qt.dtype), tl.trans(qt), dk, UPCAST)
+        if TRANS_COPIES:
+            if MASK_M:
+                q_mk = tl.load(QC + offs_m[:, None] + offs_d[None, :] * stride_qcd, mask=offs_m[:, None] < Lq,
+                               other=0.0)  # fmt: skip
+                do_mk = tl.load(DOC + offs_m[:, None] + offs_d[None, :] * stride_docd,
+                                mask=offs_m[:, None] < Lq, other=0.0)  # fmt: skip
+            else:
+                q_mk = tl.load(QC + offs_m[:, None] + offs_d[None, :] * stride_qcd)
+                do_mk = tl.load(DOC + offs_m[:, None] + offs_d[None, :] * stride_docd)
+        else:
+            q_mk = tl.trans(qt)
+            do_mk = do
+        dv = _dot_acc(pt.to(do.dtype), do_mk, dv, UPCAST)
+        dk = _dot_acc(dst.to(qt.dtype), q_mk, dk, UPCAST)
     return dk, dv
 
 
@@ -230,12 +253,15 @@ def _dkdv_range(
 def _relu_attn_bwd_dkdv_kernel(
     Q, K, V, DO,  # (B, H, L, HEAD_D) each, through strides; unit stride on D
     DK, DV,  # out, (B, H, Lk, HEAD_D)
+    QC, DOC,  # with TRANS_COPIES: copies of q and dout with unit stride on L (else q, dout again, unused)
     stride_qb, stride_qh, stride_ql,
     stride_kb, stride_kh, stride_kl,
     stride_vb, stride_vh, stride_vl,
     stride_dob, stride_doh, stride_dol,
     stride_dkb, stride_dkh, stride_dkl,
     stride_dvb, stride_dvh, stride_dvl,
+    stride_qcb, stride_qch, stride_qcd,
+    stride_docb, stride_doch, stride_docd,
     H, Lq, Lk,
     scale,
     relu_scale,
@@ -248,6 +274,7 @@ def _relu_attn_bwd_dkdv_kernel(
     EVEN_N: tl.constexpr,
     IS_FP64: tl.constexpr,
     UPCAST: tl.constexpr,
+    TRANS_COPIES: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
     pid_bh = tl.program_id(1)
@@ -259,6 +286,8 @@ def _relu_attn_bwd_dkdv_kernel(
     DO += b * stride_dob + h * stride_doh
     DK += b * stride_dkb + h * stride_dkh
     DV += b * stride_dvb + h * stride_dvh
+    QC += b * stride_qcb + h * stride_qch
+    DOC += b * stride_docb + h * stride_doch
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_D)
     if EVEN_N:
@@ -273,13 +302,16 @@ def _relu_attn_bwd_dkdv_kernel(
         # queries [start, start+BLOCK_N) straddle the diagonal: mask; later queries see all keys
         start = pid_n * BLOCK_N
         mid = tl.minimum(start + BLOCK_N, Lq)
-        dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, stride_ql, stride_dol, offs_n, start, mid, Lq, scale,
-                             BLOCK_M, HEAD_D, True, not EVEN_M, SQUARED, UPCAST)  # fmt: skip
-        dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, stride_ql, stride_dol, offs_n, mid, Lq, Lq, scale,
-                             BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST)  # fmt: skip
+        dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
+                             offs_n, start, mid, Lq, scale, BLOCK_M, HEAD_D, True, not EVEN_M, SQUARED,
+                             UPCAST, TRANS_COPIES)  # fmt: skip
+        dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
+                             offs_n, mid, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST,
+                             TRANS_COPIES)  # fmt: skip
     else:
-        dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, stride_ql, stride_dol, offs_n, 0, Lq, Lq, scale,
-                             BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST)  # fmt: skip
+        dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
+                             offs_n, 0, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST,
+                             TRANS_COPIES)  # fmt: skip
     dk_ptrs = DK + offs_n[:, None] * stride_dkl + offs_d[None, :]
     dv_ptrs = DV + offs_n[:, None] * stride_dvl + offs_d[None, :]
     if EVEN_N:
@@ -297,8 +329,10 @@ def _dq_range(
     do,  # (BLOCK_M, HEAD_D) output-gradient tile
     K,
     V,
+    KC,  # with TRANS_COPIES: k again, element (n, d) at KC + n + d*stride_kcd (keys contiguous)
     stride_kl,
     stride_vl,
+    stride_kcd,
     offs_m,
     lo,
     hi,
@@ -310,6 +344,7 @@ def _dq_range(
     MASK_N: tl.constexpr,
     SQUARED: tl.constexpr,
     UPCAST: tl.constexpr,
+    TRANS_COPIES: tl.constexpr,
 ):
     offs_d = tl.arange(0, HEAD_D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -332,7 +367,15 @@ def _dq_range(
             ds = tl.where(s > 0.0, dp * scale, 0.0)
         if CAUSAL_MASK:
             ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
-        dq = _dot_acc(ds.to(kt.dtype), tl.trans(kt), dq, UPCAST)
+        if TRANS_COPIES:
+            if MASK_N:
+                k_nk = tl.load(KC + offs_n[:, None] + offs_d[None, :] * stride_kcd, mask=offs_n[:, None] < Lk,
+                               other=0.0)  # fmt: skip
+            else:
+                k_nk = tl.load(KC + offs_n[:, None] + offs_d[None, :] * stride_kcd)
+        else:
+            k_nk = tl.trans(kt)
+        dq = _dot_acc(ds.to(kt.dtype), k_nk, dq, UPCAST)
     return dq
 
 
@@ -340,11 +383,13 @@ def _dq_range(
 def _relu_attn_bwd_dq_kernel(
     Q, K, V, DO,  # (B, H, L, HEAD_D) each, through strides; unit stride on D
     DQ,  # out, (B, H, Lq, HEAD_D)
+    KC,  # with TRANS_COPIES: a copy of k with unit stride on L (else k again, unused)
     stride_qb, stride_qh, stride_ql,
     stride_kb, stride_kh, stride_kl,
     stride_vb, stride_vh, stride_vl,
     stride_dob, stride_doh, stride_dol,
     stride_dqb, stride_dqh, stride_dql,
+    stride_kcb, stride_kch, stride_kcd,
     H, Lq, Lk,
     scale,
     relu_scale,
@@ -357,6 +402,7 @@ def _relu_attn_bwd_dq_kernel(
     EVEN_N: tl.constexpr,
     IS_FP64: tl.constexpr,
     UPCAST: tl.constexpr,
+    TRANS_COPIES: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -367,6 +413,7 @@ def _relu_attn_bwd_dq_kernel(
     V += b * stride_vb + h * stride_vh
     DO += b * stride_dob + h * stride_doh
     DQ += b * stride_dqb + h * stride_dqh
+    KC += b * stride_kcb + h * stride_kch
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
     if EVEN_M:
@@ -380,14 +427,14 @@ def _relu_attn_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float64 if IS_FP64 else tl.float32)
     if CAUSAL:
         diag = pid_m * BLOCK_M
-        dq = _dq_range(dq, q, do, K, V, stride_kl, stride_vl, offs_m, 0, diag, Lk, scale,
-                       BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST)  # fmt: skip
+        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, diag, Lk, scale,
+                       BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
         hi = tl.minimum(diag + BLOCK_M, Lk)
-        dq = _dq_range(dq, q, do, K, V, stride_kl, stride_vl, offs_m, diag, hi, Lk, scale,
-                       BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
+        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, diag, hi, Lk, scale,
+                       BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
     else:
-        dq = _dq_range(dq, q, do, K, V, stride_kl, stride_vl, offs_m, 0, Lk, Lk, scale,
-                       BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
+        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, Lk, Lk, scale,
+                       BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
     dq_ptrs = DQ + offs_m[:, None] * stride_dql + offs_d[None, :]
     if EVEN_M:
         tl.store(dq_ptrs, (dq * relu_scale).to(DQ.dtype.element_ty))
@@ -414,8 +461,9 @@ SHORT_L = 2048
 # Measured on the H200 by bench/tune.py (bench/results/h200/tuning_run*.csv): bf16 at 16k tokens, D=64
 # at L=4096 in run 1; D=128 in run 7 (at L=4096, "long", and L=1024, "short"), where the run-1 backward
 # stayed (the full sessions measured it faster than the pair of run-7 winners, each of which had been
-# timed with the other kernel at its old default); float32 (tf32 dots) at the seed's shapes (B=4, H=16,
-# L=4096 long, L=1024 short) in run 8. (kind, D, element bytes, causal, long sequence) -> config (float16
+# timed with the other kernel at its old default); float32 (tf32 dots, reading the copies of
+# _tf32_copies) at the seed's shapes (B=4, H=16, L=4096 long, L=1024 short) in run 21. (kind, D, element
+# bytes, causal, long sequence) -> config (float16
 # shares the 2-byte rows; dkdv and dq are scored as the whole backward, 2.5x the forward's FLOPs, with
 # the other kernel at its default). A missing entry falls back to the other length's entry, then to the
 # rule in attention_config.
@@ -434,18 +482,18 @@ TUNED: dict[tuple[str, int, int, bool, bool], AttnConfig] = {
     ("fwd", 128, 2, True, True): AttnConfig(64, 64, 4, 3),  # 610 TFLOP/s (run 7)
     ("fwd", 128, 2, False, False): AttnConfig(128, 32, 8, 3),  # 546 TFLOP/s (run 7; 557 for 128x64x4x2)
     ("fwd", 128, 2, True, False): AttnConfig(128, 32, 8, 3),  # 400 TFLOP/s (run 7)
-    ("dkdv", 64, 4, False, True): AttnConfig(64, 128, 8, 3),  # 76 TFLOP/s (run 8)
-    ("dkdv", 64, 4, False, False): AttnConfig(64, 128, 8, 2),  # 69 TFLOP/s (run 8)
-    ("dkdv", 64, 4, True, True): AttnConfig(64, 128, 8, 2),  # 61 TFLOP/s (run 8)
-    ("dkdv", 64, 4, True, False): AttnConfig(64, 128, 8, 2),  # 44 TFLOP/s (run 8)
-    ("dq", 64, 4, False, True): AttnConfig(128, 32, 8, 2),  # 62 TFLOP/s (run 8)
-    ("dq", 64, 4, False, False): AttnConfig(128, 32, 8, 2),  # 55 TFLOP/s (run 8)
-    ("dq", 64, 4, True, True): AttnConfig(128, 32, 8, 2),  # 59 TFLOP/s (run 8)
-    ("dq", 64, 4, True, False): AttnConfig(128, 32, 8, 3),  # 44 TFLOP/s (run 8)
-    ("fwd", 64, 4, False, True): AttnConfig(128, 64, 8, 1),  # 164 TFLOP/s (run 8)
-    ("fwd", 64, 4, False, False): AttnConfig(128, 64, 8, 1),  # 138 TFLOP/s (run 8)
-    ("fwd", 64, 4, True, True): AttnConfig(128, 64, 8, 1),  # 143 TFLOP/s (run 8)
-    ("fwd", 64, 4, True, False): AttnConfig(128, 64, 8, 1),  # 84 TFLOP/s (run 8)
+    ("dkdv", 64, 4, False, True): AttnConfig(16, 128, 8, 3),  # 141 TFLOP/s (run 21)
+    ("dkdv", 64, 4, False, False): AttnConfig(16, 128, 8, 3),  # 101 TFLOP/s (run 21)
+    ("dkdv", 64, 4, True, True): AttnConfig(64, 128, 8, 2),  # 149 TFLOP/s (run 21)
+    ("dkdv", 64, 4, True, False): AttnConfig(32, 64, 4, 2),  # 70 TFLOP/s (run 21)
+    ("dq", 64, 4, False, True): AttnConfig(128, 64, 8, 3),  # 147 TFLOP/s (run 21)
+    ("dq", 64, 4, False, False): AttnConfig(128, 64, 8, 3),  # 104 TFLOP/s (run 21)
+    ("dq", 64, 4, True, True): AttnConfig(128, 64, 8, 3),  # 149 TFLOP/s (run 21)
+    ("dq", 64, 4, True, False): AttnConfig(128, 64, 8, 3),  # 69 TFLOP/s (run 21)
+    ("fwd", 64, 4, False, True): AttnConfig(128, 32, 8, 4),  # 241 TFLOP/s (run 21)
+    ("fwd", 64, 4, False, False): AttnConfig(128, 32, 8, 4),  # 153 TFLOP/s (run 21)
+    ("fwd", 64, 4, True, True): AttnConfig(64, 64, 4, 3),  # 214 TFLOP/s (run 21)
+    ("fwd", 64, 4, True, False): AttnConfig(64, 64, 4, 3),  # 97 TFLOP/s (run 21)
 }
 
 TUNED.update(_tuning.attention_overrides(AttnConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
@@ -470,10 +518,14 @@ def attention_config(
             return AttnConfig(64, 32, 4, 2)
         return AttnConfig(128, 64, 8 if big else 4, 3)
     if kind == "dkdv":
+        if d * esize >= 1024:  # D=256 in float32: its copies of q and dout (see _tf32_copies) need room
+            return AttnConfig(16, 32, 4, 2)
         if d * esize >= 512:
             return AttnConfig(16, 64, 4, 2)
         return AttnConfig(32, 128 if not big else 64, 8 if big else 4, 3)
     if kind == "dq":
+        if d * esize >= 1024:
+            return AttnConfig(32, 16, 4, 2)
         if d * esize >= 512:
             return AttnConfig(64, 16, 4, 2)
         return AttnConfig(128 if not big else 64, 32, 8 if big else 4, 3)
@@ -489,20 +541,28 @@ def _bhld_strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def _bh_d_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """Batch, head and D strides (of a copy with unit stride on L)."""
+    return t.stride(0), t.stride(1), t.stride(3)
+
+
 def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_scale: float, out=None,
                        config: AttnConfig | None = None):  # fmt: skip
-    """Forward on [B, H, L, D] views. ``out`` (same view convention) is allocated when not given;
-    ``config`` overrides :func:`attention_config` (for tuning)."""
+    """Forward on [B, H, L, D] views (unit stride on D; ``v`` may have unit stride on L instead).
+    ``out`` (same view convention) is allocated when not given; ``config`` overrides
+    :func:`attention_config` (for tuning)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     if out is None:
         out = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     interp = is_interpreted(_relu_attn_fwd_kernel)
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
+    if _tf32_copies(q.dtype, interp) and v.stride(2) != 1:
+        v = _l_contiguous(v)  # p @ v sums over keys: see _tf32_copies
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
     _relu_attn_fwd_kernel[grid](
-        q, k, v, out, *_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(out),
-        H, Lq, Lk, scale, relu_scale,
+        q, k, v, out, *_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), v.stride(3),
+        *_bhld_strides(out), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16,
@@ -511,32 +571,54 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
     return out
 
 
+def _l_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a [B, H, L, D] view as a [B, H, L, D] view with unit stride on L."""
+    return t.transpose(2, 3).contiguous().transpose(2, 3)
+
+
+def _tf32_copies(dtype: torch.dtype, interp: bool) -> bool:
+    """float32 dots run on tf32 tensor cores, which read both operands of a product K-major (summed
+    dimension contiguous in memory). Products summed over L (``p @ v``; ``p^T @ dout``, ``ds^T @ q``,
+    ``ds @ k`` in the backward) then need copies with unit stride on L: without them Triton transposes
+    every tile with 4-byte copies into shared memory, at about half the speed (bench/results/h200/NOTES.md).
+    16-bit types have transposing tensor-core loads and need none."""
+    return dtype == torch.float32 and not interp
+
+
 def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, relu_scale: float,
-                       dq=None, dk=None, dv=None, configs: tuple | None = None):  # fmt: skip
+                       dq=None, dk=None, dv=None, configs: tuple | None = None,
+                       trans_copies: bool | None = None):  # fmt: skip
     """Backward on [B, H, L, D] views: returns ``(dq, dk, dv)`` (allocated when not given);
-    ``configs = (dkdv_config, dq_config)`` overrides :func:`attention_config` (for tuning)."""
+    ``configs = (dkdv_config, dq_config)`` overrides :func:`attention_config` (for tuning);
+    ``trans_copies`` (default: float32 on GPUs) reads q, dout and k for the products summed over L from
+    copies with unit stride on L (see :func:`_tf32_copies`)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     dq = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device) if dq is None else dq
     dk = torch.empty((B, H, Lk, D), dtype=k.dtype, device=k.device) if dk is None else dk
     dv = torch.empty((B, H, Lk, D), dtype=v.dtype, device=v.device) if dv is None else dv
     interp = is_interpreted(_relu_attn_bwd_dkdv_kernel)
-    strides = (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
+    copies = _tf32_copies(q.dtype, interp) if trans_copies is None else trans_copies
     cfg = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
+    qc, doc = (_l_contiguous(q), _l_contiguous(do)) if copies else (q, do)
+    strides = (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
     _relu_attn_bwd_dkdv_kernel[(triton.cdiv(Lk, cfg.block_n), B * H)](
-        q, k, v, do, dk, dv, *strides, *_bhld_strides(dk), *_bhld_strides(dv), H, Lq, Lk, scale, relu_scale,
+        q, k, v, do, dk, dv, qc, doc, *strides, *_bhld_strides(dk), *_bhld_strides(dv),
+        *_bh_d_strides(qc), *_bh_d_strides(doc), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
-        UPCAST=interp and q.dtype == torch.bfloat16,
+        UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    cfg = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
-    _relu_attn_bwd_dq_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
-        q, k, v, do, dq, *strides, *_bhld_strides(dq), H, Lq, Lk, scale, relu_scale,
-        HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-        EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
-        UPCAST=interp and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    del qc, doc  # the copies' memory serves the next one
+    kc = _l_contiguous(k) if copies else k
+    dq_cfg = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
+    _relu_attn_bwd_dq_kernel[(triton.cdiv(Lq, dq_cfg.block_m), B * H)](
+        q, k, v, do, dq, kc, *strides, *_bhld_strides(dq), *_bh_d_strides(kc), H, Lq, Lk, scale, relu_scale,
+        HEAD_D=D, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, CAUSAL=causal, SQUARED=squared,
+        EVEN_M=Lq % dq_cfg.block_m == 0, EVEN_N=Lk % dq_cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
+        UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
+        num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
     )  # fmt: skip
     return dq, dk, dv
 
