@@ -14,8 +14,7 @@ large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime get
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
 ``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
 ``attn-fp32`` tunes float32 (tf32 dots) at the seed's shapes (B=4, H=16, D=64, L=4096 and L=1024);
-``attn-fp32-fwd`` its forward alone, with 4 stages too. ``attn-persistent``: the persistent forward
-(``pps`` programs per SM) at both lengths, bf16.
+``attn-fp32-fwd`` its forward alone, with 4 stages too.
 """
 
 from __future__ import annotations
@@ -169,11 +168,10 @@ def code_tables() -> dict:
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
-        entry = dict(kind=kind, d=d, causal=causal, dtype=names[esize], block_m=c.block_m, block_n=c.block_n,
-                     num_warps=c.num_warps, num_stages=c.num_stages, length=length)  # fmt: skip
-        if c.programs_per_sm:
-            entry["pps"] = c.programs_per_sm
-        out[f"attn/{kind}/{names[esize]}/{d}/{causal}/{length}"] = entry
+        out[f"attn/{kind}/{names[esize]}/{d}/{causal}/{length}"] = dict(
+            kind=kind, d=d, causal=causal, dtype=names[esize], block_m=c.block_m, block_n=c.block_n,
+            num_warps=c.num_warps, num_stages=c.num_stages, length=length,
+        )  # fmt: skip
     return out
 
 
@@ -303,9 +301,7 @@ def make_launch(c: dict, shape):
     dtype = getattr(torch, c.get("dtype", "bfloat16"))
     q, k, v, do = (torch.randn(b_, h, l, d, device="cuda", dtype=dtype) for _ in range(4))
     cfg = (
-        ra.AttnConfig(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"], c.get("pps", 0))
-        if "block_m" in c
-        else None
+        ra.AttnConfig(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"]) if "block_m" in c else None
     )
     scale, relu_scale = 1 / math.sqrt(d), 1 / l
     fwd_flops = 4 * b_ * h * l * l * d * (0.5 if c["causal"] else 1.0)
@@ -373,7 +369,6 @@ def main(argv=None) -> int:
         "attn-fp32",
         "attn-pairs",
         "attn-fp32-fwd",
-        "attn-persistent",
     )
     ap.add_argument("--only", help=f"comma-separated subset of {', '.join(groups)} (default: ln and attn)")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
@@ -428,10 +423,6 @@ def main(argv=None) -> int:
         cands += [dict(c, short=True) for c in attn_candidates(args.quick, ds=(128,))]
     if "attn-fp32" in only:  # float32 (tf32 dots) at the seed's shapes, D=64, two lengths
         cands += [dict(c, short=True) for c in attn_candidates(args.quick, ds=(64,), dtype="float32")]
-    if "attn-persistent" in only:  # the persistent forward (pps programs per SM), bf16, both lengths
-        for c in attn_candidates(args.quick):
-            if c["kind"] == "fwd" and c["num_stages"] in (2, 3):
-                cands += [dict(c, pps=pps, short=True) for pps in (1, 2)]
     if "attn-fp32-fwd" in only:  # the float32 forward alone (its value tiles stream from a transposed copy)
         fp32 = attn_candidates(args.quick, ds=(64,), dtype="float32")
         fp32 += [dict(c, num_stages=4) for c in fp32 if c["num_stages"] == 3]

@@ -300,31 +300,3 @@ def test_backward_reading_copies_with_unit_stride_on_keys(causal, device, gen):
         assert relerr(a, ref) <= tol, (name, relerr(a, ref))
         # the same products from operands in another memory layout: equal up to float32 rounding
         assert relerr(a, b) <= 1e-6, (name, relerr(a, b))
-
-
-@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("length", [17, 100])
-def test_persistent_forward_matches_the_reference(length, causal, squared, device, gen):
-    # a fixed number of programs walking every (query block, batch, head) tile; fewer programs than
-    # tiles on the interpreter (4 "SMs") and on the GPU (one program per SM, 2*3*8 tiles of 16 rows)
-    q, k, v = qkv(2, 3, length, length, 32, torch.float32, device, gen)
-    cfg = ra.AttnConfig(16, 16, 4, 1 if device == "cpu" else 2, programs_per_sm=1)
-    got = ra.relu_attention_fwd(q, k, v, causal, squared, 0.2, 1 / length, config=cfg)
-    tf32 = device == "cuda"
-    refs = [(_tf32_truncate(t) if tf32 else t) for t in (q, k, v)]
-    want = relu_attention_ref(*refs, causal=causal, squared=squared, scale=0.2, relu_scale=1 / length)
-    assert relerr(got, want) <= tolerance("relu_attention", torch.float32, "fwd", tf32=tf32)
-    plain = ra.relu_attention_fwd(
-        q, k, v, causal, squared, 0.2, 1 / length, config=cfg._replace(programs_per_sm=0)
-    )
-    assert relerr(got, plain) <= 1e-6
-
-
-def test_persistent_forward_with_bfloat16_tiles_of_the_gpu(device, gen):
-    q, k, v = qkv(2, 2, 300, 300, 64, torch.bfloat16, device, gen)
-    for causal in (False, True):
-        cfg = ra.AttnConfig(64, 32, 4, 2, 2) if device == "cuda" else ra.AttnConfig(32, 32, 4, 1, 1)
-        got = ra.relu_attention_fwd(q, k, v, causal, False, 0.125, 1 / 300, config=cfg)
-        want = relu_attention_ref(q, k, v, causal=causal, scale=0.125, relu_scale=1 / 300)
-        assert relerr(got, want) <= tolerance("relu_attention", torch.bfloat16, "fwd"), causal

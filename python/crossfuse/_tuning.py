@@ -62,7 +62,7 @@ def attention_overrides(config_type) -> dict:
     out = {}
     for key, c in _entries().items():
         if key.startswith("attn/"):
-            cfg = config_type(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"], c.get("pps", 0))
+            cfg = config_type(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"])
             esize = _ESIZE[c.get("dtype", "bfloat16")]
             for long in (c["length"] == "long",) if "length" in c else (False, True):
                 out[(c["kind"], c["d"], esize, c["causal"], long)] = cfg

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from .. import _tuning
-from .._backend import check_runnable, device_parallelism, is_interpreted
+from .._backend import check_runnable, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor, dtype_name
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -177,67 +177,6 @@ def _relu_attn_fwd_kernel(
         tl.store(o_ptrs, out)
     else:
         tl.store(o_ptrs, out, mask=offs_m[:, None] < Lq)
-
-
-@triton.jit
-def _relu_attn_fwd_persistent_kernel(
-    Q, K, V, O,  # as in _relu_attn_fwd_kernel
-    stride_qb, stride_qh, stride_ql,
-    stride_kb, stride_kh, stride_kl,
-    stride_vb, stride_vh, stride_vl, stride_vd,
-    stride_ob, stride_oh, stride_ol,
-    H, Lq, Lk,
-    scale,
-    relu_scale,
-    n_tiles,  # query blocks times batch*heads
-    HEAD_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SQUARED: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    IS_FP64: tl.constexpr,
-    UPCAST: tl.constexpr,
-):  # fmt: skip
-    """The forward with a fixed number of programs, each taking every num_programs-th (query block, batch,
-    head) tile: the tile loop and the key loop are flattened into one pipelined loop, so the next tile's
-    first keys load while this tile finishes and stores (short sequences spend a large share of their
-    time in those). Causal tiles run their keys in one loop with the mask on every block."""
-    n_m = tl.cdiv(Lq, BLOCK_M)
-    n_bh = n_tiles // n_m
-    offs_d = tl.arange(0, HEAD_D)
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=True):
-        if CAUSAL:  # heaviest query blocks first, over every (batch, head)
-            pid_m = n_m - 1 - tile // n_bh
-            pid_bh = tile % n_bh
-        else:  # a (batch, head)'s query blocks side by side: its keys and values stay in L2
-            pid_bh = tile // n_m
-            pid_m = tile % n_m
-        b = (pid_bh // H).to(tl.int64)
-        h = (pid_bh % H).to(tl.int64)
-        Kt = K + b * stride_kb + h * stride_kh
-        Vt = V + b * stride_vb + h * stride_vh
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_ql + offs_d[None, :]
-        if EVEN_M:
-            q = tl.load(q_ptrs)
-        else:
-            q = tl.load(q_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
-        acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float64 if IS_FP64 else tl.float32)
-        if CAUSAL:
-            hi = tl.minimum((pid_m + 1) * BLOCK_M, Lk)
-            acc = _fwd_range(acc, q, Kt, Vt, stride_kl, stride_vl, stride_vd, offs_m, 0, hi, Lk, scale,
-                             BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
-        else:
-            acc = _fwd_range(acc, q, Kt, Vt, stride_kl, stride_vl, stride_vd, offs_m, 0, Lk, Lk, scale,
-                             BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
-        out = (acc * relu_scale).to(O.dtype.element_ty)
-        o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ol + offs_d[None, :]
-        if EVEN_M:
-            tl.store(o_ptrs, out)
-        else:
-            tl.store(o_ptrs, out, mask=offs_m[:, None] < Lq)
 
 
 @triton.jit
@@ -513,7 +452,6 @@ class AttnConfig(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
-    programs_per_sm: int = 0  # forward: 0 = one program per tile, else the persistent kernel
 
 
 # Sequences up to SHORT_L use the "short" entries of TUNED where there are any: with 16k tokens a
@@ -621,16 +559,10 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
     if _tf32_copies(q.dtype, interp) and v.stride(2) != 1:
         v = _l_contiguous(v)  # p @ v sums over keys: see _tf32_copies
-    n_tiles = triton.cdiv(Lq, cfg.block_m) * B * H
-    if cfg.programs_per_sm > 0:
-        kernel = _relu_attn_fwd_persistent_kernel
-        grid = (min(n_tiles, cfg.programs_per_sm * device_parallelism(q)),)
-        extra = (n_tiles,)
-    else:
-        kernel, grid, extra = _relu_attn_fwd_kernel, (triton.cdiv(Lq, cfg.block_m), B * H), ()
-    kernel[grid](
+    grid = (triton.cdiv(Lq, cfg.block_m), B * H)
+    _relu_attn_fwd_kernel[grid](
         q, k, v, out, *_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), v.stride(3),
-        *_bhld_strides(out), H, Lq, Lk, scale, relu_scale, *extra,
+        *_bhld_strides(out), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16,
