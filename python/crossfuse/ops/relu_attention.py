@@ -480,7 +480,7 @@ TUNED: dict[tuple[str, int, int, bool, bool], AttnConfig] = {
     ("dq", 128, 2, True, True): AttnConfig(128, 64, 8, 3),  # 243 TFLOP/s (run 1)
     ("fwd", 128, 2, False, True): AttnConfig(64, 64, 4, 3),  # 702 TFLOP/s (run 7)
     ("fwd", 128, 2, True, True): AttnConfig(64, 64, 4, 3),  # 610 TFLOP/s (run 7)
-    ("fwd", 128, 2, False, False): AttnConfig(128, 32, 8, 3),  # 546 TFLOP/s (run 7; 557 for 128x64x4x2)
+    ("fwd", 128, 2, False, False): AttnConfig(64, 64, 4, 3),  # 579 TFLOP/s (run 23; 569 for 128x32x8x3)
     ("fwd", 128, 2, True, False): AttnConfig(128, 32, 8, 3),  # 400 TFLOP/s (run 7)
     ("dkdv", 64, 4, False, True): AttnConfig(16, 128, 8, 3),  # 141 TFLOP/s (run 21)
     ("dkdv", 64, 4, False, False): AttnConfig(16, 128, 8, 3),  # 101 TFLOP/s (run 21)
