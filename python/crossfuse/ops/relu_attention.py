@@ -557,7 +557,7 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         out = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     interp = is_interpreted(_relu_attn_fwd_kernel)
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
-    if _tf32_copies(q.dtype, interp) and v.stride(2) != 1:
+    if _tf32_copies(q.dtype, interp):
         v = _l_contiguous(v)  # p @ v sums over keys: see _tf32_copies
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
     _relu_attn_fwd_kernel[grid](
@@ -572,8 +572,8 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
 
 
 def _l_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """A copy of a [B, H, L, D] view as a [B, H, L, D] view with unit stride on L."""
-    return t.transpose(2, 3).contiguous().transpose(2, 3)
+    """A [B, H, L, D] view with unit stride on L: ``t`` itself when it has one, else a copy."""
+    return t if t.stride(2) == 1 else t.transpose(2, 3).contiguous().transpose(2, 3)
 
 
 def _tf32_copies(dtype: torch.dtype, interp: bool) -> bool:
@@ -612,13 +612,13 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     )  # fmt: skip
     del qc, doc  # the copies' memory serves the next one
     kc = _l_contiguous(k) if copies else k
-    dq_cfg = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
-    _relu_attn_bwd_dq_kernel[(triton.cdiv(Lq, dq_cfg.block_m), B * H)](
+    cfg = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
+    _relu_attn_bwd_dq_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
         q, k, v, do, dq, kc, *strides, *_bhld_strides(dq), *_bh_d_strides(kc), H, Lq, Lk, scale, relu_scale,
-        HEAD_D=D, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, CAUSAL=causal, SQUARED=squared,
-        EVEN_M=Lq % dq_cfg.block_m == 0, EVEN_N=Lk % dq_cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
+        HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
+        EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
-        num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return dq, dk, dv
 
