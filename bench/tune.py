@@ -14,7 +14,8 @@ large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime get
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
 ``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
 ``attn-fp32`` tunes float32 (tf32 dots) at the seed's shapes (B=4, H=16, D=64, L=4096 and L=1024);
-``attn-fp32-fwd`` its forward alone, with 4 stages too.
+``attn-fp32-fwd`` its forward alone, with 4 stages too. ``attn-tma`` tunes the bf16 kernels that read
+through tensor descriptors (TMA), D=64 and 128 at both lengths.
 """
 
 from __future__ import annotations
@@ -165,6 +166,8 @@ def code_tables() -> dict:
             entry["prefetch"] = True
         if c.keep_params:
             entry["keep_params"] = True
+        if c.shifted:
+            entry["shifted"] = True
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -172,6 +175,8 @@ def code_tables() -> dict:
             kind=kind, d=d, causal=causal, dtype=names[esize], block_m=c.block_m, block_n=c.block_n,
             num_warps=c.num_warps, num_stages=c.num_stages, length=length,
         )  # fmt: skip
+        if c.tma:
+            out[f"attn/{kind}/{names[esize]}/{d}/{causal}/{length}"]["tma"] = True
     return out
 
 
@@ -199,6 +204,26 @@ def attn_candidates(quick: bool, ds=ATTN_DS, dtype="bfloat16") -> list[dict]:
         out = [dict(c, dtype=dtype) for c in out]
     if quick:
         out = out[::9]
+    return out
+
+
+def attn_tma_candidates() -> list[dict]:
+    """bf16 kernels reading through tensor descriptors (TMA), D=64 and 128 at both lengths (16k tokens).
+    (Run 26 also tried Triton's warp specialization of their loops: wrong results, so no longer offered.)"""
+    tiles = {
+        "fwd": ((64, 64), (128, 32), (128, 64), (128, 128)),
+        "dkdv": ((32, 64), (64, 64), (32, 128), (64, 128)),
+        "dq": ((64, 32), (64, 64), (128, 32), (128, 64)),
+    }
+    out = []
+    for d in ATTN_DS:
+        for causal in (False, True):
+            for kind, kind_tiles in tiles.items():
+                for bm, bn in kind_tiles:
+                    for warps in (4, 8):
+                        for stages in (3,) if kind == "fwd" else (2, 3):
+                            c = _attn(kind, d, causal, bm, bn, warps, stages)
+                            out.append(dict(c, tma=True, short=True))
     return out
 
 
@@ -301,7 +326,9 @@ def make_launch(c: dict, shape):
     dtype = getattr(torch, c.get("dtype", "bfloat16"))
     q, k, v, do = (torch.randn(b_, h, l, d, device="cuda", dtype=dtype) for _ in range(4))
     cfg = (
-        ra.AttnConfig(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"]) if "block_m" in c else None
+        ra.AttnConfig(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"], c.get("tma", False))
+        if "block_m" in c
+        else None
     )
     scale, relu_scale = 1 / math.sqrt(d), 1 / l
     fwd_flops = 4 * b_ * h * l * l * d * (0.5 if c["causal"] else 1.0)
@@ -360,6 +387,7 @@ def main(argv=None) -> int:
         "ln-split",
         "ln-chunked",
         "ln-unroll",
+        "ln-shifted",
         "ln-fwd",
         "ln-prefetch",
         "ln-fwd-params",
@@ -369,6 +397,7 @@ def main(argv=None) -> int:
         "attn-fp32",
         "attn-pairs",
         "attn-fp32-fwd",
+        "attn-tma",
     )
     ap.add_argument("--only", help=f"comma-separated subset of {', '.join(groups)} (default: ln and attn)")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
@@ -407,6 +436,9 @@ def main(argv=None) -> int:
         cands += [c for c in ln_all if c["kind"] == "fwd"]
     if "ln-chunked" in only:  # the forward of long rows: one-tile and chunked candidates side by side
         cands += [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096]
+    if "ln-shifted" in only:  # the chunked forward in two passes (sums about a shift); --base: three
+        chunked = [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096 and "block_n" in c]
+        cands += [dict(c, shifted=True) for c in chunked]
     if "ln-unroll" in only:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:
@@ -427,6 +459,8 @@ def main(argv=None) -> int:
         fp32 = attn_candidates(args.quick, ds=(64,), dtype="float32")
         fp32 += [dict(c, num_stages=4) for c in fp32 if c["num_stages"] == 3]
         cands += [dict(c, short=True) for c in fp32 if c["kind"] == "fwd"]
+    if "attn-tma" in only:
+        cands += attn_tma_candidates()
     if "attn-pairs" in only:
         if not args.pairs_from:
             ap.error("attn-pairs needs --pairs-from TUNING_CSV")

@@ -333,28 +333,33 @@ def test_backward_variants_equal_default(cfg, device, gen):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+SHIFTED = [pytest.param(False, id="three passes"), pytest.param(True, id="two passes (shifted sums)")]
+
+
+@pytest.mark.parametrize("shifted", SHIFTED)
 @pytest.mark.parametrize("unroll", [1, 2], ids=["unroll 1", "unroll 2: 3 chunks leave a remainder"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_chunked_forward_equals_fused(dtype, unroll, device, gen):
+def test_chunked_forward_equals_fused(dtype, unroll, shifted, device, gen):
     # the tuning table may pick the chunked forward (passes over chunks, per-lane statistics) for long
     # rows: forced here on a row of 2.3 chunks, it must match the one-tile kernel
     m, n = 19, 300
     x = randn((m, n), dtype, device, gen, mean=3.0)
     w, b = randn((n,), dtype, device, gen), randn((n,), dtype, device, gen)
     fused = ln_mod.layer_norm_fwd(x, w, b, 1e-5)
-    cfg = ln_mod.LaunchConfig(1, 128, 4, 0, unroll)
+    cfg = ln_mod.LaunchConfig(1, 128, 4, 0, unroll, shifted=shifted)
     chunked = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=cfg)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     for a, c in zip(fused, chunked, strict=True):
         torch.testing.assert_close(a, c, **tol)
 
 
-def test_chunked_forward_statistics_are_exact_and_stable(device, gen):
+@pytest.mark.parametrize("shifted", SHIFTED)
+def test_chunked_forward_statistics_are_exact_and_stable(shifted, device, gen):
     # the chunked kernel's statistics keep the fused kernel's guarantees: a row of equal values gives
     # y == bias exactly (zero variance, x - mean exactly 0), and rows of 1e4 + randn keep the variance
     # (the error bound of test_large_mean_keeps_precision_where_single_pass_loses_it)
     m, n = 6, 300
-    cfg = ln_mod.LaunchConfig(1, 128, 4, 0)
+    cfg = ln_mod.LaunchConfig(1, 128, 4, 0, shifted=shifted)
     x = randn((m, n), torch.float32, device, gen)
     x[1] = 0.7134
     x[3] = -3.25e3
@@ -364,3 +369,25 @@ def test_chunked_forward_statistics_are_exact_and_stable(device, gen):
     x = randn((16, n), torch.float32, device, gen, mean=1e4)
     y, _, _ = ln_mod.layer_norm_fwd(x, None, None, 1e-5, config=cfg)
     assert relerr(y, layer_norm_ref(x)) <= 1e-3
+
+
+def test_shifted_chunked_forward_when_the_first_chunk_is_far_from_the_mean(device, gen):
+    # the two-pass kernel sums about the first chunk's mean; its cancellation is bounded by N / BLOCK_N
+    # however far that chunk lies from the rest: first chunks of 1e4 + randn or -1e3 + 1e-2 * randn
+    # before randn, and rows whose only spread is in the first chunk
+    n, bn = 1000, 128
+    x = randn((4, n), torch.float32, device, gen)
+    x[0, :bn] += 1e4
+    x[1, :bn] = -1e3 + 1e-2 * x[1, :bn]
+    x[2, bn:] = 5.0
+    x[3] = 1e4 + 1e-3 * x[3]
+    cfg = ln_mod.LaunchConfig(1, bn, 4, 0, shifted=True)
+    y, mean, rstd = ln_mod.layer_norm_fwd(x, None, None, 1e-5, config=cfg)
+    want = layer_norm_ref(x.double())
+    assert relerr(y, want) <= 1e-4
+    x64 = x.double()
+    # the mean to a millionth of the row's largest value (three passes: 1e-8; a missing shift: ~1e-3),
+    # rstd to 1e-5 (measured under the interpreter: 1.6e-7 and 1.1e-6 at most)
+    err = mean.double() - x64.mean(1)
+    assert (err.abs() <= 1e-6 * x64.abs().amax(1)).all(), err
+    assert relerr(rstd, 1 / (x64.var(1, unbiased=False) + 1e-5).sqrt()) <= 1e-5

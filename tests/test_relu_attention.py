@@ -300,3 +300,62 @@ def test_backward_reading_copies_with_unit_stride_on_keys(causal, device, gen):
         assert relerr(a, ref) <= tol, (name, relerr(a, ref))
         # the same products from operands in another memory layout: equal up to float32 rounding
         assert relerr(a, b) <= 1e-6, (name, relerr(a, b))
+
+
+def _descriptor_configs(device):
+    """(fwd, dkdv, dq) configs that ask for the tensor-descriptor kernels: small tiles in the interpreter;
+    on a GPU, tiles of the tables."""
+    if device == "cpu":
+        return [(ra.AttnConfig(32, 16, 4, 1, True), ra.AttnConfig(16, 32, 4, 1, True),
+                 ra.AttnConfig(32, 16, 4, 1, True))]  # fmt: skip
+    fwd = ra.AttnConfig(64, 64, 4, 3, True)
+    return [
+        (fwd, ra.AttnConfig(64, 64, 4, 2, True), ra.AttnConfig(128, 32, 8, 3, True)),
+        (fwd, ra.AttnConfig(64, 128, 8, 3, True), ra.AttnConfig(128, 64, 8, 3, True)),
+    ]
+
+
+@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ra.LAYOUTS)
+@pytest.mark.parametrize("length", [17, 100, 192], ids=lambda n: f"L={n}")
+def test_tensor_descriptor_kernels(length, layout, causal, squared, device, gen):
+    # the TMA kernels: tails are the copy engine's zero fill and clipped stores, no masks
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need compute capability 9 or later")
+    dtype, d = (torch.float32, 32) if device == "cpu" else (torch.bfloat16, 128)
+    shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
+    q, k, v, do = (randn(shape, dtype, device, gen) for _ in range(4))
+    qb, kb, vb, dob = (ra._to_bhld(t, layout) for t in (q, k, v, do))
+    dq, dk, dv = (ra._empty_like_layout(t, t.shape, layout) for t in (qb, kb, vb))
+    out = ra._empty_like_layout(qb, qb.shape, layout)
+    assert ra._tma_usable(device == "cpu", qb, kb, vb, dob, dq, dk, dv, out)  # else it would test nothing
+    scale, relu_scale = 1 / math.sqrt(d), 1 / length
+    refs = [t.double().requires_grad_(True) for t in (qb, kb, vb)]
+    want = relu_attention_ref(*refs, causal=causal, squared=squared, scale=scale, relu_scale=relu_scale)
+    grads = torch.autograd.grad(want, refs, dob.double())
+    for fwd, dkdv, dq_cfg in _descriptor_configs(device):
+        ra.relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale, out=out, config=fwd)
+        ra.relu_attention_bwd(qb, kb, vb, dob, causal, squared, scale, relu_scale, dq, dk, dv,
+                              configs=(dkdv, dq_cfg))  # fmt: skip
+        assert relerr(out, want) <= tolerance("relu_attention", dtype, "fwd"), (fwd, relerr(out, want))
+        for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads, strict=True):
+            err = relerr(got, ref)
+            assert err <= tolerance("relu_attention", dtype, "bwd"), (name, dkdv, err)
+
+
+def test_tensor_descriptors_need_aligned_strides(device, gen):
+    # a view whose base is not 16-byte aligned takes the pointer kernels, with the same result
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need compute capability 9 or later")
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v = qkv(1, 2, 40, 32, 32, dtype, device, gen)
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype, device=device)
+    q_odd = buf[1:].view(q.shape).copy_(q)  # base one element past an aligned address
+    interp = device == "cpu"
+    assert ra._tma_usable(interp, q, k, v) and not ra._tma_usable(interp, q_odd, k, v)
+    assert not ra._tma_usable(interp, q, k, v[:, :1].expand(1, 2, 32, 32))  # stride 0 on heads
+    want = ra.relu_attention_fwd(q, k, v, False, False, 0.2, 1 / 32, config=ra.AttnConfig(32, 16, 4, 1))
+    cfg = ra.AttnConfig(32, 16, 4, 1, True)
+    got = ra.relu_attention_fwd(q_odd, k, v, False, False, 0.2, 1 / 32, config=cfg)
+    assert relerr(got, want) <= (1e-6 if dtype == torch.float32 else 1e-2)

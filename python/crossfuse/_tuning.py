@@ -36,7 +36,7 @@ def layer_norm_config(config_type, c: dict, programs_per_sm: int | None = None):
     return config_type(
         c["block_m"], c.get("block_n", c["n"]), c["num_warps"],
         c["pps"] if programs_per_sm is None else programs_per_sm, c.get("unroll", 1),
-        bool(c.get("prefetch", False)), bool(c.get("keep_params", False)),
+        bool(c.get("prefetch", False)), bool(c.get("keep_params", False)), bool(c.get("shifted", False)),
     )  # fmt: skip
 
 
@@ -62,7 +62,10 @@ def attention_overrides(config_type) -> dict:
     out = {}
     for key, c in _entries().items():
         if key.startswith("attn/"):
-            cfg = config_type(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"])
+            if c.get("ws"):  # run 26: warp-specialized loops gave wrong results; their entries are not used
+                continue
+            tma = bool(c.get("tma", False))
+            cfg = config_type(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"], tma)
             esize = _ESIZE[c.get("dtype", "bfloat16")]
             for long in (c["length"] == "long",) if "length" in c else (False, True):
                 out[(c["kind"], c["d"], esize, c["causal"], long)] = cfg

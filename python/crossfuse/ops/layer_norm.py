@@ -194,6 +194,7 @@ def _ln_fwd_chunked_kernel(
     HAS_BIAS: tl.constexpr,
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # chunks per loop iteration: more loads in flight, more registers
+    SHIFTED: tl.constexpr,  # two passes: sums about the first chunk's mean instead of a pass for the mean
 ):
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_xm
@@ -206,21 +207,38 @@ def _ln_fwd_chunked_kernel(
     # which is still in L2.
     # Eviction hints keep the row in L2 for the passes after the first (passes 1 and 2: evict last; the
     # last pass: evict first) and stream the output past it (.cs), as other programs' rows stream in.
-    # pass 1: the mean
-    acc = tl.zeros([BLOCK_N], dtype=acc_ty)
-    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        x = tl.load(X + start + cols, mask=start + cols < N, other=0.0, eviction_policy="evict_last")
-        acc += x.to(acc_ty)
-    mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
-    # pass 2: centred sums; the residual sum corrects the first mean's rounding
-    acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
-    acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
-    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        ok = start + cols < N
-        x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc_ty)
-        xc = tl.where(ok, x - mean, 0.0)
-        acc1 += xc
-        acc2 += xc * xc
+    if SHIFTED:
+        # one pass of sums about a shift, the mean of the first chunk (this kernel runs only when N >
+        # BLOCK_N, so that chunk is full): var = S2/N - (S1/N)^2 cancels in proportion to (mean -
+        # shift)^2 / var, and since the first chunk alone contributes at least BLOCK_N * (shift -
+        # mean)^2 to N * var, that ratio is at most N / BLOCK_N: the relative error of the variance
+        # stays within (1 + N/BLOCK_N) float32 roundings for any row
+        x = tl.load(X + cols, eviction_policy="evict_last").to(acc_ty)
+        mean = _div(tl.sum(x, axis=0), BLOCK_N, IS_FP64)
+        acc1 = x - mean
+        acc2 = acc1 * acc1
+        for start in tl.range(BLOCK_N, N, BLOCK_N, loop_unroll_factor=UNROLL):
+            ok = start + cols < N
+            x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc_ty)
+            xc = tl.where(ok, x - mean, 0.0)
+            acc1 += xc
+            acc2 += xc * xc
+    else:
+        # pass 1: the mean
+        acc = tl.zeros([BLOCK_N], dtype=acc_ty)
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+            x = tl.load(X + start + cols, mask=start + cols < N, other=0.0, eviction_policy="evict_last")
+            acc += x.to(acc_ty)
+        mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
+        # pass 2: centred sums; the residual sum corrects the first mean's rounding
+        acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
+        acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+            ok = start + cols < N
+            x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc_ty)
+            xc = tl.where(ok, x - mean, 0.0)
+            acc1 += xc
+            acc2 += xc * xc
     sum_xc, sum_xc2 = _sum2(acc1, acc2, 0)
     corr = _div(sum_xc, N, IS_FP64)
     var = tl.maximum(_div(sum_xc2, N, IS_FP64) - corr * corr, 0.0)
@@ -475,6 +493,9 @@ class LaunchConfig(NamedTuple):
     # registers by persistent grids), instead of after the statistics of every tile (fewer registers,
     # but an L1/L2 round trip between each tile's statistics and its store)
     keep_params: bool = False
+    # chunked forward: two passes over the row (sums about the first chunk's mean, then normalise)
+    # instead of three (the mean, the centred sums, normalise)
+    shifted: bool = False
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -486,7 +507,9 @@ MANY_ROWS = 8192
 # Measured on the H200 by bench/tune.py (bench/results/h200/NOTES.md): run 15 (tuned_run15_2026-11-29.json:
 # the forward with weight and bias loaded first, prefetching loops at 8 and 16 programs per SM, against
 # the tables of runs 13 and 14 in the same run), then run 16 for the forward of N >= 4096
-# (tuned_run16_2026-11-29.json: the chunked forward with L2 eviction hints against the run-15 table).
+# (tuned_run16_2026-11-29.json: the chunked forward with L2 eviction hints against the run-15 table), then
+# run 26 for the bf16 forward of N >= 8192: the chunked forward in two passes (``shifted``; the run-16
+# configuration's figure in the same run in brackets).
 # The fastest by median GPU time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384).
 # (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
 # the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
@@ -514,14 +537,14 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3924 GB/s (run 15)
     ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 8, prefetch=True),  # 1638 GB/s (run 15)
     ("fwd", 2, 1024, True): LaunchConfig(1, 1024, 1, 0),  # 3980 GB/s (run 15)
-    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 4, 0, 2),  # 3210 GB/s (run 16, chunked)
-    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 4, 0, 2),  # 3594 GB/s (run 16, chunked)
+    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 4, 0, shifted=True),  # 3426 GB/s (run 26, 2 passes; 3248)
+    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 4, 0, shifted=True),  # 3819 GB/s (run 26, 2 passes; 3611)
     ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2144 GB/s (run 15)
     ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 3886 GB/s (run 15)
     ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0),  # 2655 GB/s (run 16)
     ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),  # 3868 GB/s (run 16)
-    ("fwd", 2, 8192, False): LaunchConfig(1, 4096, 4, 0, 2),  # 3071 GB/s (run 16, chunked)
-    ("fwd", 2, 8192, True): LaunchConfig(1, 4096, 4, 0, 2),  # 3487 GB/s (run 16, chunked)
+    ("fwd", 2, 8192, False): LaunchConfig(1, 2048, 4, 0, shifted=True),  # 3197 GB/s (run 26, 2 passes; 3059)
+    ("fwd", 2, 8192, True): LaunchConfig(1, 2048, 4, 0, shifted=True),  # 3766 GB/s (run 26, 2 passes; 3471)
     # 2515 GB/s (run 15)
     ("fwd", 4, 1024, False): LaunchConfig(4, 1024, 4, 4, prefetch=True, keep_params=True),
     ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 2, 0, keep_params=True),  # 4177 GB/s (run 15)
@@ -612,7 +635,7 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
     else:
         _ln_fwd_chunked_kernel[(M,)](
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
-            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, **common,
+            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SHIFTED=cfg.shifted, **common,
         )  # fmt: skip
     return y, mean, rstd
 

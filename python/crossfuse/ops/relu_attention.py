@@ -43,6 +43,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before 3.4: the pointer kernels only
+    TensorDescriptor = None
+
 from .. import _tuning
 from .._backend import check_runnable, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor, dtype_name
@@ -443,6 +448,163 @@ def _relu_attn_bwd_dq_kernel(
 
 
 # ----------------------------------------------------------------------------------------------------
+# The same three kernels reading and writing through tensor descriptors (TMA on Hopper and later)
+#
+# Each [B, H, L, D] tensor is a rank-4 descriptor over its own strides, a tile a [1, 1, rows, D] box.
+# The copy engine fills rows past L with zeros and clips stores there, so the tails need no masks: a
+# zero query or key row scores 0, and relu(0) = 0 adds nothing (the same reason the pointer kernels can
+# load padding as 0). (Triton 3.6's warp specialization of these loops on Hopper was tried in run 26:
+# it gave wrong forward outputs and failed to compile causal kernels; see bench/results/h200/NOTES.md.)
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile(desc, b, h, start, ROWS: tl.constexpr, HEAD_D: tl.constexpr):
+    return desc.load([b, h, start, 0]).reshape([ROWS, HEAD_D])
+
+
+@triton.jit
+def _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+                   CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
+    for start_n in range(lo, hi, BLOCK_N):
+        k = _tile(Kd, b, h, start_n, BLOCK_N, HEAD_D)
+        p = tl.maximum(tl.dot(q, k.T) * scale, 0.0)
+        if SQUARED:
+            p = p * p
+        if CAUSAL_MASK:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        v = _tile(Vd, b, h, start_n, BLOCK_N, HEAD_D)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc
+
+
+@triton.jit
+def _relu_attn_fwd_tma_kernel(
+    Qd, Kd, Vd, Od,  # rank-4 descriptors over [B, H, L, HEAD_D]: boxes [1, 1, BLOCK_M or BLOCK_N, HEAD_D]
+    H, Lk, scale, relu_scale,
+    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    SQUARED: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
+    acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
+    if CAUSAL:
+        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, 0, start_m, scale, BLOCK_N, HEAD_D, False,
+                             SQUARED)  # fmt: skip
+        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, start_m, tl.minimum(start_m + BLOCK_M, Lk), scale,
+                             BLOCK_N, HEAD_D, True, SQUARED)  # fmt: skip
+    else:
+        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED)
+    Od.store([b, h, start_m, 0], (acc * relu_scale).to(Od.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
+
+
+@triton.jit
+def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, BLOCK_M: tl.constexpr,
+                    HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
+    for start_m in range(lo, hi, BLOCK_M):
+        q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
+        do = _tile(DOd, b, h, start_m, BLOCK_M, HEAD_D)
+        st = tl.dot(k, q.T)  # (BLOCK_N, BLOCK_M): scores transposed
+        at = tl.maximum(st * scale, 0.0)
+        dpt = tl.dot(v, do.T)  # (dout @ v^T)^T
+        if SQUARED:
+            dst = dpt * (2.0 * scale) * at
+            pt = at * at
+        else:
+            dst = tl.where(st > 0.0, dpt * scale, 0.0)
+            pt = at
+        if CAUSAL_MASK:
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            visible = offs_m[None, :] >= offs_n[:, None]
+            pt = tl.where(visible, pt, 0.0)
+            dst = tl.where(visible, dst, 0.0)
+        dv = tl.dot(pt.to(do.dtype), do, dv)
+        dk = tl.dot(dst.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _relu_attn_bwd_dkdv_tma_kernel(
+    Qd, Kd, Vd, DOd, DKd, DVd,  # rank-4 descriptors over [B, H, L, HEAD_D]
+    H, Lq, scale, relu_scale,
+    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    SQUARED: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k = _tile(Kd, b, h, start_n, BLOCK_N, HEAD_D)
+    v = _tile(Vd, b, h, start_n, BLOCK_N, HEAD_D)
+    dk = tl.zeros([BLOCK_N, HEAD_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_D], dtype=tl.float32)
+    if CAUSAL:
+        mid = tl.minimum(start_n + BLOCK_N, Lq)
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, start_n, mid, scale, BLOCK_M, HEAD_D,
+                                 True, SQUARED)  # fmt: skip
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, mid, Lq, scale, BLOCK_M, HEAD_D, False,
+                                 SQUARED)  # fmt: skip
+    else:
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, 0, Lq, scale, BLOCK_M, HEAD_D, False,
+                                 SQUARED)  # fmt: skip
+    DKd.store([b, h, start_n, 0], (dk * relu_scale).to(DKd.dtype).reshape([1, 1, BLOCK_N, HEAD_D]))
+    DVd.store([b, h, start_n, 0], (dv * relu_scale).to(DVd.dtype).reshape([1, 1, BLOCK_N, HEAD_D]))
+
+
+@triton.jit
+def _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+                  CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
+    for start_n in range(lo, hi, BLOCK_N):
+        k = _tile(Kd, b, h, start_n, BLOCK_N, HEAD_D)
+        v = _tile(Vd, b, h, start_n, BLOCK_N, HEAD_D)
+        s = tl.dot(q, k.T)
+        dp = tl.dot(do, v.T)
+        if SQUARED:
+            ds = dp * (2.0 * scale) * tl.maximum(s * scale, 0.0)
+        else:
+            ds = tl.where(s > 0.0, dp * scale, 0.0)
+        if CAUSAL_MASK:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit
+def _relu_attn_bwd_dq_tma_kernel(
+    Qd, Kd, Vd, DOd, DQd,  # rank-4 descriptors over [B, H, L, HEAD_D]
+    H, Lk, scale, relu_scale,
+    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    SQUARED: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
+    do = _tile(DOd, b, h, start_m, BLOCK_M, HEAD_D)
+    dq = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
+    if CAUSAL:
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, start_m, scale, BLOCK_N, HEAD_D, False,
+                           SQUARED)  # fmt: skip
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, start_m, tl.minimum(start_m + BLOCK_M, Lk), scale,
+                           BLOCK_N, HEAD_D, True, SQUARED)  # fmt: skip
+    else:
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED)
+    DQd.store([b, h, start_m, 0], (dq * relu_scale).to(DQd.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
+
+
+# ----------------------------------------------------------------------------------------------------
 # Launch heuristics: the one place tile shapes, warps and stages are chosen
 # ----------------------------------------------------------------------------------------------------
 
@@ -452,6 +614,7 @@ class AttnConfig(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
+    tma: bool = False  # tensor descriptors (the *_tma_kernel's) where _tma_usable allows, else pointers
 
 
 # Sequences up to SHORT_L use the "short" entries of TUNED where there are any: with 16k tokens a
@@ -468,20 +631,30 @@ SHORT_L = 2048
 # the other kernel at its default). A missing entry falls back to the other length's entry, then to the
 # rule in attention_config.
 TUNED: dict[tuple[str, int, int, bool, bool], AttnConfig] = {
-    ("dkdv", 64, 2, False, True): AttnConfig(32, 128, 4, 3),  # 435 TFLOP/s (run 1)
-    ("dkdv", 64, 2, True, True): AttnConfig(64, 64, 4, 2),  # 380 TFLOP/s (run 1)
-    ("dq", 64, 2, False, True): AttnConfig(64, 64, 4, 2),  # 448 TFLOP/s (run 1)
-    ("dq", 64, 2, True, True): AttnConfig(128, 64, 8, 3),  # 415 TFLOP/s (run 1)
+    # bf16 kernels reading through tensor descriptors (tma=True) won these keys in run 26 (pointer
+    # kernel's best in the same run in brackets); the others keep the pointer kernels of runs 1, 7, 23
+    ("dkdv", 64, 2, False, True): AttnConfig(64, 64, 4, 3, tma=True),  # 471 TFLOP/s (run 26; 451)
+    ("dkdv", 64, 2, False, False): AttnConfig(64, 64, 4, 3, tma=True),  # 407 TFLOP/s (run 26; 388)
+    ("dkdv", 64, 2, True, True): AttnConfig(64, 64, 4, 3, tma=True),  # 443 TFLOP/s (run 26; 387)
+    ("dkdv", 64, 2, True, False): AttnConfig(32, 64, 4, 3, tma=True),  # 315 TFLOP/s (run 26; 296)
+    ("dq", 64, 2, False, True): AttnConfig(128, 64, 8, 3, tma=True),  # 484 TFLOP/s (run 26; 441)
+    ("dq", 64, 2, False, False): AttnConfig(128, 64, 8, 3, tma=True),  # 428 TFLOP/s (run 26; 387)
+    ("dq", 64, 2, True, True): AttnConfig(128, 64, 4, 3, tma=True),  # 421 TFLOP/s (run 26; 416)
+    ("dq", 64, 2, True, False): AttnConfig(64, 64, 4, 3, tma=True),  # 309 TFLOP/s (run 26; 297)
     ("fwd", 64, 2, False, True): AttnConfig(128, 32, 4, 3),  # 672 TFLOP/s (run 1)
     ("fwd", 64, 2, True, True): AttnConfig(128, 64, 8, 3),  # 582 TFLOP/s (run 1)
+    ("fwd", 64, 2, True, False): AttnConfig(64, 64, 4, 3, tma=True),  # 376 TFLOP/s (run 26; 372)
     ("dkdv", 128, 2, False, True): AttnConfig(64, 128, 8, 3),  # 290 TFLOP/s (run 1)
-    ("dkdv", 128, 2, True, True): AttnConfig(64, 64, 4, 2),  # 266 TFLOP/s (run 1)
-    ("dq", 128, 2, False, True): AttnConfig(128, 64, 8, 3),  # 266 TFLOP/s (run 1)
-    ("dq", 128, 2, True, True): AttnConfig(128, 64, 8, 3),  # 243 TFLOP/s (run 1)
+    ("dkdv", 128, 2, True, True): AttnConfig(64, 128, 8, 3, tma=True),  # 476 TFLOP/s (run 26; 468)
+    ("dkdv", 128, 2, True, False): AttnConfig(64, 64, 4, 2, tma=True),  # 340 TFLOP/s (run 26; 332)
+    ("dq", 128, 2, False, True): AttnConfig(128, 64, 8, 3, tma=True),  # 537 TFLOP/s (run 26; 526)
+    ("dq", 128, 2, False, False): AttnConfig(128, 64, 8, 3, tma=True),  # 439 TFLOP/s (run 26; 429)
+    ("dq", 128, 2, True, True): AttnConfig(128, 64, 8, 3, tma=True),  # 477 TFLOP/s (run 26; 467)
+    ("dq", 128, 2, True, False): AttnConfig(128, 32, 8, 3, tma=True),  # 337 TFLOP/s (run 26; 330)
     ("fwd", 128, 2, False, True): AttnConfig(64, 64, 4, 3),  # 702 TFLOP/s (run 7)
     ("fwd", 128, 2, True, True): AttnConfig(64, 64, 4, 3),  # 610 TFLOP/s (run 7)
     ("fwd", 128, 2, False, False): AttnConfig(64, 64, 4, 3),  # 579 TFLOP/s (run 23; 569 for 128x32x8x3)
-    ("fwd", 128, 2, True, False): AttnConfig(128, 32, 8, 3),  # 400 TFLOP/s (run 7)
+    ("fwd", 128, 2, True, False): AttnConfig(64, 64, 4, 3, tma=True),  # 418 TFLOP/s (run 26; 397)
     ("dkdv", 64, 4, False, True): AttnConfig(16, 128, 8, 3),  # 141 TFLOP/s (run 21)
     ("dkdv", 64, 4, False, False): AttnConfig(16, 128, 8, 3),  # 101 TFLOP/s (run 21)
     ("dkdv", 64, 4, True, True): AttnConfig(64, 128, 8, 2),  # 149 TFLOP/s (run 21)
@@ -557,9 +730,16 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         out = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     interp = is_interpreted(_relu_attn_fwd_kernel)
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
+    grid = (triton.cdiv(Lq, cfg.block_m), B * H)
+    if cfg.tma and _tma_usable(interp, q, k, v, out):
+        _relu_attn_fwd_tma_kernel[grid](
+            _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, cfg.block_m),
+            H, Lk, scale, relu_scale, HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
+            SQUARED=squared, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return out
     if _tf32_copies(q.dtype, interp):
         v = _l_contiguous(v)  # p @ v sums over keys: see _tf32_copies
-    grid = (triton.cdiv(Lq, cfg.block_m), B * H)
     _relu_attn_fwd_kernel[grid](
         q, k, v, out, *_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), v.stride(3),
         *_bhld_strides(out), H, Lq, Lk, scale, relu_scale,
@@ -569,6 +749,34 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
+
+
+def _tma_usable(interp: bool, *tensors: torch.Tensor) -> bool:
+    """Whether the descriptor kernels can read and write ``tensors`` ([B, H, L, D] views): 16-bit types
+    on a GPU with a copy engine for tensors (compute capability 9+; any dtype under the interpreter),
+    D <= 128 (a box row of at most 256 bytes), 16-byte aligned base and strides, unit stride on D."""
+    if TensorDescriptor is None:
+        return False
+    t0 = tensors[0]
+    if not interp:
+        if t0.device.type != "cuda" or t0.dtype not in (torch.bfloat16, torch.float16):
+            return False
+        if torch.cuda.get_device_capability(t0.device)[0] < 9:
+            return False
+    if t0.shape[3] > 128:
+        return False
+    esize = t0.element_size()
+    for t in tensors:
+        if t.stride(3) != 1 or t.data_ptr() % 16:
+            return False
+        if any(st <= 0 or st * esize % 16 for st in t.stride()[:3]):
+            return False
+    return True
+
+
+def _desc(t: torch.Tensor, rows: int):
+    """A rank-4 tensor descriptor over the [B, H, L, D] view ``t``, boxes of ``rows`` x D."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]])
 
 
 def _l_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -600,6 +808,33 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     interp = is_interpreted(_relu_attn_bwd_dkdv_kernel)
     copies = _tf32_copies(q.dtype, interp) if trans_copies is None else trans_copies
     cfg = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
+    tma = not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
+    if tma and cfg.tma:
+        _relu_attn_bwd_dkdv_tma_kernel[(triton.cdiv(Lk, cfg.block_n), B * H)](
+            _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
+            _desc(dk, cfg.block_n), _desc(dv, cfg.block_n), H, Lq, scale, relu_scale,
+            HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    else:
+        _bwd_dkdv(q, k, v, do, dk, dv, causal, squared, scale, relu_scale, cfg, interp, copies)
+    cfg = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
+    if tma and cfg.tma:
+        _relu_attn_bwd_dq_tma_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
+            _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
+            _desc(dq, cfg.block_m), H, Lk, scale, relu_scale,
+            HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    else:
+        _bwd_dq(q, k, v, do, dq, causal, squared, scale, relu_scale, cfg, interp, copies)
+    return dq, dk, dv
+
+
+def _bwd_dkdv(q, k, v, do, dk, dv, causal, squared, scale, relu_scale, cfg, interp, copies):
+    """The pointer dK/dV kernel (see :func:`relu_attention_bwd`)."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
     qc, doc = (_l_contiguous(q), _l_contiguous(do)) if copies else (q, do)
     strides = (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
     _relu_attn_bwd_dkdv_kernel[(triton.cdiv(Lk, cfg.block_n), B * H)](
@@ -610,9 +845,15 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    del qc, doc  # the copies' memory serves the next one
+
+
+def _bwd_dq(q, k, v, do, dq, causal, squared, scale, relu_scale, cfg, interp, copies):
+    """The pointer dQ kernel (see :func:`relu_attention_bwd`); the dK/dV kernel's copies are freed by
+    now, so their memory serves k's."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
     kc = _l_contiguous(k) if copies else k
-    cfg = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
+    strides = (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
     _relu_attn_bwd_dq_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
         q, k, v, do, dq, kc, *strides, *_bhld_strides(dq), *_bh_d_strides(kc), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
@@ -620,7 +861,6 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return dq, dk, dv
 
 
 # ----------------------------------------------------------------------------------------------------
