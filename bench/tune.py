@@ -167,7 +167,7 @@ def code_tables() -> dict:
         if c.keep_params:
             entry["keep_params"] = True
         if c.shifted:
-            entry["shifted"] = c.shifted
+            entry["shifted"] = True
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -436,9 +436,9 @@ def main(argv=None) -> int:
         cands += [c for c in ln_all if c["kind"] == "fwd"]
     if "ln-chunked" in only:  # the forward of long rows: one-tile and chunked candidates side by side
         cands += [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096]
-    if "ln-shifted" in only:  # the chunked forward in two passes (sums about shifts); --base: the code's
+    if "ln-shifted" in only:  # the chunked forward in two passes (sums about a shift); --base: three
         chunked = [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096 and "block_n" in c]
-        cands += [dict(c, shifted=v) for c in chunked for v in (1, 2)]
+        cands += [dict(c, shifted=True) for c in chunked]
     if "ln-unroll" in only:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:

@@ -176,31 +176,6 @@ def _ln_fwd_kernel(
         tl.store(Rstd + rows, rstd, mask=row_ok)
 
 
-@triton.jit
-def _row_chunk(P, start, cols, N, EVEN: tl.constexpr, POLICY: tl.constexpr):
-    """Columns ``start + cols`` of a row (``P`` its base): float values (0 past N) and the in-row mask."""
-    ok = start + cols < N
-    if EVEN:
-        x = tl.load(P + start + cols, eviction_policy=POLICY)
-    else:
-        x = tl.load(P + start + cols, mask=ok, other=0.0, eviction_policy=POLICY)
-    return x, ok
-
-
-@triton.jit
-def _centred_sums(X, start0, ref, cols, N, acc1, acc2, acc_ty: tl.constexpr, BLOCK_N: tl.constexpr,
-                  EVEN: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
-    """Per-lane sums of ``x - ref`` and its square over the chunks from ``start0``."""
-    for start in tl.range(start0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        x, ok = _row_chunk(X, start, cols, N, EVEN, "evict_last")
-        xc = x.to(acc_ty) - ref
-        if not EVEN:
-            xc = tl.where(ok, xc, 0.0)
-        acc1 += xc
-        acc2 += xc * xc
-    return acc1, acc2
-
-
 @triton.jit(do_not_specialize=["M"])
 def _ln_fwd_chunked_kernel(
     X,  # input, (M, N), row stride stride_xm
@@ -219,70 +194,67 @@ def _ln_fwd_chunked_kernel(
     HAS_BIAS: tl.constexpr,
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # chunks per loop iteration: more loads in flight, more registers
-    SHIFTED: tl.constexpr,  # the statistics: 0 three passes, 1 and 2 two passes (see below)
-    EVEN: tl.constexpr,  # N % BLOCK_N == 0: no masks
+    SHIFTED: tl.constexpr,  # two passes: sums about the first chunk's mean instead of a pass for the mean
 ):
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_xm
     Y += row * stride_ym
-    acc_ty: tl.constexpr = tl.float64 if IS_FP64 else tl.float32
+    acc_ty = tl.float64 if IS_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
     # The statistics of the fused kernel (corrected two-pass), summed per lane: each thread adds its own
     # elements of every chunk and the lanes are reduced once per pass, so no barrier sits inside a loop
-    # and the loads of successive chunks can be in flight together. The passes after the first re-read
-    # the row, which is still in L2. Every variant ends with a reference ``ref`` and a small correction
-    # ``corr`` (mean = ref + corr), and the last pass computes (x - ref) - corr: x - (ref + corr) would
-    # round the mean to ulp(ref), ~1e-3 for rows of 1e4 + randn.
-    # Eviction hints keep the row in L2 for the passes after the first (every pass but the last: evict
-    # last; the last: evict first) and stream the output past it (.cs), as other programs' rows stream in.
-    # This kernel runs only when N > BLOCK_N: the first chunk is full.
-    zero = tl.zeros([BLOCK_N], dtype=acc_ty)
-    if SHIFTED == 2:
-        # two passes, sums about per-lane shifts: each lane's first element. A lane holds cnt = N/BLOCK_N
-        # (rounded up or down) elements, so its S2 - S1^2/cnt cancels by at most cnt (its shift is one of
-        # its elements: (shift - lane mean)^2 <= cnt * lane variance); lanes then merge exactly (Chan),
-        # about the row's first element as reference: no reduction before the loop
-        shift = tl.load(X + cols, eviction_policy="evict_last").to(acc_ty)
-        ref = tl.load(X).to(acc_ty)
-        acc1, acc2 = _centred_sums(X, BLOCK_N, shift, cols, N, zero, zero, acc_ty, BLOCK_N, EVEN, UNROLL)
-        cnt = ((N - 1 - cols) // BLOCK_N + 1).to(acc_ty)
-        lane_mean = (shift - ref) + acc1 / cnt  # about ref
-        corr = _div(tl.sum(cnt * lane_mean, axis=0), N, IS_FP64)
-        dm = lane_mean - corr
-        m2 = tl.sum(tl.maximum(acc2 - acc1 * (acc1 / cnt), 0.0) + cnt * dm * dm, axis=0)
-        var = _div(m2, N, IS_FP64)
+    # and the loads of successive chunks can be in flight together. Passes 2 and 3 re-read the row,
+    # which is still in L2.
+    # Eviction hints keep the row in L2 for the passes after the first (passes 1 and 2: evict last; the
+    # last pass: evict first) and stream the output past it (.cs), as other programs' rows stream in.
+    if SHIFTED:
+        # one pass of sums about a shift, the mean of the first chunk (this kernel runs only when N >
+        # BLOCK_N, so that chunk is full): var = S2/N - (S1/N)^2 cancels in proportion to (mean -
+        # shift)^2 / var, and since the first chunk alone contributes at least BLOCK_N * (shift -
+        # mean)^2 to N * var, that ratio is at most N / BLOCK_N: the relative error of the variance
+        # stays within (1 + N/BLOCK_N) float32 roundings for any row
+        x = tl.load(X + cols, eviction_policy="evict_last").to(acc_ty)
+        mean = _div(tl.sum(x, axis=0), BLOCK_N, IS_FP64)
+        acc1 = x - mean
+        acc2 = acc1 * acc1
+        for start in tl.range(BLOCK_N, N, BLOCK_N, loop_unroll_factor=UNROLL):
+            ok = start + cols < N
+            x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc_ty)
+            xc = tl.where(ok, x - mean, 0.0)
+            acc1 += xc
+            acc2 += xc * xc
     else:
-        if SHIFTED == 1:
-            # two passes, sums about the first chunk's mean: S2/N - (S1/N)^2 cancels in proportion to
-            # (mean - ref)^2 / var, at most N / BLOCK_N (the first chunk alone adds at least BLOCK_N *
-            # (ref - mean)^2 to N * var)
-            first, _ = _row_chunk(X, 0, cols, N, True, "evict_last")
-            first = first.to(acc_ty)
-            ref = _div(tl.sum(first, axis=0), BLOCK_N, IS_FP64)
-            acc1, acc2 = _centred_sums(X, BLOCK_N, ref, cols, N, first - ref, (first - ref) * (first - ref),
-                                       acc_ty, BLOCK_N, EVEN, UNROLL)  # fmt: skip
-        else:
-            # three passes: the mean, then sums centred on it (the residual corrects its rounding)
-            acc = zero
-            for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-                xs, _ = _row_chunk(X, start, cols, N, EVEN, "evict_last")
-                acc += xs.to(acc_ty)
-            ref = _div(tl.sum(acc, axis=0), N, IS_FP64)
-            acc1, acc2 = _centred_sums(X, 0, ref, cols, N, zero, zero, acc_ty, BLOCK_N, EVEN, UNROLL)
-        sum_xc, sum_xc2 = _sum2(acc1, acc2, 0)
-        corr = _div(sum_xc, N, IS_FP64)
-        var = _div(sum_xc2, N, IS_FP64) - corr * corr
-    rstd = 1.0 / tl.sqrt(tl.maximum(var, 0.0) + eps)
-    # the last pass: normalise and write
+        # pass 1: the mean
+        acc = tl.zeros([BLOCK_N], dtype=acc_ty)
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+            x = tl.load(X + start + cols, mask=start + cols < N, other=0.0, eviction_policy="evict_last")
+            acc += x.to(acc_ty)
+        mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
+        # pass 2: centred sums; the residual sum corrects the first mean's rounding
+        acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
+        acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+            ok = start + cols < N
+            x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc_ty)
+            xc = tl.where(ok, x - mean, 0.0)
+            acc1 += xc
+            acc2 += xc * xc
+    sum_xc, sum_xc2 = _sum2(acc1, acc2, 0)
+    corr = _div(sum_xc, N, IS_FP64)
+    var = tl.maximum(_div(sum_xc2, N, IS_FP64) - corr * corr, 0.0)
+    rstd = 1.0 / tl.sqrt(var + eps)
+    # pass 3: normalise and write; as in the fused kernel the row is centred on the first mean and then
+    # corrected (x - (mean + corr) would round the sum to ulp(mean): ~1e-3 for rows of 1e4 + randn)
     for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        x, ok = _row_chunk(X, start, cols, N, EVEN, "evict_first")
-        y = ((x.to(acc_ty) - ref) - corr) * rstd
+        ok = start + cols < N
+        x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(acc_ty)
+        y = ((x - mean) - corr) * rstd
         if HAS_WEIGHT:
             y = y * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
         if HAS_BIAS:
             y = y + tl.load(B + start + cols, mask=ok, other=0.0).to(acc_ty)
         tl.store(Y + start + cols, y.to(Y.dtype.element_ty), mask=ok, cache_modifier=".cs")
-    tl.store(Mean + row, ref + corr)
+    tl.store(Mean + row, mean + corr)
     tl.store(Rstd + row, rstd)
 
 
@@ -521,9 +493,9 @@ class LaunchConfig(NamedTuple):
     # registers by persistent grids), instead of after the statistics of every tile (fewer registers,
     # but an L1/L2 round trip between each tile's statistics and its store)
     keep_params: bool = False
-    # chunked forward: the statistics in one pass instead of two (sums about the first chunk's mean: 1,
-    # or about each lane's first element: 2), so two passes over the row in all instead of three
-    shifted: int = 0
+    # chunked forward: two passes over the row (sums about the first chunk's mean, then normalise)
+    # instead of three (the mean, the centred sums, normalise)
+    shifted: bool = False
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -565,14 +537,14 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3924 GB/s (run 15)
     ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 8, prefetch=True),  # 1638 GB/s (run 15)
     ("fwd", 2, 1024, True): LaunchConfig(1, 1024, 1, 0),  # 3980 GB/s (run 15)
-    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 4, 0, shifted=1),  # 3426 GB/s (run 26, 2 passes; 3248)
-    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 4, 0, shifted=1),  # 3819 GB/s (run 26, 2 passes; 3611)
+    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 4, 0, shifted=True),  # 3426 GB/s (run 26, 2 passes; 3248)
+    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 4, 0, shifted=True),  # 3819 GB/s (run 26, 2 passes; 3611)
     ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2144 GB/s (run 15)
     ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 3886 GB/s (run 15)
     ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0),  # 2655 GB/s (run 16)
     ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),  # 3868 GB/s (run 16)
-    ("fwd", 2, 8192, False): LaunchConfig(1, 2048, 4, 0, shifted=1),  # 3197 GB/s (run 26, 2 passes; 3059)
-    ("fwd", 2, 8192, True): LaunchConfig(1, 2048, 4, 0, shifted=1),  # 3766 GB/s (run 26, 2 passes; 3471)
+    ("fwd", 2, 8192, False): LaunchConfig(1, 2048, 4, 0, shifted=True),  # 3197 GB/s (run 26, 2 passes; 3059)
+    ("fwd", 2, 8192, True): LaunchConfig(1, 2048, 4, 0, shifted=True),  # 3766 GB/s (run 26, 2 passes; 3471)
     # 2515 GB/s (run 15)
     ("fwd", 4, 1024, False): LaunchConfig(4, 1024, 4, 4, prefetch=True, keep_params=True),
     ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 2, 0, keep_params=True),  # 4177 GB/s (run 15)
@@ -663,8 +635,7 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
     else:
         _ln_fwd_chunked_kernel[(M,)](
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
-            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SHIFTED=int(cfg.shifted), EVEN=N % cfg.block_n == 0,
-            **common,
+            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SHIFTED=cfg.shifted, **common,
         )  # fmt: skip
     return y, mean, rstd
 
