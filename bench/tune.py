@@ -168,8 +168,6 @@ def code_tables() -> dict:
             entry["keep_params"] = True
         if c.shifted:
             entry["shifted"] = True
-        if c.welford:
-            entry["welford"] = True
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -390,7 +388,6 @@ def main(argv=None) -> int:
         "ln-chunked",
         "ln-unroll",
         "ln-shifted",
-        "ln-welford",
         "ln-fwd",
         "ln-prefetch",
         "ln-fwd-params",
@@ -442,9 +439,6 @@ def main(argv=None) -> int:
     if "ln-shifted" in only:  # the chunked forward in two passes (sums about a shift); --base: three
         chunked = [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096 and "block_n" in c]
         cands += [dict(c, shifted=True) for c in chunked]
-    if "ln-welford" in only:  # the chunked forward in two passes, Welford statistics (as torch.compile's)
-        chunked = [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096 and "block_n" in c]
-        cands += [dict(c, welford=True) for c in chunked]
     if "ln-unroll" in only:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:

@@ -89,15 +89,6 @@ def _sum2(a, b, axis: tl.constexpr):
 
 
 @triton.jit
-def _welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
-    """Chan's merge of two (mean, sum of squared deviations, count) statistics."""
-    w = w_a + w_b
-    frac = tl.where(w == 0.0, 0.0, w_b / w)
-    delta = mean_b - mean_a
-    return mean_a + delta * frac, m2_a + m2_b + delta * delta * w_a * frac, w
-
-
-@triton.jit
 def _load_rows(P, stride, rows, M, cols, col_ok):
     """The [rows, cols] tile of a (M, N) array with row stride ``stride``, in its own dtype; rows past M
     and columns past N read as 0 (and move no bytes)."""
@@ -204,7 +195,6 @@ def _ln_fwd_chunked_kernel(
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # chunks per loop iteration: more loads in flight, more registers
     SHIFTED: tl.constexpr,  # two passes: sums about the first chunk's mean instead of a pass for the mean
-    WELFORD: tl.constexpr,  # two passes: per-lane Welford statistics merged by Chan's formula
 ):
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_xm
@@ -217,28 +207,7 @@ def _ln_fwd_chunked_kernel(
     # which is still in L2.
     # Eviction hints keep the row in L2 for the passes after the first (passes 1 and 2: evict last; the
     # last pass: evict first) and stream the output past it (.cs), as other programs' rows stream in.
-    if WELFORD:
-        # one pass of per-lane running means and squared deviations (Welford), merged across lanes in one
-        # reduction (Chan). They are taken of x - ref, ref the row's first element, so that the mean
-        # comes as ref + corr like the other variants' (a mean rounded to ulp(1e4) would cost rows of
-        # 1e4 + randn 2e-3 of their output). A lane's k-th element comes with chunk k, the same for
-        # every lane: one division per chunk.
-        mean = tl.load(X).to(acc_ty)  # the reference (named as in the other variants)
-        mean_l = tl.zeros([BLOCK_N], dtype=acc_ty)
-        m2_l = tl.zeros([BLOCK_N], dtype=acc_ty)
-        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-            ok = start + cols < N
-            xw = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc_ty)
-            xw = xw - mean
-            inv = tl.full([], 1.0, acc_ty) / (start // BLOCK_N + 1)
-            delta = xw - mean_l
-            mean_new = mean_l + delta * inv
-            m2_l = tl.where(ok, m2_l + delta * (xw - mean_new), m2_l)
-            mean_l = tl.where(ok, mean_new, mean_l)
-        w_l = ((N - 1 - cols) // BLOCK_N + 1).to(acc_ty)  # elements per lane (N > BLOCK_N: at least one)
-        corr, m2, _ = tl.reduce((mean_l, m2_l, w_l), 0, _welford_combine)
-        var = tl.maximum(_div(m2, N, IS_FP64), 0.0)
-    elif SHIFTED:
+    if SHIFTED:
         # one pass of sums about a shift, the mean of the first chunk (this kernel runs only when N >
         # BLOCK_N, so that chunk is full): var = S2/N - (S1/N)^2 cancels in proportion to (mean -
         # shift)^2 / var, and since the first chunk alone contributes at least BLOCK_N * (shift -
@@ -270,10 +239,9 @@ def _ln_fwd_chunked_kernel(
             xc = tl.where(ok, x - mean, 0.0)
             acc1 += xc
             acc2 += xc * xc
-    if not WELFORD:
-        sum_xc, sum_xc2 = _sum2(acc1, acc2, 0)
-        corr = _div(sum_xc, N, IS_FP64)
-        var = tl.maximum(_div(sum_xc2, N, IS_FP64) - corr * corr, 0.0)
+    sum_xc, sum_xc2 = _sum2(acc1, acc2, 0)
+    corr = _div(sum_xc, N, IS_FP64)
+    var = tl.maximum(_div(sum_xc2, N, IS_FP64) - corr * corr, 0.0)
     rstd = 1.0 / tl.sqrt(var + eps)
     # pass 3: normalise and write; as in the fused kernel the row is centred on the first mean and then
     # corrected (x - (mean + corr) would round the sum to ulp(mean): ~1e-3 for rows of 1e4 + randn)
@@ -528,8 +496,6 @@ class LaunchConfig(NamedTuple):
     # chunked forward: two passes over the row (sums about the first chunk's mean, then normalise)
     # instead of three (the mean, the centred sums, normalise)
     shifted: bool = False
-    # chunked forward: two passes, the statistics by per-lane Welford updates (as torch.compile's kernel)
-    welford: bool = False
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -669,7 +635,7 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
     else:
         _ln_fwd_chunked_kernel[(M,)](
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
-            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SHIFTED=cfg.shifted, WELFORD=cfg.welford, **common,
+            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SHIFTED=cfg.shifted, **common,
         )  # fmt: skip
     return y, mean, rstd
 
