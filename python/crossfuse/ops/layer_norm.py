@@ -29,7 +29,9 @@ Design:
 * N > FUSED_MAX_N (up to MAX_N): the row does not fit in registers. Forward ("chunked") loops over
   the row three times, each thread summing its own elements of every chunk (one reduction per pass):
   the mean, the centred sums of the corrected two-pass variance, then normalise and write (the second
-  and third reads hit L2: the first two passes load with ``evict_last``, the output streams past L2).
+  and third reads hit L2: the first two passes load with ``evict_last``, the output streams past L2);
+  or, where the table says ``shifted``, twice: sums about the first chunk's mean (whose cancellation is
+  bounded by N / BLOCK_N for any row), then normalise.
   Backward ("split") computes the two row sums in one kernel, then a 2-D grid over (column chunks,
   row groups) writes dx and partial dw/db. The tuning table picks either for
   long rows below FUSED_MAX_N too, where one whole row per program leaves too little in flight.

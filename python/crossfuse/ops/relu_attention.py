@@ -23,6 +23,9 @@ batch*heads), heaviest causal blocks first; key/value blocks are streamed; causa
 diagonal are never visited (the loop bounds skip them), and only the diagonal blocks pay for the mask.
 The backward runs two kernels: dK/dV (a program owns a key block and streams query blocks) and dQ (a
 program owns a query block and streams key blocks), recomputing the scores: no atomics, deterministic.
+On Hopper and later, where the tuned table says ``tma``, 16-bit tensors with 16-byte-aligned strides go
+through copies of the three kernels that load and store through tensor descriptors (the copy engine, TMA;
+see ``_tma_usable``): same math, tails zero-filled by the hardware instead of masked.
 The float32 path uses tf32 tensor cores on GPUs (Triton's default for float32 dots); the products summed
 over the sequence read copies of their operands with unit stride on L (v in the forward; q, dout, k in the
 backward; see ``_tf32_copies``), one pass over each, so float32 needs up to two extra input-sized buffers
