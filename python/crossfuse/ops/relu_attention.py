@@ -84,6 +84,25 @@ def _dot_acc(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _act(s, scale, SQUARED: tl.constexpr):
+    """``p`` from the scores ``s``: relu(s * scale), squared with SQUARED."""
+    a = tl.maximum(s * scale, 0.0)
+    if SQUARED:
+        return a * a
+    else:
+        return a
+
+
+@triton.jit
+def _dscores(s, dp, scale, SQUARED: tl.constexpr):
+    """``ds`` from the scores ``s`` and ``dp``: dp * scale * [s > 0], or dp * 2 * relu(s * scale) * scale."""
+    if SQUARED:
+        return dp * (2.0 * scale) * tl.maximum(s * scale, 0.0)
+    else:
+        return tl.where(s > 0.0, dp * scale, 0.0)
+
+
+@triton.jit
 def _fwd_range(
     acc,
     q,  # (BLOCK_M, HEAD_D) query tile
@@ -119,10 +138,7 @@ def _fwd_range(
         else:
             kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
             v = tl.load(V + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd)
-        s = _dot(q, kt, UPCAST)
-        p = tl.maximum(s * scale, 0.0)  # padded keys load as 0: their score is 0, their p is 0
-        if SQUARED:
-            p = p * p
+        p = _act(_dot(q, kt, UPCAST), scale, SQUARED)  # padded keys load as 0: their score is 0, their p is 0
         if CAUSAL_MASK:
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
         acc = _dot_acc(p.to(v.dtype), v, acc, UPCAST)
@@ -230,7 +246,7 @@ def _dkdv_range(
         st = _dot(k, qt, UPCAST)  # (BLOCK_N, BLOCK_M): scores transposed
         at = tl.maximum(st * scale, 0.0)
         dpt = _dot(v, tl.trans(do), UPCAST)  # (dout @ v^T)^T
-        if SQUARED:
+        if SQUARED:  # _act and _dscores written out: the helpers would reorder the compiled instructions
             dst = dpt * (2.0 * scale) * at
             pt = at * at
         else:
@@ -367,12 +383,7 @@ def _dq_range(
         else:
             kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
             vt = tl.load(V + offs_n[None, :] * stride_vl + offs_d[:, None])
-        s = _dot(q, kt, UPCAST)
-        dp = _dot(do, vt, UPCAST)
-        if SQUARED:
-            ds = dp * (2.0 * scale) * tl.maximum(s * scale, 0.0)
-        else:
-            ds = tl.where(s > 0.0, dp * scale, 0.0)
+        ds = _dscores(_dot(q, kt, UPCAST), _dot(do, vt, UPCAST), scale, SQUARED)
         if CAUSAL_MASK:
             ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
         if TRANS_COPIES:
@@ -471,9 +482,7 @@ def _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.cons
                    CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
     for start_n in range(lo, hi, BLOCK_N):
         k = _tile(Kd, b, h, start_n, BLOCK_N, HEAD_D)
-        p = tl.maximum(tl.dot(q, k.T) * scale, 0.0)
-        if SQUARED:
-            p = p * p
+        p = _act(tl.dot(q, k.T), scale, SQUARED)
         if CAUSAL_MASK:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
@@ -516,7 +525,7 @@ def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, BLOCK_M:
         st = tl.dot(k, q.T)  # (BLOCK_N, BLOCK_M): scores transposed
         at = tl.maximum(st * scale, 0.0)
         dpt = tl.dot(v, do.T)  # (dout @ v^T)^T
-        if SQUARED:
+        if SQUARED:  # as in _dkdv_range
             dst = dpt * (2.0 * scale) * at
             pt = at * at
         else:
@@ -568,12 +577,7 @@ def _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.co
     for start_n in range(lo, hi, BLOCK_N):
         k = _tile(Kd, b, h, start_n, BLOCK_N, HEAD_D)
         v = _tile(Vd, b, h, start_n, BLOCK_N, HEAD_D)
-        s = tl.dot(q, k.T)
-        dp = tl.dot(do, v.T)
-        if SQUARED:
-            ds = dp * (2.0 * scale) * tl.maximum(s * scale, 0.0)
-        else:
-            ds = tl.where(s > 0.0, dp * scale, 0.0)
+        ds = _dscores(tl.dot(q, k.T), tl.dot(do, v.T), scale, SQUARED)
         if CAUSAL_MASK:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
