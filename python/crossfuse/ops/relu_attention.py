@@ -815,7 +815,8 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     interp = is_interpreted(_relu_attn_bwd_dkdv_kernel)
     copies = _tf32_copies(q.dtype, interp) if trans_copies is None else trans_copies
     cfg = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
-    tma = not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
+    cfg_dq = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
+    tma = (cfg.tma or cfg_dq.tma) and not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
     if tma and cfg.tma:
         _relu_attn_bwd_dkdv_tma_kernel[(triton.cdiv(Lk, cfg.block_n), B * H)](
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
@@ -825,7 +826,7 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
         )  # fmt: skip
     else:
         _bwd_dkdv(q, k, v, do, dk, dv, causal, squared, scale, relu_scale, cfg, interp, copies)
-    cfg = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
+    cfg = cfg_dq
     if tma and cfg.tma:
         _relu_attn_bwd_dq_tma_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
