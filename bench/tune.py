@@ -11,6 +11,8 @@ behind a GPU spin: small shapes are not scored on launch overhead); phase 3 writ
 
 Layer norm is timed at M=4096 (the "few rows" regime of ``crossfuse.ops.layer_norm.TUNED``) and at a
 large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime gets its own winner.
+``ln-shifted`` tunes the chunked forward in two passes (``shifted``) against the code's entries
+(with ``--base code``) for N >= 4096.
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
 ``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
 ``attn-fp32`` tunes float32 (tf32 dots) at the seed's shapes (B=4, H=16, D=64, L=4096 and L=1024);
@@ -436,7 +438,7 @@ def main(argv=None) -> int:
         cands += [c for c in ln_all if c["kind"] == "fwd"]
     if "ln-chunked" in only:  # the forward of long rows: one-tile and chunked candidates side by side
         cands += [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096]
-    if "ln-shifted" in only:  # the chunked forward in two passes (sums about a shift); --base: three
+    if "ln-shifted" in only:  # the chunked forward in two passes (sums about a shift)
         chunked = [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096 and "block_n" in c]
         cands += [dict(c, shifted=True) for c in chunked]
     if "ln-unroll" in only:
