@@ -178,6 +178,19 @@ def _ln_fwd_kernel(
         tl.store(Rstd + rows, rstd, mask=row_ok)
 
 
+@triton.jit
+def _centred_sums(X, cols, N, mean, acc1, acc2, start0, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr):
+    """Per-lane sums of ``x - mean`` and its square over the row's chunks from ``start0`` (loads kept in
+    L2 for the passes after this one), added to ``acc1``, ``acc2``."""
+    for start in tl.range(start0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+        ok = start + cols < N
+        x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc1.dtype)
+        xc = tl.where(ok, x - mean, 0.0)
+        acc1 += xc
+        acc2 += xc * xc
+    return acc1, acc2
+
+
 @triton.jit(do_not_specialize=["M"])
 def _ln_fwd_chunked_kernel(
     X,  # input, (M, N), row stride stride_xm
@@ -217,14 +230,8 @@ def _ln_fwd_chunked_kernel(
         # stays within (1 + N/BLOCK_N) float32 roundings for any row
         x = tl.load(X + cols, eviction_policy="evict_last").to(acc_ty)
         mean = _div(tl.sum(x, axis=0), BLOCK_N, IS_FP64)
-        acc1 = x - mean
-        acc2 = acc1 * acc1
-        for start in tl.range(BLOCK_N, N, BLOCK_N, loop_unroll_factor=UNROLL):
-            ok = start + cols < N
-            x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc_ty)
-            xc = tl.where(ok, x - mean, 0.0)
-            acc1 += xc
-            acc2 += xc * xc
+        acc1, acc2 = _centred_sums(X, cols, N, mean, x - mean, (x - mean) * (x - mean), BLOCK_N, BLOCK_N,
+                                   UNROLL)  # fmt: skip
     else:
         # pass 1: the mean
         acc = tl.zeros([BLOCK_N], dtype=acc_ty)
@@ -233,14 +240,8 @@ def _ln_fwd_chunked_kernel(
             acc += x.to(acc_ty)
         mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
         # pass 2: centred sums; the residual sum corrects the first mean's rounding
-        acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
-        acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
-        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-            ok = start + cols < N
-            x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc_ty)
-            xc = tl.where(ok, x - mean, 0.0)
-            acc1 += xc
-            acc2 += xc * xc
+        zero = tl.zeros([BLOCK_N], dtype=acc_ty)
+        acc1, acc2 = _centred_sums(X, cols, N, mean, zero, zero, 0, BLOCK_N, UNROLL)
     sum_xc, sum_xc2 = _sum2(acc1, acc2, 0)
     corr = _div(sum_xc, N, IS_FP64)
     var = tl.maximum(_div(sum_xc2, N, IS_FP64) - corr * corr, 0.0)

@@ -814,39 +814,35 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     dv = torch.empty((B, H, Lk, D), dtype=v.dtype, device=v.device) if dv is None else dv
     interp = is_interpreted(_relu_attn_bwd_dkdv_kernel)
     copies = _tf32_copies(q.dtype, interp) if trans_copies is None else trans_copies
-    cfg = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
+    cfg_dkdv = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
     cfg_dq = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
-    tma = (cfg.tma or cfg_dq.tma) and not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
-    if tma and cfg.tma:
-        _relu_attn_bwd_dkdv_tma_kernel[(triton.cdiv(Lk, cfg.block_n), B * H)](
+    tma = (cfg_dkdv.tma or cfg_dq.tma) and not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
+    common = (causal, squared, scale, relu_scale, interp, copies)
+    _bwd_dkdv(q, k, v, do, dk, dv, cfg_dkdv, tma and cfg_dkdv.tma, *common)
+    _bwd_dq(q, k, v, do, dq, cfg_dq, tma and cfg_dq.tma, *common)
+    return dq, dk, dv
+
+
+def _qkvdo_strides(q, k, v, do) -> tuple[int, ...]:
+    return (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
+
+
+def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale, interp, copies):
+    """The dK/dV kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`)."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    grid = (triton.cdiv(Lk, cfg.block_n), B * H)
+    if tma:
+        _relu_attn_bwd_dkdv_tma_kernel[grid](
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
             _desc(dk, cfg.block_n), _desc(dv, cfg.block_n), H, Lq, scale, relu_scale,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
-    else:
-        _bwd_dkdv(q, k, v, do, dk, dv, causal, squared, scale, relu_scale, cfg, interp, copies)
-    cfg = cfg_dq
-    if tma and cfg.tma:
-        _relu_attn_bwd_dq_tma_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
-            _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
-            _desc(dq, cfg.block_m), H, Lk, scale, relu_scale,
-            HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
-    else:
-        _bwd_dq(q, k, v, do, dq, causal, squared, scale, relu_scale, cfg, interp, copies)
-    return dq, dk, dv
-
-
-def _bwd_dkdv(q, k, v, do, dk, dv, causal, squared, scale, relu_scale, cfg, interp, copies):
-    """The pointer dK/dV kernel (see :func:`relu_attention_bwd`)."""
-    B, H, Lq, D = q.shape
-    Lk = k.shape[2]
+        return
     qc, doc = (_l_contiguous(q), _l_contiguous(do)) if copies else (q, do)
-    strides = (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
-    _relu_attn_bwd_dkdv_kernel[(triton.cdiv(Lk, cfg.block_n), B * H)](
-        q, k, v, do, dk, dv, qc, doc, *strides, *_bhld_strides(dk), *_bhld_strides(dv),
+    _relu_attn_bwd_dkdv_kernel[grid](
+        q, k, v, do, dk, dv, qc, doc, *_qkvdo_strides(q, k, v, do), *_bhld_strides(dk), *_bhld_strides(dv),
         *_bh_d_strides(qc), *_bh_d_strides(doc), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
@@ -855,15 +851,24 @@ def _bwd_dkdv(q, k, v, do, dk, dv, causal, squared, scale, relu_scale, cfg, inte
     )  # fmt: skip
 
 
-def _bwd_dq(q, k, v, do, dq, causal, squared, scale, relu_scale, cfg, interp, copies):
-    """The pointer dQ kernel (see :func:`relu_attention_bwd`); the dK/dV kernel's copies are freed by
-    now, so their memory serves k's."""
+def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, interp, copies):
+    """The dQ kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`); the dK/dV
+    kernel's copies are freed by now, so their memory serves k's."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
+    grid = (triton.cdiv(Lq, cfg.block_m), B * H)
+    if tma:
+        _relu_attn_bwd_dq_tma_kernel[grid](
+            _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
+            _desc(dq, cfg.block_m), H, Lk, scale, relu_scale,
+            HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return
     kc = _l_contiguous(k) if copies else k
-    strides = (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
-    _relu_attn_bwd_dq_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
-        q, k, v, do, dq, kc, *strides, *_bhld_strides(dq), *_bh_d_strides(kc), H, Lq, Lk, scale, relu_scale,
+    _relu_attn_bwd_dq_kernel[grid](
+        q, k, v, do, dq, kc, *_qkvdo_strides(q, k, v, do), *_bhld_strides(dq), *_bh_d_strides(kc), H, Lq, Lk,
+        scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
