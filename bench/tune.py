@@ -13,8 +13,6 @@ Layer norm is timed at M=4096 (the "few rows" regime of ``crossfuse.ops.layer_no
 large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime gets its own winner.
 ``ln-shifted`` tunes the chunked forward in two passes (``shifted``) against the code's entries
 (with ``--base code``) for N >= 4096.
-``ln-one-read`` tunes the one-kernel split backward (``one_read``) for N >= 4096, against the code's
-entries with ``--base code``.
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
 ``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
 ``attn-fp32`` tunes float32 (tf32 dots) at the seed's shapes (B=4, H=16, D=64, L=4096 and L=1024);
@@ -150,28 +148,6 @@ def ln_prefetch_candidates(pps_options=(1, 2, 4)) -> list[dict]:
     return out
 
 
-def ln_one_read_candidates() -> list[dict]:
-    """The split backward in one kernel (``one_read``: x and dy read once from HBM, each row tile's dx
-    written by its last column slab from L2), N >= 4096, with and without prefetching loops."""
-    out = []
-    for n in (4096, 8192, 16384):
-        for dtype in LN_DTYPES:
-            for bn in (1024, 2048, 4096):
-                if bn >= n:
-                    continue
-                for bm in (1, 2, 4):
-                    for ept in (8, 16):  # elements per thread per tensor
-                        warps = bm * bn // (32 * ept)
-                        if warps not in (2, 4, 8, 16):
-                            continue
-                        for pps in (1, 2, 4):
-                            for prefetch in (False, True):
-                                c = dict(kind="bwd", n=n, dtype=dtype, block_m=bm, block_n=bn,
-                                         num_warps=warps, pps=pps, one_read=True)  # fmt: skip
-                                out.append(dict(c, prefetch=True) if prefetch else c)
-    return out
-
-
 def code_tables() -> dict:
     """The configurations in the code (``TUNED`` of both ops) as ``tuned.json`` entries, for ``--base
     code``: this run's candidates must beat them in the same run."""
@@ -194,8 +170,6 @@ def code_tables() -> dict:
             entry["keep_params"] = True
         if c.shifted:
             entry["shifted"] = True
-        if c.one_read:
-            entry["one_read"] = True
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -416,7 +390,6 @@ def main(argv=None) -> int:
         "ln-chunked",
         "ln-unroll",
         "ln-shifted",
-        "ln-one-read",
         "ln-fwd",
         "ln-prefetch",
         "ln-fwd-params",
@@ -468,8 +441,6 @@ def main(argv=None) -> int:
     if "ln-shifted" in only:  # the chunked forward in two passes (sums about a shift)
         chunked = [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096 and "block_n" in c]
         cands += [dict(c, shifted=True) for c in chunked]
-    if "ln-one-read" in only:
-        cands += ln_one_read_candidates()
     if "ln-unroll" in only:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:

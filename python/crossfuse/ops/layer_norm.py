@@ -446,136 +446,6 @@ def _ln_bwd_split_kernel(
         tl.store(DB_part + group * N + cols, db, mask=col_ok)
 
 
-@triton.jit
-def _ln_bwd_tile_dx(
-    DX, DY, X, W, Part, stride_dxm, stride_dym, stride_xm, rows, row_ok, mean, rstd, M, N, num_slabs,
-    BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, IS_FP64: tl.constexpr,
-):  # fmt: skip
-    """dx of a row tile, every column: the two row sums from the column slabs' partials (added in slab
-    order, so dx does not depend on which program gets here), then x and dy read again, from L2 (the slabs'
-    programs loaded them just now, with ``evict_last``), and the output streamed past L2."""
-    c1 = tl.zeros_like(mean)
-    c2 = tl.zeros_like(mean)
-    P1 = Part + rows  # slab 0's sums of g * xhat; the sums of g start num_slabs * M further
-    P2 = P1 + num_slabs * M
-    for _ in range(0, num_slabs):  # .cg: from L2, where the other programs' partials are
-        c1 += tl.load(P1, mask=row_ok, other=0.0, cache_modifier=".cg")
-        c2 += tl.load(P2, mask=row_ok, other=0.0, cache_modifier=".cg")
-        P1 += M
-        P2 += M
-    c1 = _div(c1, N, IS_FP64)
-    c2 = _div(c2, N, IS_FP64)
-    for start in tl.range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(X + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(mean.dtype)  # fmt: skip
-        dy = tl.load(DY + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0,
-                     eviction_policy="evict_first").to(mean.dtype)  # fmt: skip
-        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-        g = dy
-        if HAS_WEIGHT:
-            g = dy * tl.load(W + cols, mask=col_ok, other=0.0).to(mean.dtype)[None, :]
-        dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask,
-                 cache_modifier=".cs")  # fmt: skip
-
-
-@triton.jit
-def _load_rows_kept(P, stride, rows, M, cols, col_ok):
-    """``_load_rows``, asking L2 to keep the lines (they are read again soon)."""
-    mask = (rows < M)[:, None] & col_ok[None, :]
-    return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0,
-                   eviction_policy="evict_last")  # fmt: skip
-
-
-@triton.jit(do_not_specialize=["M"])
-def _ln_bwd_one_read_kernel(
-    DX,  # input gradient, (M, N), row stride stride_dxm
-    DY,  # output gradient, (M, N), row stride stride_dym
-    X,  # input, (M, N), row stride stride_xm
-    W,  # weight, (N,)
-    Mean,  # (M,)
-    Rstd,  # (M,)
-    Part,  # (2, column slabs, M) float32/float64: each slab's sums of g * xhat and of g per row
-    Count,  # (row tiles,) int32, zero: how many slabs have written their partials of each row tile
-    DW_part,  # partial dw, (num row groups, N)
-    DB_part,  # partial db, (num row groups, N)
-    stride_dxm,
-    stride_dym,
-    stride_xm,
-    M,
-    N,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    COMPUTE_DW: tl.constexpr,
-    COMPUTE_DB: tl.constexpr,
-    IS_FP64: tl.constexpr,
-    UNROLL: tl.constexpr,  # row tiles per loop iteration: more loads in flight, more registers
-    PREFETCH: tl.constexpr,  # load the next tile before this one's reductions
-):
-    # The split backward in one kernel, x and dy read once from HBM. Program (slab, group) owns a slab of
-    # columns and walks the row tiles of its group, as the split kernel does, keeping dw and db of its
-    # slab in registers; for each tile it writes its share of the two row sums, then counts itself in.
-    # The last slab to count in has every share: it writes the tile's dx across the whole row, re-reading
-    # x and dy from L2. No program waits for another (so any schedule, and the interpreter's one program
-    # at a time, completes), and dx is the same whichever program writes it.
-    slab = tl.program_id(0)
-    group = tl.program_id(1)
-    num_slabs = tl.num_programs(0)
-    num_groups = tl.num_programs(1)
-    acc_ty = tl.float64 if IS_FP64 else tl.float32
-    cols = slab * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if HAS_WEIGHT:
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
-    dw = tl.zeros([BLOCK_N], dtype=acc_ty)
-    db = tl.zeros([BLOCK_N], dtype=acc_ty)
-    Part_slab = Part + slab.to(tl.int64) * M  # this slab's sums of g * xhat (those of g: num_slabs * M on)
-    if PREFETCH:
-        first = group * BLOCK_M + tl.arange(0, BLOCK_M)
-        x_next = _load_rows_kept(X, stride_xm, first, M, cols, col_ok)
-        dy_next = _load_rows_kept(DY, stride_dym, first, M, cols, col_ok)
-    for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups, loop_unroll_factor=UNROLL):
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        if PREFETCH:
-            x, dy = x_next.to(acc_ty), dy_next.to(acc_ty)
-            nxt = rows + num_groups * BLOCK_M
-            x_next = _load_rows_kept(X, stride_xm, nxt, M, cols, col_ok)
-            dy_next = _load_rows_kept(DY, stride_dym, nxt, M, cols, col_ok)
-        else:
-            x = _load_rows_kept(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
-            dy = _load_rows_kept(DY, stride_dym, rows, M, cols, col_ok).to(acc_ty)
-        rows = rows.to(tl.int64)
-        mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
-        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
-        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-        if HAS_WEIGHT:
-            g = dy * w[None, :]
-        else:
-            g = dy
-        tl.store(Part_slab + rows, tl.sum(xhat * g, axis=1), mask=row_ok)
-        tl.store(Part_slab + num_slabs * M + rows, tl.sum(g, axis=1), mask=row_ok)
-        if COMPUTE_DW:
-            dw += tl.sum(dy * xhat, axis=0)
-        if COMPUTE_DB:
-            db += tl.sum(dy, axis=0)
-        # every thread's partials stored before one thread counts in (release: they are visible to the
-        # program that reads the count as the last; acquire: the last one sees the others')
-        tl.debug_barrier()
-        if tl.atomic_add(Count + tile, 1, sem="acq_rel") == num_slabs - 1:
-            _ln_bwd_tile_dx(DX, DY, X, W, Part, stride_dxm, stride_dym, stride_xm, rows, row_ok, mean, rstd,
-                            M, N, num_slabs, BLOCK_N, HAS_WEIGHT, IS_FP64)  # fmt: skip
-    if COMPUTE_DW:
-        tl.store(DW_part + group * N + cols, dw, mask=col_ok)
-    if COMPUTE_DB:
-        tl.store(DB_part + group * N + cols, db, mask=col_ok)
-
-
 @triton.jit(do_not_specialize=["P"])
 def _dwdb_reduce_kernel(
     DW_part,  # (P, N) partial sums; unused unless COMPUTE_DW
@@ -629,9 +499,6 @@ class LaunchConfig(NamedTuple):
     # chunked forward: two passes over the row (sums about the first chunk's mean, then normalise)
     # instead of three (the mean, the centred sums, normalise)
     shifted: bool = False
-    # backward of rows longer than block_n: one kernel that reads x and dy once from HBM (the last column
-    # slab of each row tile writes its dx from L2) instead of the row sums, then the split kernel
-    one_read: bool = False
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -811,29 +678,21 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags,
         )  # fmt: skip
     else:
+        c1 = torch.empty((M,), dtype=acc, device=x.device)
+        c2 = torch.empty((M,), dtype=acc, device=x.device)
+        _ln_bwd_rowsums_kernel[(M,)](
+            dy, x, w, mean, rstd, c1, c2, dy.stride(0), x.stride(0), M, N,
+            BLOCK_N=cfg.block_n, HAS_WEIGHT=weight is not None, IS_FP64=flags["IS_FP64"], num_warps=8,
+        )  # fmt: skip
         col_blocks = triton.cdiv(N, cfg.block_n)
         groups = math.ceil(cfg.programs_per_sm * device_parallelism(x) / col_blocks)  # row groups
         programs = max(1, min(triton.cdiv(M, cfg.block_m), groups))
         dw_part = torch.empty((programs, N), dtype=acc, device=x.device) if compute_dw else dx
         db_part = torch.empty((programs, N), dtype=acc, device=x.device) if compute_db else dx
-        if cfg.one_read:
-            part = torch.empty((2, col_blocks, M), dtype=acc, device=x.device)
-            count = torch.zeros((triton.cdiv(M, cfg.block_m),), dtype=torch.int32, device=x.device)
-            _ln_bwd_one_read_kernel[(col_blocks, programs)](
-                dx, dy, x, w, mean, rstd, part, count, dw_part, db_part, dx.stride(0), dy.stride(0),
-                x.stride(0), M, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags,
-            )  # fmt: skip
-        else:
-            c1 = torch.empty((M,), dtype=acc, device=x.device)
-            c2 = torch.empty((M,), dtype=acc, device=x.device)
-            _ln_bwd_rowsums_kernel[(M,)](
-                dy, x, w, mean, rstd, c1, c2, dy.stride(0), x.stride(0), M, N,
-                BLOCK_N=cfg.block_n, HAS_WEIGHT=weight is not None, IS_FP64=flags["IS_FP64"], num_warps=8,
-            )  # fmt: skip
-            _ln_bwd_split_kernel[(col_blocks, programs)](
-                dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0),
-                M, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags,
-            )  # fmt: skip
+        _ln_bwd_split_kernel[(col_blocks, programs)](
+            dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0),
+            M, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags,
+        )  # fmt: skip
     if compute_dw or compute_db:
         # narrow column blocks: enough programs to read the (programs, N) partials in parallel
         block_n = min(64, triton.next_power_of_2(N))
