@@ -79,6 +79,16 @@ def _div(x, n, IS_FP64: tl.constexpr):
 
 
 @triton.jit
+def _div_n(x, N, inv_n, POW2_N: tl.constexpr, IS_FP64: tl.constexpr):
+    """``x / N`` correctly rounded: where N is a power of 2, a product by ``inv_n`` (= 1/N, then exact:
+    the same result for one instruction instead of a division's dozen), else ``_div``."""
+    if POW2_N:
+        return x * inv_n
+    else:
+        return _div(x, N, IS_FP64)
+
+
+@triton.jit
 def _add_pairs(a0, a1, b0, b1):
     return a0 + b0, a1 + b1
 
@@ -129,6 +139,8 @@ def _ln_fwd_kernel(
     UNROLL: tl.constexpr,  # row tiles per loop iteration (persistent grids): more loads in flight
     PREFETCH: tl.constexpr,  # persistent grids: load the next tile before this one's reductions
     KEEP_PARAMS: tl.constexpr,  # weight and bias loaded before the loop (once per program)
+    EVEN_N: tl.constexpr,  # N == BLOCK_N: no column masks
+    POW2_N: tl.constexpr,  # N is a power of 2: divisions by N as products by 1/N (exact)
 ):
     # a program normalises row tiles pid, pid + num_programs, ...: one tile each when the grid has a
     # program per tile, several when the grid is persistent
@@ -137,6 +149,9 @@ def _ln_fwd_kernel(
     acc_ty = tl.float64 if IS_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
+    if EVEN_N:
+        col_ok = cols < BLOCK_N  # known true: the compiler drops the column predicates
+    inv_n = _div(1.0, N, IS_FP64)
     if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
         x_next = _load_rows(X, stride_xm, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok)
     if KEEP_PARAMS:  # a program walks many tiles: no re-read (an L1/L2 round trip) before each store
@@ -156,12 +171,14 @@ def _ln_fwd_kernel(
         else:
             x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
         rows = rows.to(tl.int64)
-        mean = _div(tl.sum(x, axis=1), N, IS_FP64)
-        xc = tl.where(mask, x - mean[:, None], 0.0)  # x is not needed after this: fewer live registers
+        mean = _div_n(tl.sum(x, axis=1), N, inv_n, POW2_N, IS_FP64)
+        xc = x - mean[:, None]  # x is not needed after this: fewer live registers
+        if not EVEN_N:  # masked columns read as 0: out of the centred sums (masked rows: x = mean = 0)
+            xc = tl.where(mask, xc, 0.0)
         # corrected two-pass: the residual sum fixes the rounding of the first mean (exact for equal rows)
         sum_xc, sum_xc2 = _sum2(xc, xc * xc, 1)
-        corr = _div(sum_xc, N, IS_FP64)
-        var = tl.maximum(_div(sum_xc2, N, IS_FP64) - corr * corr, 0.0)
+        corr = _div_n(sum_xc, N, inv_n, POW2_N, IS_FP64)
+        var = tl.maximum(_div_n(sum_xc2, N, inv_n, POW2_N, IS_FP64) - corr * corr, 0.0)
         mean += corr
         rstd = 1.0 / tl.sqrt(var + eps)
         y = (xc - corr[:, None]) * rstd[:, None]
@@ -284,12 +301,17 @@ def _ln_bwd_kernel(
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # row tiles per loop iteration: more loads in flight, more registers
     PREFETCH: tl.constexpr,  # load the next tile before this one's reductions
+    EVEN_N: tl.constexpr,  # N == BLOCK_N: no column masks
+    POW2_N: tl.constexpr,  # N is a power of 2: divisions by N as products by 1/N (exact)
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     acc_ty = tl.float64 if IS_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
+    if EVEN_N:
+        col_ok = cols < BLOCK_N  # known true: the compiler drops the column predicates
+    inv_n = _div(1.0, N, IS_FP64)
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
@@ -314,15 +336,19 @@ def _ln_bwd_kernel(
             )
             x, dy = x.to(acc_ty), dy.to(acc_ty)
         rows = rows.to(tl.int64)
-        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        # no select for masked elements: x and dy read as 0 there (mean and rstd too, in masked rows), so
+        # xhat is finite, and every sum below takes them through a product with dy or g, which are 0;
+        # their dx is not stored
+        xhat = (x - mean[:, None]) * rstd[:, None]
         if HAS_WEIGHT:
             g = dy * w[None, :]
         else:
             g = dy
         # two separate sums: one tl.reduce of the pair (one trip through shared memory) measured 12%
         # slower here in bfloat16 (run 14), though it does not slow the forward
-        c1 = _div(tl.sum(xhat * g, axis=1), N, IS_FP64)
-        c2 = _div(tl.sum(g, axis=1), N, IS_FP64)
+        c1 = _div_n(tl.sum(xhat * g, axis=1), N, inv_n, POW2_N, IS_FP64)
+        c2 = _div_n(tl.sum(g, axis=1), N, inv_n, POW2_N, IS_FP64)
+        # rstd * (g - (xhat * c1 + c2)) as two fused multiply-adds per element
         dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
@@ -604,6 +630,10 @@ def backward_programs(cfg: LaunchConfig, m: int, esize: int, sms: int) -> int:
 # ----------------------------------------------------------------------------------------------------
 
 
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -633,7 +663,7 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
         _ln_fwd_kernel[(tiles,)](
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch,
-            KEEP_PARAMS=cfg.keep_params, **common,
+            KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N), **common,
         )  # fmt: skip
     else:
         _ln_fwd_chunked_kernel[(M,)](
@@ -675,7 +705,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         db_part = torch.empty(shape, dtype=acc, device=x.device) if compute_db else dx
         _ln_bwd_kernel[(programs,)](
             dx, dy, x, w, mean, rstd, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0), M, N,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N),
+            num_warps=cfg.num_warps, **flags,
         )  # fmt: skip
     else:
         c1 = torch.empty((M,), dtype=acc, device=x.device)
