@@ -312,6 +312,24 @@ def test_persistent_forward_equals_one_program_per_tile(prefetch, keep_params, d
         torch.testing.assert_close(a, c, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("n", [256, 200], ids=["N = BLOCK_N, a power of 2", "masked columns"])
+@pytest.mark.parametrize("keep_params", [False, True], ids=["params after stats", "params first"])
+def test_one_row_per_program_forward(n, keep_params, device, gen):
+    # one row per program and a program per row: the kernel runs without its tile loop and without row
+    # masks; it must give the persistent loop's answer bit for bit, and float64's within tolerance
+    m = 37
+    x = randn((m, n), torch.float32, device, gen, mean=-1.5)
+    w, b = randn((n,), torch.float32, device, gen), randn((n,), torch.float32, device, gen)
+    one_cfg = ln_mod.LaunchConfig(1, 256, 2, 0, keep_params=keep_params)  # a program per row
+    one = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=one_cfg)
+    cfg = ln_mod.LaunchConfig(1, 256, 2, 1, keep_params=keep_params)  # persistent: one program per SM
+    looped = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=cfg)
+    for a, c in zip(one, looped, strict=True):
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+    ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    torch.testing.assert_close(one[0].double(), ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "cfg",
     [ln_mod.LaunchConfig(4, 128, 4, 1), ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True),

@@ -118,6 +118,43 @@ def _load_bwd_tile(X, DY, Mean, Rstd, stride_xm, stride_dym, rows, M, cols, col_
     return x, dy, mean, rstd
 
 
+@triton.jit
+def _ln_fwd_tile(
+    x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N, inv_n, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, IS_FP64: tl.constexpr, KEEP_PARAMS: tl.constexpr,
+    EVEN_N: tl.constexpr, POW2_N: tl.constexpr,
+):  # fmt: skip
+    """Normalise one row tile ``x`` (float32/float64, masked elements 0) and store y, mean and rstd;
+    ``weight`` and ``bias`` are the loaded parameters where KEEP_PARAMS, else unused (loaded here)."""
+    mean = _div_n(tl.sum(x, axis=1), N, inv_n, POW2_N, IS_FP64)
+    xc = x - mean[:, None]  # x is not needed after this: fewer live registers
+    if not EVEN_N:  # masked columns read as 0: out of the centred sums (masked rows: x = mean = 0)
+        xc = tl.where(col_ok[None, :], xc, 0.0)
+    # corrected two-pass: the residual sum fixes the rounding of the first mean (exact for equal rows)
+    sum_xc, sum_xc2 = _sum2(xc, xc * xc, 1)
+    corr = _div_n(sum_xc, N, inv_n, POW2_N, IS_FP64)
+    var = tl.maximum(_div_n(sum_xc2, N, inv_n, POW2_N, IS_FP64) - corr * corr, 0.0)
+    mean += corr
+    if IS_FP64:
+        rstd = 1.0 / tl.sqrt(var + eps)
+    else:  # one instruction (rsqrt.approx, ~1 ulp as CUDA's rsqrtf, which torch's kernel uses) for ~12
+        rstd = tl.math.rsqrt(var + eps)
+    y = (xc - corr[:, None]) * rstd[:, None]
+    if HAS_WEIGHT:
+        if not KEEP_PARAMS:
+            weight = tl.load(W + cols, mask=col_ok, other=0.0).to(x.dtype)
+        y = y * weight[None, :]
+    if HAS_BIAS:
+        if not KEEP_PARAMS:
+            bias = tl.load(B + cols, mask=col_ok, other=0.0).to(x.dtype)
+        y = y + bias[None, :]
+    rows = rows.to(tl.int64)
+    mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Mean + rows, mean, mask=row_ok)
+    tl.store(Rstd + rows, rstd, mask=row_ok)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _ln_fwd_kernel(
     X,  # input, (M, N), row stride stride_xm, unit column stride
@@ -130,6 +167,7 @@ def _ln_fwd_kernel(
     stride_ym,
     M,
     N,
+    inv_n,  # 1 / N in float32 (used where N is a power of 2: then exact)
     eps,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -141,6 +179,7 @@ def _ln_fwd_kernel(
     KEEP_PARAMS: tl.constexpr,  # weight and bias loaded before the loop (once per program)
     EVEN_N: tl.constexpr,  # N == BLOCK_N: no column masks
     POW2_N: tl.constexpr,  # N is a power of 2: divisions by N as products by 1/N (exact)
+    ONE_TILE: tl.constexpr,  # a program per tile: no loop (and, one row per tile, no row mask)
 ):
     # a program normalises row tiles pid, pid + num_programs, ...: one tile each when the grid has a
     # program per tile, several when the grid is persistent
@@ -151,48 +190,36 @@ def _ln_fwd_kernel(
     col_ok = cols < N
     if EVEN_N:
         col_ok = cols < BLOCK_N  # known true: the compiler drops the column predicates
-    inv_n = _div(1.0, N, IS_FP64)
-    if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
-        x_next = _load_rows(X, stride_xm, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok)
+    weight = cols  # placeholders where the parameters are loaded per tile (not KEEP_PARAMS)
+    bias = cols
     if KEEP_PARAMS:  # a program walks many tiles: no re-read (an L1/L2 round trip) before each store
         if HAS_WEIGHT:
             weight = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
         if HAS_BIAS:
             bias = tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)
-    for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, loop_unroll_factor=UNROLL):
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    if ONE_TILE:
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        if PREFETCH:
-            # in the input's dtype (half the registers of float32 for 2-byte types); its loads stay in
-            # flight through this tile's reductions and stores
-            x = x_next.to(acc_ty)
-            x_next = _load_rows(X, stride_xm, rows + num_programs * BLOCK_M, M, cols, col_ok)
-        else:
-            x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
-        rows = rows.to(tl.int64)
-        mean = _div_n(tl.sum(x, axis=1), N, inv_n, POW2_N, IS_FP64)
-        xc = x - mean[:, None]  # x is not needed after this: fewer live registers
-        if not EVEN_N:  # masked columns read as 0: out of the centred sums (masked rows: x = mean = 0)
-            xc = tl.where(mask, xc, 0.0)
-        # corrected two-pass: the residual sum fixes the rounding of the first mean (exact for equal rows)
-        sum_xc, sum_xc2 = _sum2(xc, xc * xc, 1)
-        corr = _div_n(sum_xc, N, inv_n, POW2_N, IS_FP64)
-        var = tl.maximum(_div_n(sum_xc2, N, inv_n, POW2_N, IS_FP64) - corr * corr, 0.0)
-        mean += corr
-        rstd = 1.0 / tl.sqrt(var + eps)
-        y = (xc - corr[:, None]) * rstd[:, None]
-        if HAS_WEIGHT:
-            if not KEEP_PARAMS:
-                weight = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
-            y = y * weight[None, :]
-        if HAS_BIAS:
-            if not KEEP_PARAMS:
-                bias = tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)
-            y = y + bias[None, :]
-        tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-        tl.store(Mean + rows, mean, mask=row_ok)
-        tl.store(Rstd + rows, rstd, mask=row_ok)
+        if BLOCK_M == 1:
+            row_ok = tl.full([1], True, tl.int1)  # the grid has one program per row
+        x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
+        _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N, inv_n,
+                     eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
+    else:
+        if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
+            x_next = _load_rows(X, stride_xm, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok)
+        for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, loop_unroll_factor=UNROLL):
+            rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < M
+            if PREFETCH:
+                # in the input's dtype (half the registers of float32 for 2-byte types); its loads stay in
+                # flight through this tile's reductions and stores
+                x = x_next.to(acc_ty)
+                x_next = _load_rows(X, stride_xm, rows + num_programs * BLOCK_M, M, cols, col_ok)
+            else:
+                x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
+            _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N,
+                         inv_n, eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
 
 
 @triton.jit
@@ -293,6 +320,7 @@ def _ln_bwd_kernel(
     stride_xm,
     M,
     N,
+    inv_n,  # 1 / N in float32 (used where N is a power of 2: then exact)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
@@ -311,7 +339,6 @@ def _ln_bwd_kernel(
     col_ok = cols < N
     if EVEN_N:
         col_ok = cols < BLOCK_N  # known true: the compiler drops the column predicates
-    inv_n = _div(1.0, N, IS_FP64)
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
@@ -661,9 +688,10 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
         if cfg.programs_per_sm > 0:  # a persistent grid
             tiles = min(tiles, cfg.programs_per_sm * device_parallelism(x))
         _ln_fwd_kernel[(tiles,)](
-            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
+            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, 1.0 / N, eps,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch,
-            KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N), **common,
+            KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N),
+            ONE_TILE=cfg.programs_per_sm == 0, **common,
         )  # fmt: skip
     else:
         _ln_fwd_chunked_kernel[(M,)](
@@ -705,7 +733,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         db_part = torch.empty(shape, dtype=acc, device=x.device) if compute_db else dx
         _ln_bwd_kernel[(programs,)](
             dx, dy, x, w, mean, rstd, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0), M, N,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N),
+            1.0 / N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N),
             num_warps=cfg.num_warps, **flags,
         )  # fmt: skip
     else:
