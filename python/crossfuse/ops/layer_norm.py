@@ -560,58 +560,57 @@ class LaunchConfig(NamedTuple):
 # (N, dtype, regime): the row count is never specialised on.
 MANY_ROWS = 8192
 
-# Measured on the H200 by bench/tune.py (bench/results/h200/NOTES.md): run 15 (tuned_run15_2026-11-29.json:
-# the forward with weight and bias loaded first, prefetching loops at 8 and 16 programs per SM, against
-# the tables of runs 13 and 14 in the same run), then run 16 for the forward of N >= 4096
-# (tuned_run16_2026-11-29.json: the chunked forward with L2 eviction hints against the run-15 table), then
-# run 26 for the bf16 forward of N >= 8192: the chunked forward in two passes (``shifted``; the run-16
-# configuration's figure in the same run in brackets).
+# Measured on the H200 by bench/tune.py (bench/results/h200/NOTES.md), run 36: the fused kernels with fewer
+# instructions per element and the forward without a tile loop where the grid has a program per tile,
+# every forward and the prefetching backward (--only ln-fwd,ln-prefetch,ln-fwd-params) against the
+# tables of runs 15, 16 and 26 in the same run ("kept": the earlier entry was still the fastest).
 # The fastest by median GPU time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384).
 # (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
 # the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
 # to the entry of the other regime, then to the rule in launch_config.
 TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
-    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 16, prefetch=True),  # 933 GB/s (run 15)
-    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, prefetch=True),  # 3458 GB/s (run 15)
-    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2239 GB/s (run 15, split)
-    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2515 GB/s (run 15, split)
-    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 8, prefetch=True),  # 1527 GB/s (run 15)
-    ("bwd", 2, 2048, True): LaunchConfig(1, 2048, 4, 4, prefetch=True),  # 3573 GB/s (run 15)
-    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 8, prefetch=True),  # 2201 GB/s (run 15)
-    ("bwd", 2, 4096, True): LaunchConfig(1, 4096, 8, 2, prefetch=True),  # 3697 GB/s (run 15)
-    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 8, prefetch=True),  # 2970 GB/s (run 15)
-    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 3658 GB/s (run 15)
-    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, prefetch=True),  # 1791 GB/s (run 15)
-    ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 2, prefetch=True),  # 4050 GB/s (run 15)
-    ("bwd", 4, 16384, False): LaunchConfig(4, 1024, 8, 4, prefetch=True),  # 2460 GB/s (run 15, split)
-    ("bwd", 4, 16384, True): LaunchConfig(8, 1024, 8, 4, prefetch=True),  # 2633 GB/s (run 15, split)
-    ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2450 GB/s (run 15)
-    ("bwd", 4, 2048, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 4089 GB/s (run 15)
-    ("bwd", 4, 4096, False): LaunchConfig(1, 4096, 16, 1, prefetch=True),  # 3050 GB/s (run 15)
-    ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 2),  # 4052 GB/s (run 15)
-    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1),  # 3418 GB/s (run 15)
-    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3924 GB/s (run 15)
-    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 8, prefetch=True),  # 1638 GB/s (run 15)
-    ("fwd", 2, 1024, True): LaunchConfig(1, 1024, 1, 0),  # 3980 GB/s (run 15)
-    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 4, 0, shifted=True),  # 3426 GB/s (run 26, 2 passes; 3248)
-    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 4, 0, shifted=True),  # 3819 GB/s (run 26, 2 passes; 3611)
-    ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2144 GB/s (run 15)
-    ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 3886 GB/s (run 15)
-    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0),  # 2655 GB/s (run 16)
-    ("fwd", 2, 4096, True): LaunchConfig(1, 4096, 4, 0),  # 3868 GB/s (run 16)
-    ("fwd", 2, 8192, False): LaunchConfig(1, 2048, 4, 0, shifted=True),  # 3197 GB/s (run 26, 2 passes; 3059)
-    ("fwd", 2, 8192, True): LaunchConfig(1, 2048, 4, 0, shifted=True),  # 3766 GB/s (run 26, 2 passes; 3471)
-    # 2515 GB/s (run 15)
+    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 16, prefetch=True),  # 969 GB/s (run 36, kept)
+    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, prefetch=True),  # 3505 GB/s (run 36, kept)
+    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 8, prefetch=True),  # 1586 GB/s (run 36, kept)
+    ("bwd", 2, 2048, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 3650 GB/s (run 36)
+    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 4, prefetch=True),  # 2405 GB/s (run 36)
+    ("bwd", 2, 4096, True): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 3713 GB/s (run 36)
+    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 8, prefetch=True),  # 3035 GB/s (run 36, kept)
+    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 3734 GB/s (run 36, kept)
+    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2267 GB/s (run 36, kept)
+    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2498 GB/s (run 36, kept)
+    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, prefetch=True),  # 1922 GB/s (run 36, kept)
+    ("bwd", 4, 1024, True): LaunchConfig(2, 1024, 8, 2, prefetch=True),  # 3988 GB/s (run 36)
+    ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2602 GB/s (run 36, kept)
+    ("bwd", 4, 2048, True): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 4045 GB/s (run 36)
+    ("bwd", 4, 4096, False): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 3242 GB/s (run 36)
+    ("bwd", 4, 4096, True): LaunchConfig(2, 4096, 32, 1, prefetch=True),  # 4061 GB/s (run 36)
+    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 3491 GB/s (run 36)
+    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 3997 GB/s (run 36)
+    ("bwd", 4, 16384, False): LaunchConfig(4, 1024, 8, 4, prefetch=True),  # 2451 GB/s (run 36, kept)
+    ("bwd", 4, 16384, True): LaunchConfig(8, 1024, 8, 4, prefetch=True),  # 2611 GB/s (run 36, kept)
+    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0),  # 1814 GB/s (run 36)
+    ("fwd", 2, 1024, True): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 4036 GB/s (run 36)
+    ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2424 GB/s (run 36, kept)
+    ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 4039 GB/s (run 36, kept)
+    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0, keep_params=True),  # 2925 GB/s (run 36)
+    ("fwd", 2, 4096, True): LaunchConfig(2, 4096, 8, 0),  # 3986 GB/s (run 36)
+    ("fwd", 2, 8192, False): LaunchConfig(1, 8192, 8, 0),  # 3396 GB/s (run 36)
+    ("fwd", 2, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3969 GB/s (run 36)
+    ("fwd", 2, 16384, False): LaunchConfig(1, 16384, 16, 0),  # 3484 GB/s (run 36)
+    ("fwd", 2, 16384, True): LaunchConfig(1, 16384, 16, 0),  # 3854 GB/s (run 36)
+    # 2602 GB/s (run 36, kept)
     ("fwd", 4, 1024, False): LaunchConfig(4, 1024, 4, 4, prefetch=True, keep_params=True),
-    ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 2, 0, keep_params=True),  # 4177 GB/s (run 15)
-    ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 16, prefetch=True),  # 3842 GB/s (run 16)
-    ("fwd", 4, 16384, True): LaunchConfig(1, 2048, 16, 0),  # 4011 GB/s (run 16, chunked)
-    ("fwd", 4, 2048, False): LaunchConfig(2, 2048, 4, 0, keep_params=True),  # 3107 GB/s (run 15)
-    ("fwd", 4, 2048, True): LaunchConfig(1, 2048, 4, 0, keep_params=True),  # 4119 GB/s (run 15)
-    ("fwd", 4, 4096, False): LaunchConfig(1, 1024, 8, 0),  # 3474 GB/s (run 16, chunked)
-    ("fwd", 4, 4096, True): LaunchConfig(1, 1024, 8, 0),  # 4194 GB/s (run 16, chunked)
-    ("fwd", 4, 8192, False): LaunchConfig(1, 4096, 8, 0, 2),  # 3784 GB/s (run 16, chunked)
-    ("fwd", 4, 8192, True): LaunchConfig(1, 4096, 8, 0, 2),  # 4145 GB/s (run 16, chunked)
+    ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 4, 0, keep_params=True),  # 4184 GB/s (run 36)
+    # 3128 GB/s (run 36)
+    ("fwd", 4, 2048, False): LaunchConfig(2, 2048, 4, 4, prefetch=True, keep_params=True),
+    ("fwd", 4, 2048, True): LaunchConfig(2, 2048, 16, 0),  # 4164 GB/s (run 36)
+    ("fwd", 4, 4096, False): LaunchConfig(2, 4096, 8, 0, keep_params=True),  # 3573 GB/s (run 36)
+    ("fwd", 4, 4096, True): LaunchConfig(1, 1024, 8, 0),  # 4213 GB/s (run 36, kept)
+    ("fwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 0, keep_params=True),  # 3873 GB/s (run 36)
+    ("fwd", 4, 8192, True): LaunchConfig(1, 4096, 8, 0, 2),  # 4166 GB/s (run 36, kept)
+    ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 16, prefetch=True),  # 3903 GB/s (run 36, kept)
+    ("fwd", 4, 16384, True): LaunchConfig(2, 16384, 32, 0),  # 4042 GB/s (run 36)
 }
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
