@@ -13,6 +13,7 @@ Layer norm is timed at M=4096 (the "few rows" regime of ``crossfuse.ops.layer_no
 large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime gets its own winner.
 ``ln-shifted`` tunes the chunked forward in two passes (``shifted``) against the code's entries
 (with ``--base code``) for N >= 4096.
+``ln-tma`` tunes the persistent whole-row kernels that read through tensor descriptors (``tma_stages``).
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
 ``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
 ``attn-fp32`` tunes float32 (tf32 dots) at the seed's shapes (B=4, H=16, D=64, L=4096 and L=1024);
@@ -148,6 +149,29 @@ def ln_prefetch_candidates(pps_options=(1, 2, 4)) -> list[dict]:
     return out
 
 
+def ln_tma_candidates() -> list[dict]:
+    """Whole-row persistent kernels reading through tensor descriptors (``tma_stages``: the copy engine
+    fills 2 or 3 shared-memory buffers), forward and backward, every N of the tables."""
+    out = []
+    for n in LN_NS:
+        for dtype in LN_DTYPES:
+            for bm in (1, 2, 4, 8):
+                tile = bm * n
+                if not 1024 <= tile <= 16384:
+                    continue
+                for ept in (8, 16):  # elements per thread per tensor
+                    warps = tile // (32 * ept)
+                    if warps not in (2, 4, 8, 16, 32):
+                        continue
+                    for stages in (2, 3):
+                        base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, tma_stages=stages)
+                        for pps in (1, 2, 4):
+                            out.append(dict(base, kind="bwd", pps=pps))
+                        for pps in (1, 2, 4, 8):
+                            out.append(dict(base, kind="fwd", pps=pps))
+    return out
+
+
 def code_tables() -> dict:
     """The configurations in the code (``TUNED`` of both ops) as ``tuned.json`` entries, for ``--base
     code``: this run's candidates must beat them in the same run."""
@@ -170,6 +194,8 @@ def code_tables() -> dict:
             entry["keep_params"] = True
         if c.shifted:
             entry["shifted"] = True
+        if c.tma_stages:
+            entry["tma_stages"] = c.tma_stages
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -390,6 +416,7 @@ def main(argv=None) -> int:
         "ln-chunked",
         "ln-unroll",
         "ln-shifted",
+        "ln-tma",
         "ln-fwd",
         "ln-prefetch",
         "ln-fwd-params",
@@ -441,6 +468,8 @@ def main(argv=None) -> int:
     if "ln-shifted" in only:  # the chunked forward in two passes (sums about a shift)
         chunked = [c for c in ln_all if c["kind"] == "fwd" and c["n"] >= 4096 and "block_n" in c]
         cands += [dict(c, shifted=True) for c in chunked]
+    if "ln-tma" in only:
+        cands += ln_tma_candidates()
     if "ln-unroll" in only:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:

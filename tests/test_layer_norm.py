@@ -301,12 +301,17 @@ def _kernel_caches(kernel):
 def test_persistent_forward_equals_one_program_per_tile(prefetch, keep_params, device, gen):
     # a config with programs_per_sm > 0 runs the forward on a persistent grid (programs loop over row
     # tiles): 4 rows per tile, 103 rows (a masked tail tile), more tiles than programs; with prefetch
-    # each iteration loads the next tile first (past the last tile: masked, nothing read)
+    # each iteration loads the next tile first (past the last tile: masked, nothing read); "prefetch"
+    # here also stands for reading through tensor descriptors, which keep tiles in flight the same way
     m, n = 103, 200
     x = randn((m, n), torch.bfloat16, device, gen, mean=2.0)
     w, b = randn((n,), torch.bfloat16, device, gen), randn((n,), torch.bfloat16, device, gen)
     one = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=ln_mod.LaunchConfig(4, 256, 4, 0))
     cfg = ln_mod.LaunchConfig(4, 256, 4, 1, prefetch=prefetch, keep_params=keep_params)
+    if prefetch:
+        tma = ln_mod.LaunchConfig(4, 256, 4, 1, keep_params=keep_params, tma_stages=2)
+        for a, c in zip(one, ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=tma), strict=True):
+            torch.testing.assert_close(a, c, rtol=0, atol=0)
     persistent = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=cfg)
     for a, c in zip(one, persistent, strict=True):
         torch.testing.assert_close(a, c, rtol=0, atol=0)
@@ -333,13 +338,15 @@ def test_one_row_per_program_forward(n, keep_params, device, gen):
 @pytest.mark.parametrize(
     "cfg",
     [ln_mod.LaunchConfig(4, 128, 4, 1), ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True),
-     ln_mod.LaunchConfig(2, 512, 4, 1, prefetch=True)],
-    ids=["split", "split, prefetch", "fused, prefetch"],
+     ln_mod.LaunchConfig(2, 512, 4, 1, prefetch=True), ln_mod.LaunchConfig(4, 512, 4, 1, tma_stages=2),
+     ln_mod.LaunchConfig(2, 512, 4, 2, tma_stages=3)],
+    ids=["split", "split, prefetch", "fused, prefetch", "fused, descriptors", "fused, descriptors, 3 stages"],
 )  # fmt: skip
 def test_backward_variants_equal_default(cfg, device, gen):
     # the tuning table may pick the split backward (row sums, then column chunks) for long rows, and
-    # loops that prefetch the next row tile: forced here on a short row, 37 rows (a masked tail tile;
-    # on the CPU one program walks every tile), each must give the default kernel's answer
+    # loops that prefetch the next row tile, or that read through tensor descriptors (TMA on Hopper; rows
+    # past M and columns past N arrive as zeros): forced here on a short row, 37 rows (a masked tail
+    # tile; on the CPU one program walks every tile), each must give the default kernel's answer
     m, n = 37, 300
     x = randn((m, n), torch.float32, device, gen)
     w = randn((n,), torch.float32, device, gen)
@@ -349,6 +356,25 @@ def test_backward_variants_equal_default(cfg, device, gen):
     variant = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
     for a, b in zip(default, variant, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_descriptor_kernels_need_aligned_rows(device, gen):
+    # tensor descriptors need 16-byte aligned rows: bfloat16 rows of 97 elements (194 bytes) take the
+    # pointer kernels even where the config asks for descriptors, with the same results; rows of 96 do not
+    x = randn((40, 97), torch.bfloat16, device, gen)
+    assert not ln_mod._tma_usable(x)
+    assert ln_mod._tma_usable(x[:, :96].contiguous()) == (ln_mod.TensorDescriptor is not None and (
+        device == "cpu" or torch.cuda.get_device_capability()[0] >= 9))  # fmt: skip
+    w, dy = randn((97,), torch.bfloat16, device, gen), randn((40, 97), torch.bfloat16, device, gen)
+    for tma_stages in (0, 2):
+        cfg = ln_mod.LaunchConfig(2, 128, 4, 1, tma_stages=tma_stages)
+        y, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5, config=cfg)
+        grads = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
+        if tma_stages == 0:
+            expected = (y, mean, rstd, *grads)
+        else:
+            for a, c in zip(expected, (y, mean, rstd, *grads), strict=True):
+                torch.testing.assert_close(a, c, rtol=0, atol=0)
 
 
 SHIFTED = [pytest.param(False, id="three passes"), pytest.param(True, id="two passes (shifted sums)")]

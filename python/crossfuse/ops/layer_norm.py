@@ -54,8 +54,13 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before 3.4: the pointer kernels only
+    TensorDescriptor = None
+
 from .. import _tuning
-from .._backend import check_runnable, device_parallelism
+from .._backend import check_runnable, device_parallelism, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
 
 FUSED_MAX_N = 16384  # largest row kept whole in registers
@@ -222,6 +227,53 @@ def _ln_fwd_kernel(
                          inv_n, eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
 
 
+@triton.jit(do_not_specialize=["M"])
+def _ln_fwd_tma_kernel(
+    Xd,  # input, a tensor descriptor over (M, N), boxes [BLOCK_M, BLOCK_N]
+    Y,  # output, (M, N), row stride stride_ym
+    W,  # weight, (N,); unused unless HAS_WEIGHT
+    B,  # bias, (N,); unused unless HAS_BIAS
+    Mean,  # (M,)
+    Rstd,  # (M,)
+    stride_ym,
+    M,
+    N,
+    inv_n,  # 1 / N in float32 (used where N is a power of 2: then exact)
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    KEEP_PARAMS: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    POW2_N: tl.constexpr,
+    STAGES: tl.constexpr,  # row tiles in flight: the copy engine fills shared memory, STAGES - 1 ahead
+):
+    # the persistent forward with its row tiles brought in by the copy engine (TMA): Triton pipelines
+    # the descriptor loads over STAGES buffers of shared memory, so the tiles in flight cost no registers;
+    # rows past M and columns past N arrive as zeros
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    acc_ty = tl.float64 if IS_FP64 else tl.float32
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if EVEN_N:
+        col_ok = cols < BLOCK_N
+    weight = cols
+    bias = cols
+    if KEEP_PARAMS:
+        if HAS_WEIGHT:
+            weight = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
+        if HAS_BIAS:
+            bias = tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)
+    for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, num_stages=STAGES):
+        x = Xd.load([tile * BLOCK_M, 0]).to(acc_ty)
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, rows < M, cols, col_ok, stride_ym, N,
+                     inv_n, eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
+
+
 @triton.jit
 def _centred_sums(X, cols, N, mean, acc1, acc2, start0, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr):
     """Per-lane sums of ``x - mean`` and its square over the row's chunks from ``start0`` (loads kept in
@@ -378,6 +430,72 @@ def _ln_bwd_kernel(
         # rstd * (g - (xhat * c1 + c2)) as two fused multiply-adds per element
         dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            dw += tl.sum(dy * xhat, axis=0)
+        if COMPUTE_DB:
+            db += tl.sum(dy, axis=0)
+    if COMPUTE_DW:
+        tl.store(DW_part + pid * N + cols, dw, mask=col_ok)
+    if COMPUTE_DB:
+        tl.store(DB_part + pid * N + cols, db, mask=col_ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _ln_bwd_tma_kernel(
+    DX,  # input gradient, (M, N), row stride stride_dxm
+    DYd,  # output gradient, a tensor descriptor over (M, N), boxes [BLOCK_M, BLOCK_N]
+    Xd,  # input, a tensor descriptor over (M, N), boxes [BLOCK_M, BLOCK_N]
+    W,  # weight, (N,); unused unless HAS_WEIGHT
+    Mean,  # (M,)
+    Rstd,  # (M,)
+    DW_part,  # partial dw, (num_programs, N); unused unless COMPUTE_DW
+    DB_part,  # partial db, (num_programs, N); unused unless COMPUTE_DB
+    stride_dxm,
+    M,
+    N,
+    inv_n,  # 1 / N in float32 (used where N is a power of 2: then exact)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    COMPUTE_DB: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    POW2_N: tl.constexpr,
+    STAGES: tl.constexpr,  # row tiles in flight: the copy engine fills shared memory, STAGES - 1 ahead
+):
+    # _ln_bwd_kernel with x and dy brought in by the copy engine (TMA), pipelined by Triton over STAGES
+    # shared-memory buffers instead of prefetched into registers; rows past M and columns past N arrive
+    # as zeros, which every sum takes through a product with dy or g (see _ln_bwd_kernel)
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    acc_ty = tl.float64 if IS_FP64 else tl.float32
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if EVEN_N:
+        col_ok = cols < BLOCK_N
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
+    dw = tl.zeros([BLOCK_N], dtype=acc_ty)
+    db = tl.zeros([BLOCK_N], dtype=acc_ty)
+    for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, num_stages=STAGES):
+        x = Xd.load([tile * BLOCK_M, 0]).to(acc_ty)
+        dy = DYd.load([tile * BLOCK_M, 0]).to(acc_ty)
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+        xhat = (x - mean[:, None]) * rstd[:, None]
+        if HAS_WEIGHT:
+            g = dy * w[None, :]
+        else:
+            g = dy
+        c1 = _div_n(tl.sum(xhat * g, axis=1), N, inv_n, POW2_N, IS_FP64)
+        c2 = _div_n(tl.sum(g, axis=1), N, inv_n, POW2_N, IS_FP64)
+        dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        mask = row_ok[:, None] & col_ok[None, :]
+        tl.store(DX + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=mask)  # fmt: skip
         if COMPUTE_DW:
             dw += tl.sum(dy * xhat, axis=0)
         if COMPUTE_DB:
@@ -552,6 +670,9 @@ class LaunchConfig(NamedTuple):
     # chunked forward: two passes over the row (sums about the first chunk's mean, then normalise)
     # instead of three (the mean, the centred sums, normalise)
     shifted: bool = False
+    # whole-row kernels on a persistent grid: 0 = x (and dy) loaded through pointers; k >= 2 = through
+    # tensor descriptors (the copy engine, TMA) into k shared-memory buffers, where _tma_usable allows
+    tma_stages: int = 0
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -656,6 +777,30 @@ def backward_programs(cfg: LaunchConfig, m: int, esize: int, sms: int) -> int:
 # ----------------------------------------------------------------------------------------------------
 
 
+def _tma_usable(*tensors: torch.Tensor) -> bool:
+    """Whether the descriptor kernels can read these (M, N) views: on a GPU with a copy engine for
+    tensors (compute capability 9+), 2- or 4-byte types, 16-byte aligned base and row stride, unit
+    column stride (under the interpreter, any such layout)."""
+    if TensorDescriptor is None:
+        return False
+    t0 = tensors[0]
+    if not is_interpreted(_ln_fwd_kernel):
+        if t0.device.type != "cuda" or torch.cuda.get_device_capability(t0.device)[0] < 9:
+            return False
+    if t0.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return False
+    esize = t0.element_size()
+    return all(
+        t.stride(1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) > 0 and t.stride(0) * esize % 16 == 0
+        for t in tensors
+    )
+
+
+def _row_desc(t: torch.Tensor, cfg: LaunchConfig):
+    """A tensor descriptor over the (M, N) view ``t``, boxes of one row tile."""
+    return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [cfg.block_m, cfg.block_n])
+
+
 def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -682,7 +827,14 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
         IS_FP64=x.dtype == torch.float64,
         num_warps=cfg.num_warps,
     )
-    if N <= cfg.block_n:  # the whole row in one tile
+    if N <= cfg.block_n and cfg.tma_stages and cfg.programs_per_sm > 0 and _tma_usable(x):
+        programs = min(triton.cdiv(M, cfg.block_m), cfg.programs_per_sm * device_parallelism(x))
+        _ln_fwd_tma_kernel[(programs,)](
+            _row_desc(x, cfg), y, w, b, mean, rstd, y.stride(0), M, N, 1.0 / N, eps,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n,
+            POW2_N=_is_pow2(N), STAGES=cfg.tma_stages, **common,
+        )  # fmt: skip
+    elif N <= cfg.block_n:  # the whole row in one tile
         tiles = triton.cdiv(M, cfg.block_m)
         if cfg.programs_per_sm > 0:  # a persistent grid
             tiles = min(tiles, cfg.programs_per_sm * device_parallelism(x))
@@ -730,11 +882,19 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         shape = (programs, N) if (compute_dw or compute_db) else (1, 1)
         dw_part = torch.empty(shape, dtype=acc, device=x.device) if compute_dw else dx
         db_part = torch.empty(shape, dtype=acc, device=x.device) if compute_db else dx
-        _ln_bwd_kernel[(programs,)](
-            dx, dy, x, w, mean, rstd, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0), M, N,
-            1.0 / N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N),
-            num_warps=cfg.num_warps, **flags,
-        )  # fmt: skip
+        if cfg.tma_stages and _tma_usable(x, dy):
+            _ln_bwd_tma_kernel[(programs,)](
+                dx, _row_desc(dy, cfg), _row_desc(x, cfg), w, mean, rstd, dw_part, db_part, dx.stride(0),
+                M, N, 1.0 / N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_WEIGHT=flags["HAS_WEIGHT"],
+                COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, IS_FP64=flags["IS_FP64"],
+                EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N), STAGES=cfg.tma_stages, num_warps=cfg.num_warps,
+            )  # fmt: skip
+        else:
+            _ln_bwd_kernel[(programs,)](
+                dx, dy, x, w, mean, rstd, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0), M, N,
+                1.0 / N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_N=N == cfg.block_n,
+                POW2_N=_is_pow2(N), num_warps=cfg.num_warps, **flags,
+            )  # fmt: skip
     else:
         c1 = torch.empty((M,), dtype=acc, device=x.device)
         c2 = torch.empty((M,), dtype=acc, device=x.device)
