@@ -681,57 +681,57 @@ class LaunchConfig(NamedTuple):
 # (N, dtype, regime): the row count is never specialised on.
 MANY_ROWS = 8192
 
-# Measured on the H200 by bench/tune.py (bench/results/h200/NOTES.md), run 36: the fused kernels with fewer
-# instructions per element and the forward without a tile loop where the grid has a program per tile,
-# every forward and the prefetching backward (--only ln-fwd,ln-prefetch,ln-fwd-params) against the
-# tables of runs 15, 16 and 26 in the same run ("kept": the earlier entry was still the fastest).
+# Measured on the H200 by bench/tune.py (bench/results/h200/NOTES.md): run 36 swept the fused kernels with
+# fewer instructions per element and the forward without a tile loop (--only ln-fwd,ln-prefetch,
+# ln-fwd-params) against the tables of runs 15, 16 and 26; run 38 swept the kernels that read through
+# tensor descriptors (--only ln-tma) against run 36's table ("kept": the earlier entry was the fastest).
 # The fastest by median GPU time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384).
 # (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
 # the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
 # to the entry of the other regime, then to the rule in launch_config.
 TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
-    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 16, prefetch=True),  # 969 GB/s (run 36, kept)
-    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, prefetch=True),  # 3505 GB/s (run 36, kept)
-    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 8, prefetch=True),  # 1586 GB/s (run 36, kept)
-    ("bwd", 2, 2048, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 3650 GB/s (run 36)
-    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 4, prefetch=True),  # 2405 GB/s (run 36)
-    ("bwd", 2, 4096, True): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 3713 GB/s (run 36)
-    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 8, prefetch=True),  # 3035 GB/s (run 36, kept)
-    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 3734 GB/s (run 36, kept)
-    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2267 GB/s (run 36, kept)
-    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2498 GB/s (run 36, kept)
-    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, prefetch=True),  # 1922 GB/s (run 36, kept)
-    ("bwd", 4, 1024, True): LaunchConfig(2, 1024, 8, 2, prefetch=True),  # 3988 GB/s (run 36)
-    ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2602 GB/s (run 36, kept)
-    ("bwd", 4, 2048, True): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 4045 GB/s (run 36)
-    ("bwd", 4, 4096, False): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 3242 GB/s (run 36)
-    ("bwd", 4, 4096, True): LaunchConfig(2, 4096, 32, 1, prefetch=True),  # 4061 GB/s (run 36)
-    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 3491 GB/s (run 36)
-    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 3997 GB/s (run 36)
-    ("bwd", 4, 16384, False): LaunchConfig(4, 1024, 8, 4, prefetch=True),  # 2451 GB/s (run 36, kept)
-    ("bwd", 4, 16384, True): LaunchConfig(8, 1024, 8, 4, prefetch=True),  # 2611 GB/s (run 36, kept)
-    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0),  # 1814 GB/s (run 36)
-    ("fwd", 2, 1024, True): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 4036 GB/s (run 36)
-    ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2424 GB/s (run 36, kept)
-    ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 4039 GB/s (run 36, kept)
-    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0, keep_params=True),  # 2925 GB/s (run 36)
-    ("fwd", 2, 4096, True): LaunchConfig(2, 4096, 8, 0),  # 3986 GB/s (run 36)
-    ("fwd", 2, 8192, False): LaunchConfig(1, 8192, 8, 0),  # 3396 GB/s (run 36)
-    ("fwd", 2, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3969 GB/s (run 36)
-    ("fwd", 2, 16384, False): LaunchConfig(1, 16384, 16, 0),  # 3484 GB/s (run 36)
-    ("fwd", 2, 16384, True): LaunchConfig(1, 16384, 16, 0),  # 3854 GB/s (run 36)
-    # 2602 GB/s (run 36, kept)
+    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 16, prefetch=True),  # 944 GB/s (run 38, kept)
+    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, tma_stages=3),  # 3668 GB/s (run 38)
+    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 1, tma_stages=3),  # 1597 GB/s (run 38)
+    ("bwd", 2, 2048, True): LaunchConfig(2, 2048, 8, 2, tma_stages=3),  # 3729 GB/s (run 38)
+    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 2391 GB/s (run 38)
+    ("bwd", 2, 4096, True): LaunchConfig(2, 4096, 16, 1, tma_stages=3),  # 3793 GB/s (run 38)
+    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 2911 GB/s (run 38)
+    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, tma_stages=3),  # 3724 GB/s (run 38)
+    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2236 GB/s (run 38, kept)
+    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2517 GB/s (run 38, kept)
+    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, prefetch=True),  # 1901 GB/s (run 38, kept)
+    ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 4085 GB/s (run 38)
+    ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2659 GB/s (run 38, kept)
+    ("bwd", 4, 2048, True): LaunchConfig(2, 2048, 8, 1, tma_stages=3),  # 4112 GB/s (run 38)
+    ("bwd", 4, 4096, False): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 3208 GB/s (run 38, kept)
+    ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 1, tma_stages=3),  # 4108 GB/s (run 38)
+    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1, tma_stages=3),  # 3527 GB/s (run 38)
+    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 4001 GB/s (run 38, kept)
+    ("bwd", 4, 16384, False): LaunchConfig(4, 1024, 8, 4, prefetch=True),  # 2472 GB/s (run 38, kept)
+    ("bwd", 4, 16384, True): LaunchConfig(8, 1024, 8, 4, prefetch=True),  # 2623 GB/s (run 38, kept)
+    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 1768 GB/s (run 38)
+    ("fwd", 2, 1024, True): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 4004 GB/s (run 38, kept)
+    ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2416 GB/s (run 38, kept)
+    ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 4019 GB/s (run 38, kept)
+    ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0, keep_params=True),  # 2909 GB/s (run 38, kept)
+    ("fwd", 2, 4096, True): LaunchConfig(2, 4096, 8, 0),  # 3957 GB/s (run 38, kept)
+    ("fwd", 2, 8192, False): LaunchConfig(1, 8192, 8, 0),  # 3310 GB/s (run 38, kept)
+    ("fwd", 2, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3943 GB/s (run 38, kept)
+    ("fwd", 2, 16384, False): LaunchConfig(1, 16384, 16, 0),  # 3467 GB/s (run 38, kept)
+    ("fwd", 2, 16384, True): LaunchConfig(1, 16384, 16, 0),  # 3840 GB/s (run 38, kept)
+    # 2589 GB/s (run 38, kept)
     ("fwd", 4, 1024, False): LaunchConfig(4, 1024, 4, 4, prefetch=True, keep_params=True),
-    ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 4, 0, keep_params=True),  # 4184 GB/s (run 36)
-    # 3128 GB/s (run 36)
+    ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 4, 0, keep_params=True),  # 4163 GB/s (run 38, kept)
+    # 3062 GB/s (run 38, kept)
     ("fwd", 4, 2048, False): LaunchConfig(2, 2048, 4, 4, prefetch=True, keep_params=True),
-    ("fwd", 4, 2048, True): LaunchConfig(2, 2048, 16, 0),  # 4164 GB/s (run 36)
-    ("fwd", 4, 4096, False): LaunchConfig(2, 4096, 8, 0, keep_params=True),  # 3573 GB/s (run 36)
-    ("fwd", 4, 4096, True): LaunchConfig(1, 1024, 8, 0),  # 4213 GB/s (run 36, kept)
-    ("fwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 0, keep_params=True),  # 3873 GB/s (run 36)
-    ("fwd", 4, 8192, True): LaunchConfig(1, 4096, 8, 0, 2),  # 4166 GB/s (run 36, kept)
-    ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 16, prefetch=True),  # 3903 GB/s (run 36, kept)
-    ("fwd", 4, 16384, True): LaunchConfig(2, 16384, 32, 0),  # 4042 GB/s (run 36)
+    ("fwd", 4, 2048, True): LaunchConfig(2, 2048, 16, 0),  # 4119 GB/s (run 38, kept)
+    ("fwd", 4, 4096, False): LaunchConfig(2, 4096, 8, 0, keep_params=True),  # 3497 GB/s (run 38, kept)
+    ("fwd", 4, 4096, True): LaunchConfig(1, 1024, 8, 0),  # 4192 GB/s (run 38, kept)
+    ("fwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 0, keep_params=True),  # 3812 GB/s (run 38, kept)
+    ("fwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 0, keep_params=True),  # 4113 GB/s (run 38)
+    ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 16, prefetch=True),  # 3871 GB/s (run 38, kept)
+    ("fwd", 4, 16384, True): LaunchConfig(2, 16384, 32, 0),  # 4057 GB/s (run 38, kept)
 }
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
