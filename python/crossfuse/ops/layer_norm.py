@@ -26,6 +26,9 @@ Design:
   float32 registers; it writes them once to a (programs, N) float32 buffer that a second small kernel
   reduces and casts (fewer programs when M is small, so the partials stay under an eighth of the
   traffic). No locks, no atomics: the result does not depend on scheduling.
+* On compute capability 9+ a persistent config may read x (and dy) through tensor descriptors instead
+  (``tma_stages``: the copy engine fills shared-memory buffers that Triton pipelines over the tile
+  loop, so the tiles in flight cost no registers), where the rows are 16-byte aligned.
 * N > FUSED_MAX_N (up to MAX_N): the row does not fit in registers. Forward ("chunked") loops over
   the row three times, each thread summing its own elements of every chunk (one reduction per pass):
   the mean, the centred sums of the corrected two-pass variance, then normalise and write (the second
