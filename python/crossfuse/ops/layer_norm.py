@@ -127,6 +127,32 @@ def _load_bwd_tile(X, DY, Mean, Rstd, stride_xm, stride_dym, rows, M, cols, col_
 
 
 @triton.jit
+def _columns(N, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
+    """The tile's column offsets and which are inside the row (known true when N == BLOCK_N, so that the
+    compiler drops the column predicates)."""
+    cols = tl.arange(0, BLOCK_N)
+    if EVEN_N:
+        return cols, cols < BLOCK_N
+    else:
+        return cols, cols < N
+
+
+@triton.jit
+def _kept_params(W, B, cols, col_ok, acc_ty: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 KEEP_PARAMS: tl.constexpr):  # fmt: skip
+    """Weight and bias loaded once per program where KEEP_PARAMS (a program walking many tiles then needs
+    no re-read, an L1/L2 round trip, before each store); placeholders where they are loaded per tile."""
+    weight = cols
+    bias = cols
+    if KEEP_PARAMS:
+        if HAS_WEIGHT:
+            weight = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
+        if HAS_BIAS:
+            bias = tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)
+    return weight, bias
+
+
+@triton.jit
 def _ln_fwd_tile(
     x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N, inv_n, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, IS_FP64: tl.constexpr, KEEP_PARAMS: tl.constexpr,
@@ -193,18 +219,9 @@ def _ln_fwd_kernel(
     # program per tile, several when the grid is persistent
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    acc_ty = tl.float64 if IS_FP64 else tl.float32
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if EVEN_N:
-        col_ok = cols < BLOCK_N  # known true: the compiler drops the column predicates
-    weight = cols  # placeholders where the parameters are loaded per tile (not KEEP_PARAMS)
-    bias = cols
-    if KEEP_PARAMS:  # a program walks many tiles: no re-read (an L1/L2 round trip) before each store
-        if HAS_WEIGHT:
-            weight = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
-        if HAS_BIAS:
-            bias = tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)
+    acc_ty: tl.constexpr = tl.float64 if IS_FP64 else tl.float32
+    cols, col_ok = _columns(N, BLOCK_N, EVEN_N)
+    weight, bias = _kept_params(W, B, cols, col_ok, acc_ty, HAS_WEIGHT, HAS_BIAS, KEEP_PARAMS)
     if ONE_TILE:
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
@@ -258,18 +275,9 @@ def _ln_fwd_tma_kernel(
     # rows past M and columns past N arrive as zeros
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    acc_ty = tl.float64 if IS_FP64 else tl.float32
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if EVEN_N:
-        col_ok = cols < BLOCK_N
-    weight = cols
-    bias = cols
-    if KEEP_PARAMS:
-        if HAS_WEIGHT:
-            weight = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
-        if HAS_BIAS:
-            bias = tl.load(B + cols, mask=col_ok, other=0.0).to(acc_ty)
+    acc_ty: tl.constexpr = tl.float64 if IS_FP64 else tl.float32
+    cols, col_ok = _columns(N, BLOCK_N, EVEN_N)
+    weight, bias = _kept_params(W, B, cols, col_ok, acc_ty, HAS_WEIGHT, HAS_BIAS, KEEP_PARAMS)
     for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, num_stages=STAGES):
         x = Xd.load([tile * BLOCK_M, 0]).to(acc_ty)
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -360,6 +368,24 @@ def _ln_fwd_chunked_kernel(
     tl.store(Rstd + row, rstd)
 
 
+@triton.jit
+def _ln_bwd_tile(x, dy, mean, rstd, w, N, inv_n, HAS_WEIGHT: tl.constexpr, POW2_N: tl.constexpr,
+                 IS_FP64: tl.constexpr):  # fmt: skip
+    """``(xhat, dx)`` of one row tile (float32/float64 x and dy; w unused unless HAS_WEIGHT). No select for
+    masked elements: x and dy read as 0 there (mean and rstd too, in masked rows), so xhat is finite, and
+    every sum takes them through a product with dy or g, which are 0; their dx is not stored."""
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    if HAS_WEIGHT:
+        g = dy * w[None, :]
+    else:
+        g = dy
+    # two separate sums: one tl.reduce of the pair (one trip through shared memory) measured 12% slower
+    # here in bfloat16 (run 14), though it does not slow the forward
+    c1 = _div_n(tl.sum(xhat * g, axis=1), N, inv_n, POW2_N, IS_FP64)
+    c2 = _div_n(tl.sum(g, axis=1), N, inv_n, POW2_N, IS_FP64)
+    return xhat, (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+
+
 @triton.jit(do_not_specialize=["M"])
 def _ln_bwd_kernel(
     DX,  # input gradient, (M, N), row stride stride_dxm
@@ -390,10 +416,8 @@ def _ln_bwd_kernel(
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     acc_ty = tl.float64 if IS_FP64 else tl.float32
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if EVEN_N:
-        col_ok = cols < BLOCK_N  # known true: the compiler drops the column predicates
+    cols, col_ok = _columns(N, BLOCK_N, EVEN_N)
+    w = cols  # a placeholder without weights
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
@@ -418,20 +442,7 @@ def _ln_bwd_kernel(
             )
             x, dy = x.to(acc_ty), dy.to(acc_ty)
         rows = rows.to(tl.int64)
-        # no select for masked elements: x and dy read as 0 there (mean and rstd too, in masked rows), so
-        # xhat is finite, and every sum below takes them through a product with dy or g, which are 0;
-        # their dx is not stored
-        xhat = (x - mean[:, None]) * rstd[:, None]
-        if HAS_WEIGHT:
-            g = dy * w[None, :]
-        else:
-            g = dy
-        # two separate sums: one tl.reduce of the pair (one trip through shared memory) measured 12%
-        # slower here in bfloat16 (run 14), though it does not slow the forward
-        c1 = _div_n(tl.sum(xhat * g, axis=1), N, inv_n, POW2_N, IS_FP64)
-        c2 = _div_n(tl.sum(g, axis=1), N, inv_n, POW2_N, IS_FP64)
-        # rstd * (g - (xhat * c1 + c2)) as two fused multiply-adds per element
-        dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        xhat, dx = _ln_bwd_tile(x, dy, mean, rstd, w, N, inv_n, HAS_WEIGHT, POW2_N, IS_FP64)
         tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
             dw += tl.sum(dy * xhat, axis=0)
@@ -473,10 +484,8 @@ def _ln_bwd_tma_kernel(
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     acc_ty = tl.float64 if IS_FP64 else tl.float32
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if EVEN_N:
-        col_ok = cols < BLOCK_N
+    cols, col_ok = _columns(N, BLOCK_N, EVEN_N)
+    w = cols  # a placeholder without weights
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
@@ -488,14 +497,7 @@ def _ln_bwd_tma_kernel(
         row_ok = rows < M
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
-        xhat = (x - mean[:, None]) * rstd[:, None]
-        if HAS_WEIGHT:
-            g = dy * w[None, :]
-        else:
-            g = dy
-        c1 = _div_n(tl.sum(xhat * g, axis=1), N, inv_n, POW2_N, IS_FP64)
-        c2 = _div_n(tl.sum(g, axis=1), N, inv_n, POW2_N, IS_FP64)
-        dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        xhat, dx = _ln_bwd_tile(x, dy, mean, rstd, w, N, inv_n, HAS_WEIGHT, POW2_N, IS_FP64)
         mask = row_ok[:, None] & col_ok[None, :]
         tl.store(DX + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
                  mask=mask)  # fmt: skip
