@@ -1,0 +1,75 @@
+"""A/B of two versions of the layer-norm kernels in one process: an earlier ``layer_norm.py`` (for
+example ``git show REV:python/crossfuse/ops/layer_norm.py > /tmp/old.py``) against this checkout's, each
+with its own ``TUNED`` table, alternated ``--rounds`` times at the session's shapes (medians of
+``crossfuse.harness.timing.time_cuda``, the sessions' GPU timer).
+
+    python bench/ab_ln.py OLD_LAYER_NORM_PY [--rounds 3]
+
+Prints one line per (shape, dtype, fwd/bwd): GB/s of each, their ratio, and the largest difference of
+their outputs. Produced ``bench/results/h200/ab_run35_ln.txt`` and ``ab_run36_ln.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import functools
+import importlib
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+SHAPES = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (4096, 16384), (65536, 1024), (32768, 4096)]
+
+
+def _calls(mod, kind, x, w, b, dy, mean, rstd):
+    """The op of module ``mod`` on these inputs, as a call with no arguments."""
+    if kind == "fwd":
+        return functools.partial(mod.layer_norm_fwd, x, w, b, 1e-5)
+    return functools.partial(mod.layer_norm_bwd, dy, x, w, mean, rstd, True, True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("old", help="an earlier crossfuse/ops/layer_norm.py")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    import torch
+    from crossfuse.harness import timing
+    from crossfuse.ops import layer_norm as new
+
+    # the old file imports its siblings relatively: it has to sit in the package for the run
+    twin = ROOT / "python" / "crossfuse" / "ops" / "_ab_old_layer_norm.py"
+    shutil.copyfile(args.old, twin)
+    atexit.register(twin.unlink, missing_ok=True)
+    old = importlib.import_module("crossfuse.ops._ab_old_layer_norm")
+    cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=25.0, cuda_min_reps=10, cuda_max_reps=100)
+    print("shape dtype kind old_GBps new_GBps new/old", flush=True)
+    for m, n in SHAPES:
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(m, n, device="cuda", dtype=dtype)
+            w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+            dy = torch.randn_like(x)
+            _, mean, rstd = new.layer_norm_fwd(x, w, b, 1e-5)
+            for kind in ("fwd", "bwd"):
+                args_ = (kind, x, w, b, dy, mean, rstd)
+                fns = {"old": _calls(old, *args_), "new": _calls(new, *args_)}
+                outs = zip(fns["old"](), fns["new"](), strict=True)
+                err = max((a.float() - c.float()).abs().max().item() for a, c in outs if a is not None)
+                times = {"old": [], "new": []}
+                for _ in range(args.rounds):
+                    for name in ("old", "new"):
+                        times[name].append(timing.time_cuda(fns[name], config=cfg).p50)
+                nbytes = (2 if kind == "fwd" else 3) * m * n * x.element_size()
+                o, nw = statistics.median(times["old"]), statistics.median(times["new"])
+                rates = f"{nbytes / o / 1e6:.0f} {nbytes / nw / 1e6:.0f} {o / nw:.3f}"
+                print(f"{m}x{n} {str(dtype)[6:]} {kind} {rates} (max |new-old| {err:.2e})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
