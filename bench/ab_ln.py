@@ -6,7 +6,9 @@ with its own ``TUNED`` table, alternated ``--rounds`` times at the session's sha
     python bench/ab_ln.py OLD_LAYER_NORM_PY [--rounds 3]
 
 Prints one line per (shape, dtype, fwd/bwd): GB/s of each, their ratio, and the largest difference of
-their outputs. Produced ``bench/results/h200/ab_run35_ln.txt`` and ``ab_run36_ln.txt``.
+their outputs. ``bench/results/h200/ab_run35_ln.txt`` and ``ab_run36_ln.txt`` came from its first form,
+which differed only in taking the old module copied into the package by hand (this form has not run on
+the GPU yet).
 """
 
 from __future__ import annotations
