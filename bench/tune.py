@@ -53,28 +53,31 @@ def log(msg: str) -> None:
 # ----------------------------------------------------------------------------------------------------
 
 
+def _row_tiles(n: int, block_ms, epts, warp_options, max_tile: int, min_tile: int = 1024):
+    """(block_m, elements per thread per tensor, warps) of whole-row tiles of ``block_m`` rows of ``n``
+    between ``min_tile`` and ``max_tile`` elements, whose warp count is one of ``warp_options``."""
+    for bm in block_ms:
+        tile = bm * n
+        if not min_tile <= tile <= max_tile:
+            continue
+        for ept in epts:
+            warps = tile // (32 * ept)
+            if warps in warp_options:
+                yield bm, ept, warps
+
+
 def ln_candidates(quick: bool) -> list[dict]:
     out = []
     for n in LN_NS[:2] if quick else LN_NS:
         for dtype in LN_DTYPES:
             for bm in (1, 2, 4, 8, 16):
-                tile = bm * n
-                if not 1024 <= tile <= 32768:
-                    continue
-                for ept in (8, 16, 32):  # elements per thread per tensor
-                    warps = tile // (32 * ept)
-                    if warps in (1, 2, 4, 8, 16, 32):
-                        out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=0))
-                        if ept == 16 and not quick:  # the persistent forward
-                            for pps in (4, 8):
-                                out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=bm, num_warps=warps,
-                                                pps=pps))  # fmt: skip
-                if tile > 16384:
-                    continue
-                for ept in (4, 8, 16):
-                    warps = tile // (32 * ept)
-                    if warps not in (2, 4, 8, 16, 32):
-                        continue
+                for _, ept, warps in _row_tiles(n, (bm,), (8, 16, 32), (1, 2, 4, 8, 16, 32), 32768):
+                    out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=0))
+                    if ept == 16 and not quick:  # the persistent forward
+                        for pps in (4, 8):
+                            out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=bm, num_warps=warps,
+                                            pps=pps))  # fmt: skip
+                for _, _, warps in _row_tiles(n, (bm,), (4, 8, 16), (2, 4, 8, 16, 32), 16384):
                     for pps in (1, 2, 4, 8):
                         out.append(dict(kind="bwd", n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=pps))
             for bn in (1024, 2048, 4096):  # the chunked forward: three passes over chunks of the row
@@ -99,19 +102,14 @@ def ln_unroll_candidates() -> list[dict]:
     out = []
     for n in (1024, 2048, 4096):
         for dtype in LN_DTYPES:
-            for bm in (1, 2, 4):
-                tile = bm * n
-                for ept in (4, 8, 16):
-                    warps = tile // (32 * ept)
-                    if warps not in (1, 2, 4, 8, 16):
-                        continue
-                    base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, many_only=True)
-                    for unroll in (1, 2):
-                        for pps in (1, 2, 4, 8):
-                            out.append(dict(base, kind="bwd", pps=pps, unroll=unroll))
-                        for pps in (2, 4, 8):
-                            out.append(dict(base, kind="fwd", pps=pps, unroll=unroll))
-                    out.append(dict(base, kind="fwd", pps=0))
+            for bm, _, warps in _row_tiles(n, (1, 2, 4), (4, 8, 16), (1, 2, 4, 8, 16), 1 << 30, min_tile=0):
+                base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, many_only=True)
+                for unroll in (1, 2):
+                    for pps in (1, 2, 4, 8):
+                        out.append(dict(base, kind="bwd", pps=pps, unroll=unroll))
+                    for pps in (2, 4, 8):
+                        out.append(dict(base, kind="fwd", pps=pps, unroll=unroll))
+                out.append(dict(base, kind="fwd", pps=0))
     return out
 
 
@@ -122,23 +120,13 @@ def ln_prefetch_candidates(pps_options=(1, 2, 4)) -> list[dict]:
     for n in LN_NS:
         for dtype in LN_DTYPES:
             for bm in (1, 2, 4, 8):
-                tile = bm * n
-                if not 1024 <= tile <= 16384:
-                    continue
-                for ept in (8, 16, 32):  # elements per thread per tensor
-                    warps = tile // (32 * ept)
-                    if warps in (2, 4, 8, 16, 32):
+                for kind, epts in (("fwd", (8, 16, 32)), ("bwd", (4, 8, 16))):
+                    if kind == "bwd" and n > 8192:
+                        continue
+                    for _, _, warps in _row_tiles(n, (bm,), epts, (2, 4, 8, 16, 32), 16384):
                         for pps in pps_options:
                             base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=pps)
-                            out.append(dict(base, kind="fwd", prefetch=True))
-                if n > 8192:
-                    continue
-                for ept in (4, 8, 16):
-                    warps = tile // (32 * ept)
-                    if warps in (2, 4, 8, 16, 32):
-                        for pps in pps_options:
-                            base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=pps)
-                            out.append(dict(base, kind="bwd", prefetch=True))
+                            out.append(dict(base, kind=kind, prefetch=True))
             if n >= 8192:
                 for bn in (1024, 2048):
                     for bm in (2, 4, 8):
@@ -155,20 +143,13 @@ def ln_tma_candidates() -> list[dict]:
     out = []
     for n in LN_NS:
         for dtype in LN_DTYPES:
-            for bm in (1, 2, 4, 8):
-                tile = bm * n
-                if not 1024 <= tile <= 16384:
-                    continue
-                for ept in (8, 16):  # elements per thread per tensor
-                    warps = tile // (32 * ept)
-                    if warps not in (2, 4, 8, 16, 32):
-                        continue
-                    for stages in (2, 3):
-                        base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, tma_stages=stages)
-                        for pps in (1, 2, 4):
-                            out.append(dict(base, kind="bwd", pps=pps))
-                        for pps in (1, 2, 4, 8):
-                            out.append(dict(base, kind="fwd", pps=pps))
+            for bm, _, warps in _row_tiles(n, (1, 2, 4, 8), (8, 16), (2, 4, 8, 16, 32), 16384):
+                for stages in (2, 3):
+                    base = dict(n=n, dtype=dtype, block_m=bm, num_warps=warps, tma_stages=stages)
+                    for pps in (1, 2, 4):
+                        out.append(dict(base, kind="bwd", pps=pps))
+                    for pps in (1, 2, 4, 8):
+                        out.append(dict(base, kind="fwd", pps=pps))
     return out
 
 
