@@ -1,6 +1,7 @@
 """Sweep launch configurations of crossfuse's kernels on a GPU and pick the fastest per key.
 
-    python bench/tune.py --out DIR [--only GROUP,...] [--base code|tuned.json] [--workers 16] [--quick]
+    python bench/tune.py --out DIR [--only GROUP,...] [--kind KIND] [--base code|tuned.json] [--workers 16]
+                         [--quick]
 
 Phase 1 compiles every candidate in parallel worker processes (each launches it once on real-shaped
 inputs, filling Triton's on-disk cache); phase 2 times them one at a time in this process with
@@ -14,6 +15,8 @@ large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime get
 ``ln-shifted`` tunes the chunked forward in two passes (``shifted``) against the code's entries
 (with ``--base code``) for N >= 4096.
 ``ln-tma`` tunes the persistent whole-row kernels that read through tensor descriptors (``tma_stages``).
+``--kind bwd`` (or ``fwd``) times the chosen groups' candidates of that kind only; ``tuned.json`` keeps
+the base's entries of the other kinds.
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
 ``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
 ``attn-fp32`` tunes float32 (tf32 dots) at the seed's shapes (B=4, H=16, D=64, L=4096 and L=1024);
@@ -421,6 +424,7 @@ def main(argv=None) -> int:
         help="tuned.json of an earlier run, or 'code' for the tables in the code: its entries are timed "
         "again in this run, and stay where this run has no winner",
     )
+    ap.add_argument("--kind", help="time only candidates of this kind (fwd, bwd, dkdv, dq), the base's too")
     ap.add_argument(
         "--budget-s",
         type=float,
@@ -487,6 +491,8 @@ def main(argv=None) -> int:
     # must beat it here
     cands = base_candidates(base, cands) + cands
     cands = list({json.dumps(c, sort_keys=True): c for c in cands}.values())  # groups may overlap
+    if args.kind:  # the others keep the base's entries
+        cands = [c for c in cands if c.get("kind") == args.kind]
     log(f"{len(cands)} candidates; compiling with {args.workers} workers")
     status = {}
     ctx = mp.get_context("spawn")

@@ -288,6 +288,35 @@ def test_no_recompilation_across_row_counts(gen):
     assert compiled() == before, "a new row count triggered a recompilation"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("shape", [(4096, 1024), (65536, 1024), (4096, 16384), (3000, 5000), (4096, 20000)],
+                         ids=str)  # fmt: skip
+def test_peak_memory_of_forward_and_backward_within_torchs(shape, dtype, gen):
+    # what torch's layer norm allocates for a forward and backward (y, dx, dw, db, the saved mean and
+    # rstd) is all the fused kernels allocate too: their partial sums live in dx (whole rows, split
+    # backward, chunked forward, a shape outside the tuning table)
+    n = shape[1]
+    x = randn(shape, dtype, "cuda", gen).requires_grad_(True)
+    w = randn((n,), dtype, "cuda", gen).requires_grad_(True)
+    b = randn((n,), dtype, "cuda", gen).requires_grad_(True)
+    dy = randn(shape, dtype, "cuda", gen)
+
+    def peak(fn):
+        for _ in range(2):  # the first call compiles
+            for t in (x, w, b):
+                t.grad = None
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fn(x, (n,), w, b, 1e-5).backward(dy)
+            torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    ours, theirs = peak(crossfuse.layer_norm), peak(torch.nn.functional.layer_norm)
+    assert ours <= theirs, (ours, theirs)
+
+
 def _kernel_caches(kernel):
     """The per-device compiled-kernel dicts of a JITFunction (Triton 3.x keeps them in device_caches)."""
     caches = getattr(kernel, "device_caches", None)
@@ -359,6 +388,54 @@ def test_backward_variants_equal_default(cfg, device, gen):
     variant = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
     for a, b in zip(default, variant, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("grads", [(True, True), (False, True), (False, False)],
+                         ids=["dw and db", "db only", "dx only"])  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "cfg",
+    [pytest.param(ln_mod.LaunchConfig(2, 512, 4, 1, prefetch=True), id="whole rows"),
+     pytest.param(ln_mod.LaunchConfig(2, 512, 4, 1, tma_stages=2), id="whole rows, descriptors"),
+     pytest.param(ln_mod.LaunchConfig(4, 128, 4, 1), id="split")],
+)  # fmt: skip
+def test_backward_keeps_its_partial_sums_in_dx(cfg, dtype, grads, device, gen, monkeypatch):
+    # the backward allocates only dx, dw and db: the float32 partial sums of dw and db (and the split
+    # backward's row sums) live in dx's last R rows, whose dx the main kernels leave unwritten (they
+    # still sum those rows into dw and db); after the reduction a last launch writes it. Against float64,
+    # and against the same kernels with a buffer of their own for the sums (what few rows get); the
+    # other rows of dx come from the same kernels either way, so they are equal bit for bit
+    m, n = 24 * ln_mod.device_parallelism(torch.empty(0, device=device)), 300
+    x = randn((m, n), dtype, device, gen, mean=1.0)
+    w = randn((n,), dtype, device, gen, mean=1.0, std=0.5)
+    dy = randn((m, n), dtype, device, gen)
+    var, mean = torch.var_mean(x.float(), dim=1, correction=0)
+    rstd = torch.rsqrt(var + 1e-5)
+    rows, scratch = [], ln_mod._scratch
+
+    def spy(*args):
+        rows.append(scratch(*args)[0])
+        return scratch(*args)
+
+    monkeypatch.setattr(ln_mod, "_scratch", spy)
+    in_dx = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    monkeypatch.setattr(ln_mod, "_scratch", lambda *args: (0, None))
+    own = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    split = n > cfg.block_n
+    if any(grads) or split:
+        assert len(rows) == 1 and 0 < rows[0] <= m // 4, rows
+        assert torch.equal(in_dx[0][: m - rows[0]], own[0][: m - rows[0]])
+    else:  # nothing to keep: no scratch
+        assert rows == []
+    leaves = [t.double().requires_grad_(True) for t in (x, w, torch.zeros(n, dtype=dtype, device=device))]
+    layer_norm_ref(*leaves, 1e-5).backward(dy.double())
+    for i, (kind, want) in enumerate(zip(("bwd", "reduced", "reduced"), (True, *grads), strict=True)):
+        for got in (in_dx[i], own[i]):
+            if not want:
+                assert got is None
+                continue
+            tol = tolerance("layer_norm", dtype, kind, m)
+            assert relerr(got, leaves[i].grad) <= tol, (i, relerr(got, leaves[i].grad), tol)
 
 
 def test_descriptor_kernels_need_aligned_rows(device, gen):

@@ -26,6 +26,11 @@ Design:
   float32 registers; it writes them once to a (programs, N) float32 buffer that a second small kernel
   reduces and casts (fewer programs when M is small, so the partials stay under an eighth of the
   traffic). No locks, no atomics: the result does not depend on scheduling.
+* The backward allocates what torch's does (dx, dw, db) and nothing more: the partials (and the split
+  backward's row sums) are kept in the bytes of the last R rows of dx, whose dx the main kernels do not
+  store (they still add those rows to dw and db); after the reduction a last launch writes those rows'
+  dx over the partials (``layer_norm_bwd``). Only where R would exceed a quarter of the rows (few rows)
+  do the partials get a buffer of their own.
 * On compute capability 9+ a persistent config may read x (and dy) through tensor descriptors instead
   (``tma_stages``: the copy engine fills shared-memory buffers that Triton pipelines over the tile
   loop, so the tiles in flight cost no registers), where the rows are 16-byte aligned.
@@ -386,7 +391,7 @@ def _ln_bwd_tile(x, dy, mean, rstd, w, N, inv_n, HAS_WEIGHT: tl.constexpr, POW2_
     return xhat, (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["ROW0", "M", "DX_M"])
 def _ln_bwd_kernel(
     DX,  # input gradient, (M, N), row stride stride_dxm
     DY,  # output gradient, (M, N), row stride stride_dym
@@ -399,7 +404,9 @@ def _ln_bwd_kernel(
     stride_dxm,
     stride_dym,
     stride_xm,
+    ROW0,  # this launch takes the rows ROW0 <= row < M,
     M,
+    DX_M,  # and stores dx for rows below DX_M only (the sums of dw and db take them all)
     N,
     inv_n,  # 1 / N in float32 (used where N is a power of 2: then exact)
     BLOCK_M: tl.constexpr,
@@ -422,15 +429,15 @@ def _ln_bwd_kernel(
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
-    num_tiles = tl.cdiv(M, BLOCK_M)
+    num_tiles = tl.cdiv(M - ROW0, BLOCK_M)
     if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
         x_next, dy_next, mean_next, rstd_next = _load_bwd_tile(
-            X, DY, Mean, Rstd, stride_xm, stride_dym, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok
-        )
+            X, DY, Mean, Rstd, stride_xm, stride_dym, ROW0 + pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols,
+            col_ok,
+        )  # fmt: skip
     for tile in tl.range(pid, num_tiles, num_programs, loop_unroll_factor=UNROLL):
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
+        rows = ROW0 + tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < DX_M)[:, None] & col_ok[None, :]
         if PREFETCH:  # this tile from the registers (its own dtype), the next one's loads in flight
             x, dy, mean, rstd = x_next.to(acc_ty), dy_next.to(acc_ty), mean_next, rstd_next
             x_next, dy_next, mean_next, rstd_next = _load_bwd_tile(
@@ -454,7 +461,7 @@ def _ln_bwd_kernel(
         tl.store(DB_part + pid * N + cols, db, mask=col_ok)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["ROW0", "M", "DX_M"])
 def _ln_bwd_tma_kernel(
     DX,  # input gradient, (M, N), row stride stride_dxm
     DYd,  # output gradient, a tensor descriptor over (M, N), boxes [BLOCK_M, BLOCK_N]
@@ -465,7 +472,9 @@ def _ln_bwd_tma_kernel(
     DW_part,  # partial dw, (num_programs, N); unused unless COMPUTE_DW
     DB_part,  # partial db, (num_programs, N); unused unless COMPUTE_DB
     stride_dxm,
+    ROW0,  # this launch takes the rows ROW0 <= row < M (M: the descriptors' row count),
     M,
+    DX_M,  # and stores dx for rows below DX_M only (the sums of dw and db take them all)
     N,
     inv_n,  # 1 / N in float32 (used where N is a power of 2: then exact)
     BLOCK_M: tl.constexpr,
@@ -490,15 +499,16 @@ def _ln_bwd_tma_kernel(
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
-    for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, num_stages=STAGES):
-        x = Xd.load([tile * BLOCK_M, 0]).to(acc_ty)
-        dy = DYd.load([tile * BLOCK_M, 0]).to(acc_ty)
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    for tile in tl.range(pid, tl.cdiv(M - ROW0, BLOCK_M), num_programs, num_stages=STAGES):
+        row0 = ROW0 + tile * BLOCK_M
+        x = Xd.load([row0, 0]).to(acc_ty)
+        dy = DYd.load([row0, 0]).to(acc_ty)
+        rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
         xhat, dx = _ln_bwd_tile(x, dy, mean, rstd, w, N, inv_n, HAS_WEIGHT, POW2_N, IS_FP64)
-        mask = row_ok[:, None] & col_ok[None, :]
+        mask = (rows < DX_M)[:, None] & col_ok[None, :]
         tl.store(DX + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
                  mask=mask)  # fmt: skip
         if COMPUTE_DW:
@@ -511,24 +521,29 @@ def _ln_bwd_tma_kernel(
         tl.store(DB_part + pid * N + cols, db, mask=col_ok)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["ROW0", "M"])
 def _ln_bwd_rowsums_kernel(
     DY,  # output gradient, (M, N), row stride stride_dym
     X,  # input, (M, N), row stride stride_xm
     W,  # weight, (N,)
     Mean,  # (M,)
     Rstd,  # (M,)
-    C1,  # out: mean(g * xhat) per row, (M,)
-    C2,  # out: mean(g) per row, (M,)
+    C1,  # out: mean(g * xhat) of row ROW0 + i at i; unused if WRITE_DX
+    C2,  # out: mean(g) likewise; unused if WRITE_DX
+    DX,  # out if WRITE_DX: input gradient, (M, N), row stride stride_dxm
     stride_dym,
     stride_xm,
+    stride_dxm,
+    ROW0,  # program i takes row ROW0 + i
     M,
     N,
     BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     IS_FP64: tl.constexpr,
+    WRITE_DX: tl.constexpr,  # a second pass over the row writes its dx instead of storing the sums
 ):
-    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(0).to(tl.int64)
+    row = ROW0 + i
     acc_ty = tl.float64 if IS_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
     mean = tl.load(Mean + row)
@@ -544,11 +559,23 @@ def _ln_bwd_rowsums_kernel(
         xhat = tl.where(ok, (x - mean) * rstd, 0.0)
         acc1 += xhat * g
         acc2 += g
-    tl.store(C1 + row, _div(tl.sum(acc1, axis=0), N, IS_FP64))
-    tl.store(C2 + row, _div(tl.sum(acc2, axis=0), N, IS_FP64))
+    c1 = _div(tl.sum(acc1, axis=0), N, IS_FP64)
+    c2 = _div(tl.sum(acc2, axis=0), N, IS_FP64)
+    if WRITE_DX:  # the row again (from L2), as _ln_bwd_split_kernel writes it
+        for start in range(0, N, BLOCK_N):
+            ok = start + cols < N
+            x = tl.load(X + row * stride_xm + start + cols, mask=ok, other=0.0).to(acc_ty)
+            g = tl.load(DY + row * stride_dym + start + cols, mask=ok, other=0.0).to(acc_ty)
+            if HAS_WEIGHT:
+                g = g * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
+            dx = (g - ((x - mean) * rstd * c1 + c2)) * rstd
+            tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty), mask=ok)
+    else:
+        tl.store(C1 + i, c1)
+        tl.store(C2 + i, c2)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "DX_M"])
 def _ln_bwd_split_kernel(
     DX,  # input gradient, (M, N), row stride stride_dxm
     DY,  # output gradient, (M, N), row stride stride_dym
@@ -556,14 +583,15 @@ def _ln_bwd_split_kernel(
     W,  # weight, (N,)
     Mean,  # (M,)
     Rstd,  # (M,)
-    C1,  # mean(g * xhat) per row, (M,)
-    C2,  # mean(g) per row, (M,)
+    C1,  # mean(g * xhat) per row, (DX_M,)
+    C2,  # mean(g) per row, (DX_M,)
     DW_part,  # partial dw, (num row groups, N)
     DB_part,  # partial db, (num row groups, N)
     stride_dxm,
     stride_dym,
     stride_xm,
     M,
+    DX_M,  # dx is stored for rows below DX_M only (the sums of dw and db take all M)
     N,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -603,15 +631,17 @@ def _ln_bwd_split_kernel(
         rows = rows.to(tl.int64)
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
-        c1 = tl.load(C1 + rows, mask=row_ok, other=0.0)
-        c2 = tl.load(C2 + rows, mask=row_ok, other=0.0)
+        dx_ok = rows < DX_M
+        c1 = tl.load(C1 + rows, mask=dx_ok, other=0.0)
+        c2 = tl.load(C2 + rows, mask=dx_ok, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         if HAS_WEIGHT:
             g = dy * w[None, :]
         else:
             g = dy
         dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=dx_ok[:, None] & col_ok[None, :])  # fmt: skip
         if COMPUTE_DW:
             dw += tl.sum(dy * xhat, axis=0)
         if COMPUTE_DB:
@@ -689,32 +719,34 @@ MANY_ROWS = 8192
 # Measured on the H200 by bench/tune.py (bench/results/h200/NOTES.md): run 36 swept the fused kernels with
 # fewer instructions per element and the forward without a tile loop (--only ln-fwd,ln-prefetch,
 # ln-fwd-params) against the tables of runs 15, 16 and 26; run 38 swept the kernels that read through
-# tensor descriptors (--only ln-tma) against run 36's table ("kept": the earlier entry was the fastest).
+# tensor descriptors (--only ln-tma) against run 36's table ("kept": the earlier entry was the fastest);
+# run 44 swept the backward again once its partial sums had moved into dx (--only ln-tma,ln-prefetch,
+# ln-split --kind bwd) against run 38's table.
 # The fastest by median GPU time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384).
 # (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
 # the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
 # to the entry of the other regime, then to the rule in launch_config.
 TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
-    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 16, prefetch=True),  # 944 GB/s (run 38, kept)
-    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, tma_stages=3),  # 3668 GB/s (run 38)
-    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 1, tma_stages=3),  # 1597 GB/s (run 38)
-    ("bwd", 2, 2048, True): LaunchConfig(2, 2048, 8, 2, tma_stages=3),  # 3729 GB/s (run 38)
-    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 2391 GB/s (run 38)
-    ("bwd", 2, 4096, True): LaunchConfig(2, 4096, 16, 1, tma_stages=3),  # 3793 GB/s (run 38)
-    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 2911 GB/s (run 38)
-    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, tma_stages=3),  # 3724 GB/s (run 38)
-    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2236 GB/s (run 38, kept)
-    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2517 GB/s (run 38, kept)
-    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, prefetch=True),  # 1901 GB/s (run 38, kept)
-    ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 4085 GB/s (run 38)
-    ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2659 GB/s (run 38, kept)
-    ("bwd", 4, 2048, True): LaunchConfig(2, 2048, 8, 1, tma_stages=3),  # 4112 GB/s (run 38)
-    ("bwd", 4, 4096, False): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 3208 GB/s (run 38, kept)
-    ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 1, tma_stages=3),  # 4108 GB/s (run 38)
-    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1, tma_stages=3),  # 3527 GB/s (run 38)
-    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1, prefetch=True),  # 4001 GB/s (run 38, kept)
-    ("bwd", 4, 16384, False): LaunchConfig(4, 1024, 8, 4, prefetch=True),  # 2472 GB/s (run 38, kept)
-    ("bwd", 4, 16384, True): LaunchConfig(8, 1024, 8, 4, prefetch=True),  # 2623 GB/s (run 38, kept)
+    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 4, tma_stages=3),  # 827 GB/s (run 44)
+    ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, tma_stages=3),  # 3562 GB/s (run 44, kept)
+    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 1, tma_stages=3),  # 1385 GB/s (run 44, kept)
+    ("bwd", 2, 2048, True): LaunchConfig(2, 2048, 8, 2, tma_stages=3),  # 3676 GB/s (run 44, kept)
+    ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 4, tma_stages=3),  # 2056 GB/s (run 44)
+    ("bwd", 2, 4096, True): LaunchConfig(2, 4096, 16, 1, tma_stages=3),  # 3680 GB/s (run 44, kept)
+    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 4, prefetch=True),  # 2521 GB/s (run 44)
+    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, tma_stages=3),  # 3522 GB/s (run 44, kept)
+    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2159 GB/s (run 44, kept)
+    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2477 GB/s (run 44, kept)
+    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, prefetch=True),  # 1635 GB/s (run 44, kept)
+    ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 4044 GB/s (run 44, kept)
+    ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2314 GB/s (run 44, kept)
+    ("bwd", 4, 2048, True): LaunchConfig(2, 2048, 8, 1, tma_stages=3),  # 4049 GB/s (run 44, kept)
+    ("bwd", 4, 4096, False): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 2933 GB/s (run 44, kept)
+    ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 1, tma_stages=3),  # 4057 GB/s (run 44, kept)
+    ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1),  # 3361 GB/s (run 44)
+    ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3941 GB/s (run 44)
+    ("bwd", 4, 16384, False): LaunchConfig(2, 2048, 4, 2, prefetch=True),  # 2390 GB/s (run 44)
+    ("bwd", 4, 16384, True): LaunchConfig(4, 1024, 4, 4, prefetch=True),  # 2606 GB/s (run 44)
     ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 1768 GB/s (run 38)
     ("fwd", 2, 1024, True): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 4004 GB/s (run 38, kept)
     ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2416 GB/s (run 38, kept)
@@ -857,10 +889,33 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
     return y, mean, rstd
 
 
+def _align(n: int, k: int = 32) -> int:
+    return -(-n // k) * k
+
+
+def _scratch(dx: torch.Tensor, acc: torch.dtype, elems: int) -> tuple[int, torch.Tensor | None]:
+    """``(R, buffer)``: ``elems`` values of ``acc`` in the bytes of the last R rows of ``dx`` (128-byte
+    aligned), to hold the backward's float32 partial sums until those rows' own dx is written last; or
+    ``(0, None)`` when that would take more than a quarter of the rows (then the sums get a buffer)."""
+    M, N = dx.shape
+    row_bytes, nbytes = N * dx.element_size(), elems * acc.itemsize
+    start = (M * row_bytes - nbytes) // 128 * 128
+    rows = M - start // row_bytes if start >= 0 else M + 1
+    if rows > M // 4:
+        return 0, None
+    return rows, dx.view(torch.uint8).view(-1)[start : start + nbytes].view(acc)
+
+
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, compute_dw: bool, compute_db: bool,
                    config: LaunchConfig | None = None):  # fmt: skip
     """Backward on 2-D ``dy`` and ``x`` (unit column stride). Returns ``(dx, dw, db)``; dw/db may be None.
-    ``config`` overrides :func:`launch_config` (for tuning)."""
+    ``config`` overrides :func:`launch_config` (for tuning).
+
+    Allocates dx, dw and db only, like torch: the float32 partial sums of dw and db (and the split
+    backward's row sums) live in the last R rows of dx, whose dx the main kernels leave unwritten (they
+    still add those rows to dw and db, last, so that the rows are still in L2 for the end); after the
+    partials are reduced, a last launch writes the R rows' dx. Where R would exceed a quarter of the rows
+    (few rows), the partials get a buffer of their own."""
     M, N = x.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     acc = _stats_dtype(x.dtype)
@@ -874,47 +929,55 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         return dx, dw, db
     cfg = config or launch_config(N, x.dtype, "bwd", M)
     w = weight if weight is not None else x
-    flags = dict(
-        HAS_WEIGHT=weight is not None,
-        COMPUTE_DW=compute_dw,
-        COMPUTE_DB=compute_db,
-        IS_FP64=x.dtype == torch.float64,
-        UNROLL=cfg.unroll,
-        PREFETCH=cfg.prefetch,
-    )
-    if N <= cfg.block_n:
-        programs = backward_programs(cfg, M, x.element_size(), device_parallelism(x))
-        shape = (programs, N) if (compute_dw or compute_db) else (1, 1)
-        dw_part = torch.empty(shape, dtype=acc, device=x.device) if compute_dw else dx
-        db_part = torch.empty(shape, dtype=acc, device=x.device) if compute_db else dx
-        if cfg.tma_stages and _tma_usable(x, dy):
-            _ln_bwd_tma_kernel[(programs,)](
-                dx, _row_desc(dy, cfg), _row_desc(x, cfg), w, mean, rstd, dw_part, db_part, dx.stride(0),
-                M, N, 1.0 / N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_WEIGHT=flags["HAS_WEIGHT"],
-                COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, IS_FP64=flags["IS_FP64"],
-                EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N), STAGES=cfg.tma_stages, num_warps=cfg.num_warps,
-            )  # fmt: skip
-        else:
-            _ln_bwd_kernel[(programs,)](
-                dx, dy, x, w, mean, rstd, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0), M, N,
-                1.0 / N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_N=N == cfg.block_n,
-                POW2_N=_is_pow2(N), num_warps=cfg.num_warps, **flags,
-            )  # fmt: skip
+    sms = device_parallelism(x)
+    whole_rows = N <= cfg.block_n
+    if whole_rows:
+        programs = backward_programs(cfg, M, x.element_size(), sms)
     else:
-        c1 = torch.empty((M,), dtype=acc, device=x.device)
-        c2 = torch.empty((M,), dtype=acc, device=x.device)
-        _ln_bwd_rowsums_kernel[(M,)](
-            dy, x, w, mean, rstd, c1, c2, dy.stride(0), x.stride(0), M, N,
-            BLOCK_N=cfg.block_n, HAS_WEIGHT=weight is not None, IS_FP64=flags["IS_FP64"], num_warps=8,
-        )  # fmt: skip
         col_blocks = triton.cdiv(N, cfg.block_n)
-        groups = math.ceil(cfg.programs_per_sm * device_parallelism(x) / col_blocks)  # row groups
+        groups = math.ceil(cfg.programs_per_sm * sms / col_blocks)  # row groups
         programs = max(1, min(triton.cdiv(M, cfg.block_m), groups))
-        dw_part = torch.empty((programs, N), dtype=acc, device=x.device) if compute_dw else dx
-        db_part = torch.empty((programs, N), dtype=acc, device=x.device) if compute_db else dx
+    # the scratch: [dw partials | db partials | the split backward's c1 | c2], each 128-byte aligned
+    part = _align(programs * N)
+    at_db = part if compute_dw else 0
+    at_c1 = at_db + part if compute_db else at_db
+    at_c2 = at_c1 + (0 if whole_rows else _align(M))
+    total = at_c2 + (0 if whole_rows else _align(M))
+    R, scratch = _scratch(dx, acc, total) if total else (0, None)
+    if scratch is None:  # a buffer of their own (few rows), or nothing to keep
+        scratch = torch.empty((total,), dtype=acc, device=x.device) if total else dx
+    dw_part = scratch if compute_dw else dx
+    db_part = scratch[at_db:] if compute_db else dx
+    flags = dict(HAS_WEIGHT=weight is not None, IS_FP64=x.dtype == torch.float64)
+    if whole_rows:
+        use_tma = cfg.tma_stages and _tma_usable(x, dy)
+
+        def fused(row0, dx_m, grid, compute_dw, compute_db):  # rows row0..M-1; dx of those below dx_m
+            sums = dict(COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=cfg.num_warps, **flags)
+            if use_tma:
+                _ln_bwd_tma_kernel[(grid,)](
+                    dx, _row_desc(dy, cfg), _row_desc(x, cfg), w, mean, rstd, dw_part, db_part, dx.stride(0),
+                    row0, M, dx_m, N, 1.0 / N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                    EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N), STAGES=cfg.tma_stages, **sums,
+                )  # fmt: skip
+            else:
+                _ln_bwd_kernel[(grid,)](
+                    dx, dy, x, w, mean, rstd, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0), row0,
+                    M, dx_m, N, 1.0 / N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_N=N == cfg.block_n,
+                    POW2_N=_is_pow2(N), UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, **sums,
+                )  # fmt: skip
+
+        fused(0, M - R, programs, compute_dw, compute_db)
+    else:
+        c1, c2 = scratch[at_c1:], scratch[at_c2:]  # of the rows below M - R
+        _ln_bwd_rowsums_kernel[(M - R,)](
+            dy, x, w, mean, rstd, c1, c2, dx, dy.stride(0), x.stride(0), dx.stride(0), 0, M, N,
+            BLOCK_N=cfg.block_n, WRITE_DX=False, num_warps=8, **flags,
+        )  # fmt: skip
         _ln_bwd_split_kernel[(col_blocks, programs)](
             dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0),
-            M, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags,
+            M, M - R, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COMPUTE_DW=compute_dw,
+            COMPUTE_DB=compute_db, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **flags,
         )  # fmt: skip
     if compute_dw or compute_db:
         # narrow column blocks: enough programs to read the (programs, N) partials in parallel
@@ -923,6 +986,14 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             dw_part, db_part, dw if compute_dw else dx, db if compute_db else dx, programs, N,
             BLOCK_P=64, BLOCK_N=block_n, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=4,
         )  # fmt: skip
+    if R:  # the last R rows' dx, over the partials (read by now: the same stream), one program per tile
+        if whole_rows:
+            fused(M - R, M, triton.cdiv(R, cfg.block_m), False, False)
+        else:
+            _ln_bwd_rowsums_kernel[(R,)](
+                dy, x, w, mean, rstd, dx, dx, dx, dy.stride(0), x.stride(0), dx.stride(0), M - R, M, N,
+                BLOCK_N=cfg.block_n, WRITE_DX=True, num_warps=8, **flags,
+            )  # fmt: skip
     return dx, dw, db
 
 
