@@ -438,6 +438,22 @@ def test_backward_keeps_its_partial_sums_in_dx(cfg, dtype, grads, device, gen, m
             assert relerr(got, leaves[i].grad) <= tol, (i, relerr(got, leaves[i].grad), tol)
 
 
+def test_backward_is_deterministic_and_repeatable(device, gen):
+    # no atomics: the same gradients bit for bit on every call, and a second backward through the same
+    # graph (retain_graph) finds the saved tensors intact; rows enough for the partials to live in dx
+    m, n = 24 * ln_mod.device_parallelism(torch.empty(0, device=device)), 300
+    x = randn((m, n), torch.bfloat16, device, gen).requires_grad_(True)
+    w = randn((n,), torch.bfloat16, device, gen, mean=1.0).requires_grad_(True)
+    b = randn((n,), torch.bfloat16, device, gen).requires_grad_(True)
+    dy = randn((m, n), torch.bfloat16, device, gen)
+    y = crossfuse.layer_norm(x, (n,), w, b)
+    first = torch.autograd.grad(y, (x, w, b), dy, retain_graph=True)
+    second = torch.autograd.grad(y, (x, w, b), dy)
+    for a, c in zip(first, second, strict=True):
+        assert torch.equal(a, c)
+    check_against_reference(x, w, b, gen=gen)
+
+
 def test_descriptor_kernels_need_aligned_rows(device, gen):
     # tensor descriptors need 16-byte aligned rows: bfloat16 rows of 97 elements (194 bytes) take the
     # pointer kernels even where the config asks for descriptors, with the same results; rows of 96 do not
