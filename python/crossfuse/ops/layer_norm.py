@@ -521,6 +521,19 @@ def _ln_bwd_tma_kernel(
         tl.store(DB_part + pid * N + cols, db, mask=col_ok)
 
 
+@triton.jit
+def _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty: tl.constexpr,
+               HAS_WEIGHT: tl.constexpr):  # fmt: skip
+    """Columns ``start + cols`` of a row for the row-wise backward: x and g = dy * w in ``acc_ty`` (0 past
+    N), and which are inside the row."""
+    ok = start + cols < N
+    x = tl.load(X + row * stride_xm + start + cols, mask=ok, other=0.0).to(acc_ty)
+    g = tl.load(DY + row * stride_dym + start + cols, mask=ok, other=0.0).to(acc_ty)
+    if HAS_WEIGHT:
+        g = g * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
+    return x, g, ok
+
+
 @triton.jit(do_not_specialize=["ROW0", "M"])
 def _ln_bwd_rowsums_kernel(
     DY,  # output gradient, (M, N), row stride stride_dym
@@ -551,11 +564,7 @@ def _ln_bwd_rowsums_kernel(
     acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
     acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
     for start in range(0, N, BLOCK_N):
-        ok = start + cols < N
-        x = tl.load(X + row * stride_xm + start + cols, mask=ok, other=0.0).to(acc_ty)
-        g = tl.load(DY + row * stride_dym + start + cols, mask=ok, other=0.0).to(acc_ty)
-        if HAS_WEIGHT:
-            g = g * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
+        x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
         xhat = tl.where(ok, (x - mean) * rstd, 0.0)
         acc1 += xhat * g
         acc2 += g
@@ -563,11 +572,7 @@ def _ln_bwd_rowsums_kernel(
     c2 = _div(tl.sum(acc2, axis=0), N, IS_FP64)
     if WRITE_DX:  # the row again (from L2), as _ln_bwd_split_kernel writes it
         for start in range(0, N, BLOCK_N):
-            ok = start + cols < N
-            x = tl.load(X + row * stride_xm + start + cols, mask=ok, other=0.0).to(acc_ty)
-            g = tl.load(DY + row * stride_dym + start + cols, mask=ok, other=0.0).to(acc_ty)
-            if HAS_WEIGHT:
-                g = g * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
+            x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
             dx = (g - ((x - mean) * rstd * c1 + c2)) * rstd
             tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty), mask=ok)
     else:
