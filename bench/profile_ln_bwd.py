@@ -1,0 +1,85 @@
+"""Where the layer-norm backward's GPU time goes, kernel by kernel (torch.profiler's CUDA activity).
+
+    python bench/profile_ln_bwd.py [--reps 20] [--module OLD_LAYER_NORM_PY]
+
+For each anchor shape and dtype: the backward of ``crossfuse.ops.layer_norm`` is run ``--reps`` times
+(the L2 flushed before each and a GPU spin while the CPU queues the launches, as the sessions' timer
+does), and the mean GPU time of each kernel it launches is printed in launch order, with their sum and
+the time from the first kernel's start to the last one's end (so the gaps between kernels show). The
+code's tables are used (``CROSSFUSE_TUNED_CONFIGS`` if set), or with ``--module`` those of an earlier
+``layer_norm.py`` (for example ``git show REV:python/crossfuse/ops/layer_norm.py > /tmp/old.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+SHAPES = [(4096, 1024), (4096, 8192), (4096, 16384), (65536, 1024), (32768, 4096)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--module", help="an earlier crossfuse/ops/layer_norm.py to profile instead")
+    ap.add_argument("--shapes", help="MxN,... (default: the anchor shapes)")
+    args = ap.parse_args(argv)
+    import torch
+    from crossfuse.harness.timing import l2_flush_buffer
+    from crossfuse.ops import layer_norm as ln
+    from torch.profiler import ProfilerActivity, profile
+
+    if args.module:  # it imports its siblings relatively: it has to sit in the package for the run
+        twin = ROOT / "python" / "crossfuse" / "ops" / "_profiled_layer_norm.py"
+        shutil.copyfile(args.module, twin)
+        atexit.register(twin.unlink, missing_ok=True)
+        ln = importlib.import_module("crossfuse.ops._profiled_layer_norm")
+
+    flush = l2_flush_buffer("cuda")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    for m, n in shapes:
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(m, n, device="cuda", dtype=dtype)
+            w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+            dy = torch.randn_like(x)
+            _, mean, rstd = ln.layer_norm_fwd(x, w, b, 1e-5)
+            for _ in range(3):  # compile, warm up
+                ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.reps):
+                    flush.zero_()
+                    torch.cuda._sleep(5_000_000)  # ~2.5 ms: the GPU busy while the CPU queues the launches
+                    ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True)
+                    torch.cuda.synchronize()
+            events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            ours = [e for e in events if not any(k in e.name.lower() for k in ("fill", "spin", "sleep"))]
+            kernels = sorted(ours, key=lambda e: e.time_range.start)
+            # the kernels of each repetition, in launch order (one stream, so back to back)
+            per_rep = len(kernels) // args.reps
+            reps = [kernels[r * per_rep : (r + 1) * per_rep] for r in range(args.reps)]
+            span = sum(rep[-1].time_range.end - rep[0].time_range.start for rep in reps) / args.reps
+            nbytes = 3 * m * n * x.element_size()
+            lines = []
+            busy = 0.0
+            for i in range(per_rep):
+                mean_us = sum(rep[i].time_range.elapsed_us() for rep in reps) / args.reps
+                gap = sum(rep[i].time_range.start - rep[i - 1].time_range.end for rep in reps) / args.reps
+                busy += mean_us
+                after = f" ({gap:.1f} us after the one before)" if i else ""
+                lines.append(f"    {mean_us:8.1f} us  {reps[0][i].name[:80]}{after}")
+            print(f"{m}x{n} {str(dtype)[6:]}: kernels {busy:.1f} us, first start to last end {span:.1f} us "
+                  f"({nbytes / span / 1e3:.0f} GB/s)", flush=True)  # fmt: skip
+            print("\n".join(lines), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
