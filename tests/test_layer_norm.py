@@ -414,8 +414,9 @@ def test_backward_keeps_its_partial_sums_in_dx(cfg, dtype, grads, device, gen, m
     rows, scratch = [], ln_mod._scratch
 
     def spy(*args):
-        rows.append(scratch(*args)[0])
-        return scratch(*args)
+        got = scratch(*args)
+        rows.append(got[0])
+        return got
 
     monkeypatch.setattr(ln_mod, "_scratch", spy)
     in_dx = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
