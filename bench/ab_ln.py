@@ -28,6 +28,26 @@ sys.path.insert(0, str(ROOT / "python"))
 SHAPES = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (4096, 16384), (65536, 1024), (32768, 4096)]
 
 
+def load_layer_norm(path, name: str):
+    """An earlier ``crossfuse/ops/layer_norm.py`` imported as ``crossfuse.ops.<name>``: it imports its
+    siblings relatively, so it sits in the package for the run (removed at exit)."""
+    twin = ROOT / "python" / "crossfuse" / "ops" / f"{name}.py"
+    shutil.copyfile(path, twin)
+    atexit.register(twin.unlink, missing_ok=True)
+    return importlib.import_module(f"crossfuse.ops.{name}")
+
+
+def inputs(mod, m: int, n: int, dtype):
+    """Random ``(x, w, b, dy, mean, rstd)`` on the GPU, the statistics from ``mod``'s forward."""
+    import torch
+
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+    dy = torch.randn_like(x)
+    _, mean, rstd = mod.layer_norm_fwd(x, w, b, 1e-5)
+    return x, w, b, dy, mean, rstd
+
+
 def _calls(mod, kind, x, w, b, dy, mean, rstd):
     """The op of module ``mod`` on these inputs, as a call with no arguments."""
     if kind == "fwd":
@@ -44,19 +64,12 @@ def main(argv=None) -> int:
     from crossfuse.harness import timing
     from crossfuse.ops import layer_norm as new
 
-    # the old file imports its siblings relatively: it has to sit in the package for the run
-    twin = ROOT / "python" / "crossfuse" / "ops" / "_ab_old_layer_norm.py"
-    shutil.copyfile(args.old, twin)
-    atexit.register(twin.unlink, missing_ok=True)
-    old = importlib.import_module("crossfuse.ops._ab_old_layer_norm")
+    old = load_layer_norm(args.old, "_ab_old_layer_norm")
     cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=25.0, cuda_min_reps=10, cuda_max_reps=100)
     print("shape dtype kind old_GBps new_GBps new/old", flush=True)
     for m, n in SHAPES:
         for dtype in (torch.bfloat16, torch.float32):
-            x = torch.randn(m, n, device="cuda", dtype=dtype)
-            w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
-            dy = torch.randn_like(x)
-            _, mean, rstd = new.layer_norm_fwd(x, w, b, 1e-5)
+            x, w, b, dy, mean, rstd = inputs(new, m, n, dtype)
             for kind in ("fwd", "bwd"):
                 args_ = (kind, x, w, b, dy, mean, rstd)
                 fns = {"old": _calls(old, *args_), "new": _calls(new, *args_)}

@@ -13,14 +13,9 @@ code's tables are used (``CROSSFUSE_TUNED_CONFIGS`` if set), or with ``--module`
 from __future__ import annotations
 
 import argparse
-import atexit
-import importlib
-import shutil
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
+from ab_ln import inputs, load_layer_norm  # bench/ is this script's folder (sys.path[0]); it sets the path
 
 SHAPES = [(4096, 1024), (4096, 8192), (4096, 16384), (65536, 1024), (32768, 4096)]
 
@@ -36,20 +31,14 @@ def main(argv=None) -> int:
     from crossfuse.ops import layer_norm as ln
     from torch.profiler import ProfilerActivity, profile
 
-    if args.module:  # it imports its siblings relatively: it has to sit in the package for the run
-        twin = ROOT / "python" / "crossfuse" / "ops" / "_profiled_layer_norm.py"
-        shutil.copyfile(args.module, twin)
-        atexit.register(twin.unlink, missing_ok=True)
-        ln = importlib.import_module("crossfuse.ops._profiled_layer_norm")
+    if args.module:
+        ln = load_layer_norm(args.module, "_profiled_layer_norm")
 
     flush = l2_flush_buffer("cuda")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     for m, n in shapes:
         for dtype in (torch.bfloat16, torch.float32):
-            x = torch.randn(m, n, device="cuda", dtype=dtype)
-            w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
-            dy = torch.randn_like(x)
-            _, mean, rstd = ln.layer_norm_fwd(x, w, b, 1e-5)
+            x, w, _, dy, mean, rstd = inputs(ln, m, n, dtype)
             for _ in range(3):  # compile, warm up
                 ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True)
             torch.cuda.synchronize()

@@ -895,7 +895,7 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
 
 
 def _align(n: int, k: int = 32) -> int:
-    return -(-n // k) * k
+    return triton.cdiv(n, k) * k
 
 
 def _scratch(dx: torch.Tensor, acc: torch.dtype, elems: int) -> tuple[int, torch.Tensor | None]:
