@@ -15,6 +15,7 @@ large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime get
 ``ln-shifted`` tunes the chunked forward in two passes (``shifted``) against the code's entries
 (with ``--base code``) for N >= 4096.
 ``ln-tma`` tunes the persistent whole-row kernels that read through tensor descriptors (``tma_stages``).
+``ln-coop`` tunes the cooperative backward of long rows (``coop``), N = 8192 and 16384.
 ``--kind bwd`` (or ``fwd``) times the chosen groups' candidates of that kind only; ``tuned.json`` keeps
 the base's entries of the other kinds.
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
@@ -156,6 +157,22 @@ def ln_tma_candidates() -> list[dict]:
     return out
 
 
+def ln_coop_candidates() -> list[dict]:
+    """The cooperative backward of long rows (``coop``: column slabs of one row group exchange their row
+    sums and wait for each other, x and dy read once), N = 8192 and 16384, against the code's entries."""
+    out = []
+    for n in (8192, 16384):
+        for dtype in LN_DTYPES:
+            for bn in (1024, 2048, 4096):
+                for bm, _, warps in _row_tiles(bn, (1, 2, 4), (8, 16), (2, 4, 8, 16), 16384):
+                    for pps in (1, 2, 4):
+                        for prefetch in (False, True):
+                            c = dict(kind="bwd", n=n, dtype=dtype, block_m=bm, block_n=bn, num_warps=warps,
+                                     pps=pps, coop=True)  # fmt: skip
+                            out.append(dict(c, prefetch=True) if prefetch else c)
+    return out
+
+
 def code_tables() -> dict:
     """The configurations in the code (``TUNED`` of both ops) as ``tuned.json`` entries, for ``--base
     code``: this run's candidates must beat them in the same run."""
@@ -180,6 +197,8 @@ def code_tables() -> dict:
             entry["shifted"] = True
         if c.tma_stages:
             entry["tma_stages"] = c.tma_stages
+        if c.coop:
+            entry["coop"] = True
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -401,6 +420,7 @@ def main(argv=None) -> int:
         "ln-unroll",
         "ln-shifted",
         "ln-tma",
+        "ln-coop",
         "ln-fwd",
         "ln-prefetch",
         "ln-fwd-params",
@@ -455,6 +475,8 @@ def main(argv=None) -> int:
         cands += [dict(c, shifted=True) for c in chunked]
     if "ln-tma" in only:
         cands += ln_tma_candidates()
+    if "ln-coop" in only:
+        cands += ln_coop_candidates()
     if "ln-unroll" in only:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:

@@ -7,6 +7,7 @@ import math
 import crossfuse
 import pytest
 import torch
+import triton
 from crossfuse.ops import layer_norm as ln_mod
 from crossfuse.reference import layer_norm as single_pass_layer_norm
 from crossfuse.reference import layer_norm_maxstd_ref, layer_norm_ref
@@ -263,18 +264,18 @@ def test_cpu_tensor_without_interpreter_is_a_clear_error():
 
 
 @pytest.mark.gpu
-def test_no_recompilation_across_row_counts(gen):
+@pytest.mark.parametrize("n", [1024, 16384])
+def test_no_recompilation_across_row_counts(n, gen):
     # the row count M is never specialised on: new batch sizes reuse the compiled kernels. The tuning
     # table has two regimes (few rows, many rows: ln_mod.MANY_ROWS) that may pick different tiles, so a
-    # kernel compiles at most once per regime: one row count of each first, then no more compilations
-    kernels = (ln_mod._ln_fwd_kernel, ln_mod._ln_bwd_kernel, ln_mod._dwdb_reduce_kernel)
+    # kernel compiles at most once per regime: one row count of each first, then no more compilations.
+    # Every kernel of the module counts (N = 16384: long rows' kernels, whichever the table picks)
+    kernels = [k for k in vars(ln_mod).values() if isinstance(k, triton.runtime.jit.JITFunction)]
 
     def run(m):
-        x = randn((m, 1024), torch.bfloat16, "cuda", gen).requires_grad_(True)
-        w = torch.ones(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        crossfuse.layer_norm(x, (1024,), w, None).backward(
-            torch.ones(m, 1024, device="cuda", dtype=torch.bfloat16)
-        )
+        x = randn((m, n), torch.bfloat16, "cuda", gen).requires_grad_(True)
+        w = torch.ones(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        crossfuse.layer_norm(x, (n,), w, None).backward(torch.ones(m, n, device="cuda", dtype=torch.bfloat16))
         torch.cuda.synchronize()
 
     def compiled():
@@ -371,14 +372,17 @@ def test_one_row_per_program_forward(n, keep_params, device, gen):
     "cfg",
     [ln_mod.LaunchConfig(4, 128, 4, 1), ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True),
      ln_mod.LaunchConfig(2, 512, 4, 1, prefetch=True), ln_mod.LaunchConfig(4, 512, 4, 1, tma_stages=2),
-     ln_mod.LaunchConfig(2, 512, 4, 2, tma_stages=3)],
-    ids=["split", "split, prefetch", "fused, prefetch", "fused, descriptors", "fused, descriptors, 3 stages"],
+     ln_mod.LaunchConfig(2, 512, 4, 2, tma_stages=3), ln_mod.LaunchConfig(4, 512, 4, 1, coop=True),
+     ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, coop=True)],
+    ids=["split", "split, prefetch", "fused, prefetch", "fused, descriptors", "fused, descriptors, 3 stages",
+         "cooperative, one slab", "cooperative, 3 slabs (the split under the interpreter)"],
 )  # fmt: skip
 def test_backward_variants_equal_default(cfg, device, gen):
-    # the tuning table may pick the split backward (row sums, then column chunks) for long rows, and
-    # loops that prefetch the next row tile, or that read through tensor descriptors (TMA on Hopper; rows
-    # past M and columns past N arrive as zeros): forced here on a short row, 37 rows (a masked tail
-    # tile; on the CPU one program walks every tile), each must give the default kernel's answer
+    # the tuning table may pick the split backward (row sums, then column chunks) for long rows, or the
+    # cooperative one (column slabs that exchange their row sums), and loops that prefetch the next row
+    # tile, or that read through tensor descriptors (TMA on Hopper; rows past M and columns past N arrive
+    # as zeros): forced here on a short row, 37 rows (a masked tail tile; on the CPU one program walks
+    # every tile), each must give the default kernel's answer
     m, n = 37, 300
     x = randn((m, n), torch.float32, device, gen)
     w = randn((n,), torch.float32, device, gen)
@@ -397,7 +401,10 @@ def test_backward_variants_equal_default(cfg, device, gen):
     "cfg",
     [pytest.param(ln_mod.LaunchConfig(2, 512, 4, 1, prefetch=True), id="whole rows"),
      pytest.param(ln_mod.LaunchConfig(2, 512, 4, 1, tma_stages=2), id="whole rows, descriptors"),
-     pytest.param(ln_mod.LaunchConfig(4, 128, 4, 1), id="split")],
+     pytest.param(ln_mod.LaunchConfig(4, 128, 4, 1), id="split"),
+     pytest.param(ln_mod.LaunchConfig(2, 512, 4, 1, coop=True), id="cooperative, one slab"),
+     pytest.param(ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, coop=True),
+                  id="cooperative, 3 slabs (the split under the interpreter)")],
 )  # fmt: skip
 def test_backward_keeps_its_partial_sums_in_dx(cfg, dtype, grads, device, gen, monkeypatch):
     # the backward allocates only dx, dw and db: the float32 partial sums of dw and db (and the split
@@ -422,7 +429,7 @@ def test_backward_keeps_its_partial_sums_in_dx(cfg, dtype, grads, device, gen, m
     in_dx = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
     monkeypatch.setattr(ln_mod, "_scratch", lambda *args: (0, None))
     own = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
-    split = n > cfg.block_n
+    split = n > cfg.block_n or cfg.coop  # row sums (or the cooperative kernel's shares and counters) kept
     if any(grads) or split:
         assert len(rows) == 1 and 0 < rows[0] <= m // 4, rows
         assert torch.equal(in_dx[0][: m - rows[0]], own[0][: m - rows[0]])
@@ -437,6 +444,43 @@ def test_backward_keeps_its_partial_sums_in_dx(cfg, dtype, grads, device, gen, m
                 continue
             tol = tolerance("layer_norm", dtype, kind, m)
             assert relerr(got, leaves[i].grad) <= tol, (i, relerr(got, leaves[i].grad), tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grads", [(True, True), (False, False)], ids=["dw and db", "dx only"])
+@pytest.mark.parametrize(
+    "m, n, cfg",
+    [pytest.param(1000, ln_mod.FUSED_MAX_N + 3, ln_mod.LaunchConfig(2, 4096, 8, 2, prefetch=True, coop=True),
+                  id="1000x16387, 5 slabs (the last of 3 columns), prefetch"),
+     pytest.param(4101, 8192, ln_mod.LaunchConfig(1, 1024, 4, 4, coop=True), id="4101x8192, 8 slabs"),
+     pytest.param(20000, 5000, ln_mod.LaunchConfig(4, 2048, 8, 2, prefetch=True, coop=True),
+                  id="20000x5000, 3 slabs, partials in dx"),
+     pytest.param(3000, 16384, ln_mod.LaunchConfig(1, 1024, 8, 32, coop=True),
+                  id="3000x16384, 16 slabs, more programs than fit on the GPU at once")],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_cooperative_backward_against_float64(dtype, m, n, cfg, grads, gen):
+    # the cooperative backward's programs wait for the other column slabs of their row group, so it runs
+    # on the GPU only (the interpreter runs one program at a time): rows far from zero mean, masked tail
+    # rows and columns, a grid larger than the GPU holds at once (programs take their place from a ticket
+    # counter when they start, so the ones running can always finish); then the same gradients bit for bit
+    # when run again (the shares of each row are added in slab order, whichever program comes last)
+    x = randn((m, n), dtype, "cuda", gen, mean=3.0, std=2.0)
+    w = randn((n,), dtype, "cuda", gen, mean=1.0, std=0.5)
+    dy = randn((m, n), dtype, "cuda", gen)
+    _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
+    got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    leaves = [t.double().requires_grad_(True) for t in (x, w, torch.zeros(n, dtype=dtype, device="cuda"))]
+    layer_norm_ref(*leaves, 1e-5).backward(dy.double())
+    for i, (kind, want) in enumerate(zip(("bwd", "reduced", "reduced"), (True, *grads), strict=True)):
+        if not want:
+            assert got[i] is None
+            continue
+        tol = tolerance("layer_norm", dtype, kind, m)
+        assert relerr(got[i], leaves[i].grad) <= tol, (i, relerr(got[i], leaves[i].grad), tol)
+    again = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    for a, b in zip(got, again, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
 
 
 def test_backward_is_deterministic_and_repeatable(device, gen):

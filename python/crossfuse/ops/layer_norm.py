@@ -657,6 +657,118 @@ def _ln_bwd_split_kernel(
         tl.store(DB_part + group * N + cols, db, mask=col_ok)
 
 
+@triton.jit(do_not_specialize=["M", "DX_M"])
+def _ln_bwd_coop_kernel(
+    DX,  # input gradient, (M, N), row stride stride_dxm
+    DY,  # output gradient, (M, N), row stride stride_dym
+    X,  # input, (M, N), row stride stride_xm
+    W,  # weight, (N,)
+    Mean,  # (M,)
+    Rstd,  # (M,)
+    Part,  # (row groups, 2 ring slots, 2 sums, SLABS, BLOCK_M) float32/float64: each slab's row sums
+    Count,  # (row groups + 1,) int32, zero at launch: shares of row sums posted by each group's programs;
+    # the last: tickets handed out
+    DW_part,  # partial dw, (num row groups, N)
+    DB_part,  # partial db, (num row groups, N)
+    stride_dxm,
+    stride_dym,
+    stride_xm,
+    M,
+    DX_M,  # dx is stored for rows below DX_M only (the sums of dw and db take all M)
+    N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    # column slabs of BLOCK_N (the grid is SLABS times the row groups); a constant: a division by it at
+    # run time took ~27 more registers per thread (sm_90, Triton 3.6)
+    SLABS: tl.constexpr,
+    SLABS_P2: tl.constexpr,  # next power of 2 of SLABS
+    HAS_WEIGHT: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    COMPUTE_DB: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the next tile before this one's reductions
+):
+    # The backward of long rows with x and dy read once. Program (slab, group) owns a slab of columns
+    # and walks the row tiles of its group, holding its slab of each tile in registers; it posts its
+    # shares of the tile's two row sums, adds the tile to its dw and db, then waits until every slab of
+    # the group has posted, adds the shares in slab order (the same sums in every program: dx does not
+    # depend on the schedule) and writes its slab's dx.
+    # Waiting needs the group's programs to run together. Each program takes its (slab, group) from a
+    # ticket counter when it starts, so the programs that run have the lowest tickets whatever order the
+    # GPU starts them in: every group but the last of those is complete and finishes, freeing room for the
+    # rest (no deadlock when one group fits on the GPU; the grid is a few programs per SM anyway). The
+    # interpreter runs one program at a time: layer_norm_bwd uses this kernel there only with one slab.
+    # The shares go to a ring of two slots per group: a program overwrites slot k % 2 at tile k + 2 only
+    # after every program of the group posted tile k + 1, that is, after each read its shares of tile k.
+    num_groups = tl.num_programs(0) // SLABS
+    ticket = tl.atomic_add(Count + num_groups, 1, sem="relaxed")
+    slab = ticket % SLABS
+    group = ticket // SLABS
+    acc_ty = tl.float64 if IS_FP64 else tl.float32
+    cols = tl.multiple_of(slab * BLOCK_N, BLOCK_N) + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
+    dw = tl.zeros([BLOCK_N], dtype=acc_ty)
+    db = tl.zeros([BLOCK_N], dtype=acc_ty)
+    ring = Part + group.to(tl.int64) * (4 * SLABS * BLOCK_M)
+    lanes = tl.arange(0, BLOCK_M)
+    slabs = tl.arange(0, SLABS_P2)
+    if PREFETCH:
+        first = group * BLOCK_M + lanes
+        x_next = _load_rows(X, stride_xm, first, M, cols, col_ok)
+        dy_next = _load_rows(DY, stride_dym, first, M, cols, col_ok)
+    k = 0
+    for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups):
+        rows = tile * BLOCK_M + lanes
+        row_ok = rows < M
+        if PREFETCH:
+            x, dy = x_next.to(acc_ty), dy_next.to(acc_ty)
+            nxt = rows + num_groups * BLOCK_M
+            x_next = _load_rows(X, stride_xm, nxt, M, cols, col_ok)
+            dy_next = _load_rows(DY, stride_dym, nxt, M, cols, col_ok)
+        else:
+            x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
+            dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok).to(acc_ty)
+        rows = rows.to(tl.int64)
+        mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+        # masked elements: x, dy, mean and rstd read as 0, so xhat is finite and every sum takes it through
+        # a product with dy or g, which are 0 there (as in _ln_bwd_tile)
+        xhat = (x - mean[:, None]) * rstd[:, None]
+        if HAS_WEIGHT:
+            g = dy * w[None, :]
+        else:
+            g = dy
+        slot = ring + (k % 2) * (2 * SLABS * BLOCK_M)
+        tl.store(slot + slab * BLOCK_M + lanes, tl.sum(xhat * g, axis=1))
+        tl.store(slot + (SLABS + slab) * BLOCK_M + lanes, tl.sum(g, axis=1))
+        # every thread's shares stored before one thread posts them (release), then this tile's dw and db
+        # while the other programs post theirs
+        tl.debug_barrier()
+        tl.atomic_add(Count + group, 1, sem="release")
+        if COMPUTE_DW:
+            dw += tl.sum(dy * xhat, axis=0)
+        if COMPUTE_DB:
+            db += tl.sum(dy, axis=0)
+        k += 1
+        while tl.atomic_add(Count + group, 0, sem="acquire") < k * SLABS:
+            pass
+        # the shares in slab order, from L2 (.cg: an earlier tile's line may sit in this SM's L1)
+        shares = slot + slabs[:, None] * BLOCK_M + lanes[None, :]
+        ok = (slabs < SLABS)[:, None]
+        c1 = _div(tl.sum(tl.load(shares, mask=ok, other=0.0, cache_modifier=".cg"), axis=0), N, IS_FP64)
+        c2 = _div(tl.sum(tl.load(shares + SLABS * BLOCK_M, mask=ok, other=0.0, cache_modifier=".cg"), axis=0),
+                  N, IS_FP64)  # fmt: skip
+        dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=(rows < DX_M)[:, None] & col_ok[None, :])  # fmt: skip
+    if COMPUTE_DW:
+        tl.store(DW_part + group * N + cols, dw, mask=col_ok)
+    if COMPUTE_DB:
+        tl.store(DB_part + group * N + cols, db, mask=col_ok)
+
+
 @triton.jit(do_not_specialize=["P"])
 def _dwdb_reduce_kernel(
     DW_part,  # (P, N) partial sums; unused unless COMPUTE_DW
@@ -713,6 +825,10 @@ class LaunchConfig(NamedTuple):
     # whole-row kernels on a persistent grid: 0 = x (and dy) loaded through pointers; k >= 2 = through
     # tensor descriptors (the copy engine, TMA) into k shared-memory buffers, where _tma_usable allows
     tma_stages: int = 0
+    # backward: column slabs of block_n whose programs exchange their shares of each row tile's two row
+    # sums and wait for each other, so that x and dy are read once (the split backward reads them twice);
+    # with block_n >= N, one slab that waits for nobody
+    coop: bool = False
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -726,7 +842,8 @@ MANY_ROWS = 8192
 # ln-fwd-params) against the tables of runs 15, 16 and 26; run 38 swept the kernels that read through
 # tensor descriptors (--only ln-tma) against run 36's table ("kept": the earlier entry was the fastest);
 # run 44 swept the backward again once its partial sums had moved into dx (--only ln-tma,ln-prefetch,
-# ln-split --kind bwd) against run 38's table.
+# ln-split --kind bwd) against run 38's table; run 49 swept the cooperative backward (--only ln-coop
+# --kind bwd) against run 44's entries for N = 8192 and 16384.
 # The fastest by median GPU time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384).
 # (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
 # the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
@@ -750,8 +867,8 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 1, tma_stages=3),  # 4057 GB/s (run 44, kept)
     ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1),  # 3361 GB/s (run 44)
     ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3941 GB/s (run 44)
-    ("bwd", 4, 16384, False): LaunchConfig(2, 2048, 4, 2, prefetch=True),  # 2390 GB/s (run 44)
-    ("bwd", 4, 16384, True): LaunchConfig(4, 1024, 4, 4, prefetch=True),  # 2606 GB/s (run 44)
+    ("bwd", 4, 16384, False): LaunchConfig(2, 4096, 16, 1, prefetch=True, coop=True),  # 3153 GB/s (run 49)
+    ("bwd", 4, 16384, True): LaunchConfig(2, 4096, 16, 1, prefetch=True, coop=True),  # 3437 GB/s (run 49)
     ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 1768 GB/s (run 38)
     ("fwd", 2, 1024, True): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 4004 GB/s (run 38, kept)
     ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2416 GB/s (run 38, kept)
@@ -935,19 +1052,29 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     cfg = config or launch_config(N, x.dtype, "bwd", M)
     w = weight if weight is not None else x
     sms = device_parallelism(x)
-    whole_rows = N <= cfg.block_n
+    col_blocks = triton.cdiv(N, cfg.block_n)
+    # the cooperative kernel's programs wait for each other: not under the interpreter, which runs one
+    # program at a time, unless a row is one slab (then the split backward gives the same results)
+    coop = cfg.coop and (col_blocks == 1 or not is_interpreted(_ln_bwd_coop_kernel))
+    whole_rows = col_blocks == 1 and not coop
     if whole_rows:
         programs = backward_programs(cfg, M, x.element_size(), sms)
     else:
-        col_blocks = triton.cdiv(N, cfg.block_n)
         groups = math.ceil(cfg.programs_per_sm * sms / col_blocks)  # row groups
         programs = max(1, min(triton.cdiv(M, cfg.block_m), groups))
-    # the scratch: [dw partials | db partials | the split backward's c1 | c2], each 128-byte aligned
+    # the scratch: [dw partials | db partials | the split backward's c1 | c2, or the cooperative
+    # kernel's ring of row-sum shares | counters], each 128-byte aligned
     part = _align(programs * N)
     at_db = part if compute_dw else 0
     at_c1 = at_db + part if compute_db else at_db
-    at_c2 = at_c1 + (0 if whole_rows else _align(M))
-    total = at_c2 + (0 if whole_rows else _align(M))
+    if whole_rows:
+        extra = (0, 0)
+    elif coop:
+        extra = (_align(programs * 4 * col_blocks * cfg.block_m), _align(programs + 1))
+    else:
+        extra = (_align(M), _align(M))
+    at_c2 = at_c1 + extra[0]
+    total = at_c2 + extra[1]
     R, scratch = _scratch(dx, acc, total) if total else (0, None)
     if scratch is None:  # a buffer of their own (few rows), or nothing to keep
         scratch = torch.empty((total,), dtype=acc, device=x.device) if total else dx
@@ -973,6 +1100,15 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
                 )  # fmt: skip
 
         fused(0, M - R, programs, compute_dw, compute_db)
+    elif coop:
+        count = scratch[at_c2 : at_c2 + programs + 1].view(torch.int32)
+        count.zero_()
+        _ln_bwd_coop_kernel[(col_blocks * programs,)](
+            dx, dy, x, w, mean, rstd, scratch[at_c1:], count, dw_part, db_part, dx.stride(0), dy.stride(0),
+            x.stride(0), M, M - R, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SLABS=col_blocks,
+            SLABS_P2=triton.next_power_of_2(col_blocks), COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+            PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **flags,
+        )  # fmt: skip
     else:
         c1, c2 = scratch[at_c1:], scratch[at_c2:]  # of the rows below M - R
         _ln_bwd_rowsums_kernel[(M - R,)](
