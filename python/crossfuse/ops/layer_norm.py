@@ -41,8 +41,11 @@ Design:
   or, where the table says ``shifted``, twice: sums about the first chunk's mean (whose cancellation is
   bounded by N / BLOCK_N for any row), then normalise.
   Backward ("split") computes the two row sums in one kernel, then a 2-D grid over (column chunks,
-  row groups) writes dx and partial dw/db. The tuning table picks either for
-  long rows below FUSED_MAX_N too, where one whole row per program leaves too little in flight.
+  row groups) writes dx and partial dw/db; or ("coop", where the table says so) one kernel whose
+  programs hold column slabs of a row group, exchange their shares of the row sums and wait for each
+  other, reading x and dy once (GPU only with more than one slab: the interpreter runs one program at a
+  time, so there the split backward stands in). The tuning table picks these for long rows below
+  FUSED_MAX_N too, where one whole row per program leaves too little in flight.
 * Statistics and accumulation are float32 for float32/float16/bfloat16 inputs, and float64 for
   float64 inputs (so ``torch.autograd.gradcheck`` can check the kernels).
 * The number of rows M is never a compile-time constant or specialised on (``do_not_specialize``),
