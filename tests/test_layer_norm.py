@@ -499,6 +499,37 @@ def test_backward_is_deterministic_and_repeatable(device, gen):
     check_against_reference(x, w, b, gen=gen)
 
 
+@pytest.mark.parametrize(
+    "n, p, max_p, acc, out_dtype",
+    [
+        (100, 3000, 3000, torch.float32, torch.bfloat16),  # 4-column blocks, 2 steps of 2 x 1024 rows
+        (1000, 528, 528, torch.float32, torch.float32),  # 8-column blocks, masked last block, one step
+        (16384, 300, 528, torch.float32, torch.bfloat16),  # 64-column blocks of 64 rows: 3 steps
+        (4096, 77, 132, torch.float64, torch.float64),  # float64 partials (float64 inputs)
+        (4096, 1, 132, torch.float32, torch.float16),  # one partial row
+    ],
+    ids=["N=100 P=3000", "N=1000 P=528", "N=16384 P=300", "float64", "P=1"],
+)
+@pytest.mark.parametrize("which", ["dw and db", "dw", "db"])
+def test_dwdb_reduction_sums_every_partial_row(n, p, max_p, acc, out_dtype, which, device, gen):
+    # the backward's reduction of its (programs, N) partial sums on its own, against float64 column
+    # sums: every row of every column block, in each loop step, with rows past p (up to the block)
+    # masked; a skipped sum leaves its output untouched
+    dw_part = randn((p, n), acc, device, gen)
+    db_part = randn((p, n), acc, device, gen)
+    dw = torch.full((n,), 7.0, dtype=out_dtype, device=device)
+    db = torch.full((n,), 7.0, dtype=out_dtype, device=device)
+    ln_mod.reduce_partials(dw_part if which != "db" else None, db_part if which != "dw" else None, dw, db, p,
+                           n, max_p)  # fmt: skip
+    tol = 1e-12 if out_dtype == torch.float64 else 2.0 ** -7  # float32 sums, cast to the output dtype
+    for got, part, made in ((dw, dw_part, which != "db"), (db, db_part, which != "dw")):
+        if made:
+            want = part.double().sum(0)
+            assert relerr(got, want) <= tol, relerr(got, want)
+        else:
+            assert torch.all(got == 7.0)
+
+
 def test_descriptor_kernels_need_aligned_rows(device, gen):
     # tensor descriptors need 16-byte aligned rows: bfloat16 rows of 97 elements (194 bytes) take the
     # pointer kernels even where the config asks for descriptors, with the same results; rows of 96 do not

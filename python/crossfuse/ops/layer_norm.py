@@ -25,7 +25,8 @@ Design:
   one, where the table says ``prefetch``), writes dx, and keeps its partial sums of dw and db in
   float32 registers; it writes them once to a (programs, N) float32 buffer that a second small kernel
   reduces and casts (fewer programs when M is small, so the partials stay under an eighth of the
-  traffic). No locks, no atomics: the result does not depend on scheduling.
+  traffic). That reduction runs on about 128 programs of a few columns each, so that each makes one or
+  two L2 round trips (``reduce_tile``). No locks, no atomics: the result does not depend on scheduling.
 * The backward allocates what torch's does (dx, dw, db) and nothing more: the partials (and the split
   backward's row sums) are kept in the bytes of the last R rows of dx, whose dx the main kernels do not
   store (they still add those rows to dw and db); after the reduction a last launch writes those rows'
@@ -557,6 +558,7 @@ def _ln_bwd_rowsums_kernel(
     HAS_WEIGHT: tl.constexpr,
     IS_FP64: tl.constexpr,
     WRITE_DX: tl.constexpr,  # a second pass over the row writes its dx instead of storing the sums
+    UNROLL: tl.constexpr = 1,  # chunks per loop iteration, their loads issued together
 ):
     i = tl.program_id(0).to(tl.int64)
     row = ROW0 + i
@@ -566,7 +568,7 @@ def _ln_bwd_rowsums_kernel(
     rstd = tl.load(Rstd + row)
     acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
     acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
-    for start in range(0, N, BLOCK_N):
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
         x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
         xhat = tl.where(ok, (x - mean) * rstd, 0.0)
         acc1 += xhat * g
@@ -574,7 +576,7 @@ def _ln_bwd_rowsums_kernel(
     c1 = _div(tl.sum(acc1, axis=0), N, IS_FP64)
     c2 = _div(tl.sum(acc2, axis=0), N, IS_FP64)
     if WRITE_DX:  # the row again (from L2), as _ln_bwd_split_kernel writes it
-        for start in range(0, N, BLOCK_N):
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
             x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
             dx = (g - ((x - mean) * rstd * c1 + c2)) * rstd
             tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty), mask=ok)
@@ -785,22 +787,47 @@ def _dwdb_reduce_kernel(
     COMPUTE_DW: tl.constexpr,
     COMPUTE_DB: tl.constexpr,
 ):
+    # a narrow column block per program (enough programs to fill the GPU), the partials' rows walked two
+    # blocks per iteration, both blocks' loads issued before either is added: the partials sit in L2
+    # (just written), so each iteration costs about one L2 round trip, and P/(2*BLOCK_P) of them follow
+    # one another. The sums are added in the same order on every call.
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     acc_dw = tl.zeros([BLOCK_P, BLOCK_N], dtype=DW_part.dtype.element_ty)
     acc_db = tl.zeros([BLOCK_P, BLOCK_N], dtype=DB_part.dtype.element_ty)
-    for start in range(0, P, BLOCK_P):
+    for start in range(0, P, 2 * BLOCK_P):
         rows = start + tl.arange(0, BLOCK_P)
-        mask = (rows[:, None] < P) & col_ok[None, :]
+        mask0 = (rows[:, None] < P) & col_ok[None, :]
+        mask1 = (rows[:, None] + BLOCK_P < P) & col_ok[None, :]
         offs = rows[:, None] * N + cols[None, :]
         if COMPUTE_DW:
-            acc_dw += tl.load(DW_part + offs, mask=mask, other=0.0)
+            dw0 = tl.load(DW_part + offs, mask=mask0, other=0.0)
+            dw1 = tl.load(DW_part + offs + BLOCK_P * N, mask=mask1, other=0.0)
         if COMPUTE_DB:
-            acc_db += tl.load(DB_part + offs, mask=mask, other=0.0)
+            db0 = tl.load(DB_part + offs, mask=mask0, other=0.0)
+            db1 = tl.load(DB_part + offs + BLOCK_P * N, mask=mask1, other=0.0)
+        if COMPUTE_DW:
+            acc_dw += dw0 + dw1
+        if COMPUTE_DB:
+            acc_db += db0 + db1
     if COMPUTE_DW:
         tl.store(DW + cols, tl.sum(acc_dw, axis=0).to(DW.dtype.element_ty), mask=col_ok)
     if COMPUTE_DB:
         tl.store(DB + cols, tl.sum(acc_db, axis=0).to(DB.dtype.element_ty), mask=col_ok)
+
+
+def reduce_tile(n: int, acc_size: int, max_p: int) -> tuple[int, int, int]:
+    """``(BLOCK_P, BLOCK_N, num_warps)`` of the dw/db reduction of at most ``max_p`` partial rows of
+    ``n`` columns (``acc_size``-byte values). BLOCK_N: a power of 2 from 4 to 64 giving about 128
+    programs. BLOCK_P: enough for two blocks to cover ``max_p`` rows, at most 16 KB of partials per block
+    and tensor. Warps: 16 values per thread and tensor. The partials are a few MB at most, just written,
+    so read from L2: what costs is each program's chain of round trips (one per 2 * BLOCK_P rows), so
+    many programs, each with few trips. ``max_p`` depends on the configuration, not on the row count, so
+    the kernel does not recompile as M changes."""
+    per = max(1, n // 128)
+    block_n = max(4, min(64, 1 << (per.bit_length() - 1)))
+    block_p = max(8, min(16384 // acc_size // block_n, triton.next_power_of_2(max_p) // 2))
+    return block_p, block_n, max(1, min(8, block_p * block_n * acc_size // 2048))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1062,9 +1089,10 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     whole_rows = col_blocks == 1 and not coop
     if whole_rows:
         programs = backward_programs(cfg, M, x.element_size(), sms)
+        max_programs = max(1, cfg.programs_per_sm) * sms
     else:
-        groups = math.ceil(cfg.programs_per_sm * sms / col_blocks)  # row groups
-        programs = max(1, min(triton.cdiv(M, cfg.block_m), groups))
+        max_programs = math.ceil(cfg.programs_per_sm * sms / col_blocks)  # row groups
+        programs = max(1, min(triton.cdiv(M, cfg.block_m), max_programs))
     # the scratch: [dw partials | db partials | the split backward's c1 | c2, or the cooperative
     # kernel's ring of row-sum shares | counters], each 128-byte aligned
     part = _align(programs * N)
@@ -1124,21 +1152,33 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             COMPUTE_DB=compute_db, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **flags,
         )  # fmt: skip
     if compute_dw or compute_db:
-        # narrow column blocks: enough programs to read the (programs, N) partials in parallel
-        block_n = min(64, triton.next_power_of_2(N))
-        _dwdb_reduce_kernel[(triton.cdiv(N, block_n),)](
-            dw_part, db_part, dw if compute_dw else dx, db if compute_db else dx, programs, N,
-            BLOCK_P=64, BLOCK_N=block_n, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=4,
-        )  # fmt: skip
+        reduce_partials(dw_part if compute_dw else None, db_part if compute_db else None, dw, db, programs, N,
+                        max_programs)  # fmt: skip
     if R:  # the last R rows' dx, over the partials (read by now: the same stream), one program per tile
         if whole_rows:
             fused(M - R, M, triton.cdiv(R, cfg.block_m), False, False)
         else:
+            # one program per row, about one per SM: each row's chain of L2 round trips sets the time,
+            # so four chunks' loads go out together
             _ln_bwd_rowsums_kernel[(R,)](
                 dy, x, w, mean, rstd, dx, dx, dx, dy.stride(0), x.stride(0), dx.stride(0), M - R, M, N,
-                BLOCK_N=cfg.block_n, WRITE_DX=True, num_warps=8, **flags,
+                BLOCK_N=cfg.block_n, WRITE_DX=True, UNROLL=4, num_warps=8, **flags,
             )  # fmt: skip
     return dx, dw, db
+
+
+def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int) -> None:
+    """dw (db) = the column sums of the first ``p`` rows of the (p, n) partials ``dw_part`` (``db_part``),
+    cast to dw's (db's) dtype; a None partial buffer skips its sum. ``max_p`` bounds ``p`` for the
+    configuration (it sets the tile, see :func:`reduce_tile`)."""
+    part = dw_part if dw_part is not None else db_part
+    block_p, block_n, warps = reduce_tile(n, part.element_size(), max_p)
+    _dwdb_reduce_kernel[(triton.cdiv(n, block_n),)](
+        part if dw_part is None else dw_part, part if db_part is None else db_part,
+        dw if dw_part is not None else db, db if db_part is not None else dw, p, n,
+        BLOCK_P=block_p, BLOCK_N=block_n, COMPUTE_DW=dw_part is not None, COMPUTE_DB=db_part is not None,
+        num_warps=warps,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------
