@@ -1158,8 +1158,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         if whole_rows:
             fused(M - R, M, triton.cdiv(R, cfg.block_m), False, False)
         else:
-            # one program per row, about one per SM: each row's chain of L2 round trips sets the time,
-            # so four chunks' loads go out together
+            # one program per row, about one per SM, walking its row twice: four chunks' loads go out
+            # together (float32 N = 16384 in run 55: 8.3 -> 6.7 us; bf16 unchanged at 7.6)
             _ln_bwd_rowsums_kernel[(R,)](
                 dy, x, w, mean, rstd, dx, dx, dx, dy.stride(0), x.stride(0), dx.stride(0), M - R, M, N,
                 BLOCK_N=cfg.block_n, WRITE_DX=True, UNROLL=4, num_warps=8, **flags,
