@@ -585,6 +585,44 @@ def _ln_bwd_rowsums_kernel(
         tl.store(C2 + i, c2)
 
 
+@triton.jit
+def _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next, dy_next, step,
+                acc_ty: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
+    """x and dy (in ``acc_ty``) of the tile ``rows`` x ``cols`` of a column-slab kernel, and the next
+    tile's raw loads: where PREFETCH, this tile is ``x_next``/``dy_next`` (issued an iteration earlier)
+    and the loads of the tile ``step`` rows further are issued now, to stay in flight through this
+    tile's work; else this tile is loaded now and the placeholders pass through."""
+    if PREFETCH:
+        x, dy = x_next.to(acc_ty), dy_next.to(acc_ty)
+        x_next = _load_rows(X, stride_xm, rows + step, M, cols, col_ok)
+        dy_next = _load_rows(DY, stride_dym, rows + step, M, cols, col_ok)
+    else:
+        x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
+        dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok).to(acc_ty)
+    return x, dy, x_next, dy_next
+
+
+@triton.jit
+def _first_slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, PREFETCH: tl.constexpr):
+    """The raw loads of a slab kernel's first tile where PREFETCH, else placeholders (see _slab_tiles)."""
+    x_next = cols
+    dy_next = cols
+    if PREFETCH:
+        x_next = _load_rows(X, stride_xm, rows, M, cols, col_ok)
+        dy_next = _load_rows(DY, stride_dym, rows, M, cols, col_ok)
+    return x_next, dy_next
+
+
+@triton.jit
+def _store_dwdb_part(DW_part, DB_part, dw, db, group, N, cols, col_ok, COMPUTE_DW: tl.constexpr,
+                     COMPUTE_DB: tl.constexpr):  # fmt: skip
+    """A row group's partial dw and db of its column slab, into row ``group`` of the (groups, N) partials."""
+    if COMPUTE_DW:
+        tl.store(DW_part + group * N + cols, dw, mask=col_ok)
+    if COMPUTE_DB:
+        tl.store(DB_part + group * N + cols, db, mask=col_ok)
+
+
 @triton.jit(do_not_specialize=["M", "DX_M"])
 def _ln_bwd_split_kernel(
     DX,  # input gradient, (M, N), row stride stride_dxm
@@ -622,22 +660,14 @@ def _ln_bwd_split_kernel(
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
-    if PREFETCH:
-        first = group * BLOCK_M + tl.arange(0, BLOCK_M)
-        x_next = _load_rows(X, stride_xm, first, M, cols, col_ok)
-        dy_next = _load_rows(DY, stride_dym, first, M, cols, col_ok)
+    first = group * BLOCK_M + tl.arange(0, BLOCK_M)
+    x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH)
     for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
-        if PREFETCH:
-            x, dy = x_next.to(acc_ty), dy_next.to(acc_ty)
-            nxt = rows + num_groups * BLOCK_M
-            x_next = _load_rows(X, stride_xm, nxt, M, cols, col_ok)
-            dy_next = _load_rows(DY, stride_dym, nxt, M, cols, col_ok)
-        else:
-            x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
-            dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok).to(acc_ty)
+        x, dy, x_next, dy_next = _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next,
+                                             dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH)  # fmt: skip
         rows = rows.to(tl.int64)
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
@@ -656,10 +686,7 @@ def _ln_bwd_split_kernel(
             dw += tl.sum(dy * xhat, axis=0)
         if COMPUTE_DB:
             db += tl.sum(dy, axis=0)
-    if COMPUTE_DW:
-        tl.store(DW_part + group * N + cols, dw, mask=col_ok)
-    if COMPUTE_DB:
-        tl.store(DB_part + group * N + cols, db, mask=col_ok)
+    _store_dwdb_part(DW_part, DB_part, dw, db, group, N, cols, col_ok, COMPUTE_DW, COMPUTE_DB)
 
 
 @triton.jit(do_not_specialize=["M", "DX_M"])
@@ -719,22 +746,14 @@ def _ln_bwd_coop_kernel(
     ring = Part + group.to(tl.int64) * (4 * SLABS * BLOCK_M)
     lanes = tl.arange(0, BLOCK_M)
     slabs = tl.arange(0, SLABS_P2)
-    if PREFETCH:
-        first = group * BLOCK_M + lanes
-        x_next = _load_rows(X, stride_xm, first, M, cols, col_ok)
-        dy_next = _load_rows(DY, stride_dym, first, M, cols, col_ok)
+    first = group * BLOCK_M + lanes
+    x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH)
     k = 0
     for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups):
         rows = tile * BLOCK_M + lanes
         row_ok = rows < M
-        if PREFETCH:
-            x, dy = x_next.to(acc_ty), dy_next.to(acc_ty)
-            nxt = rows + num_groups * BLOCK_M
-            x_next = _load_rows(X, stride_xm, nxt, M, cols, col_ok)
-            dy_next = _load_rows(DY, stride_dym, nxt, M, cols, col_ok)
-        else:
-            x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
-            dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok).to(acc_ty)
+        x, dy, x_next, dy_next = _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next,
+                                             dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH)  # fmt: skip
         rows = rows.to(tl.int64)
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
@@ -768,10 +787,7 @@ def _ln_bwd_coop_kernel(
         dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
                  mask=(rows < DX_M)[:, None] & col_ok[None, :])  # fmt: skip
-    if COMPUTE_DW:
-        tl.store(DW_part + group * N + cols, dw, mask=col_ok)
-    if COMPUTE_DB:
-        tl.store(DB_part + group * N + cols, db, mask=col_ok)
+    _store_dwdb_part(DW_part, DB_part, dw, db, group, N, cols, col_ok, COMPUTE_DW, COMPUTE_DB)
 
 
 @triton.jit(do_not_specialize=["P"])
