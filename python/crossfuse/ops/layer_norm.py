@@ -1187,13 +1187,15 @@ def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int) -> Non
     """dw (db) = the column sums of the first ``p`` rows of the (p, n) partials ``dw_part`` (``db_part``),
     cast to dw's (db's) dtype; a None partial buffer skips its sum. ``max_p`` bounds ``p`` for the
     configuration (it sets the tile, see :func:`reduce_tile`)."""
-    part = dw_part if dw_part is not None else db_part
-    block_p, block_n, warps = reduce_tile(n, part.element_size(), max_p)
+    compute_dw, compute_db = dw_part is not None, db_part is not None
+    if not compute_dw:  # the skipped sum's pointers: placeholders the kernel does not touch
+        dw_part, dw = db_part, db
+    if not compute_db:
+        db_part, db = dw_part, dw
+    block_p, block_n, warps = reduce_tile(n, dw_part.element_size(), max_p)
     _dwdb_reduce_kernel[(triton.cdiv(n, block_n),)](
-        part if dw_part is None else dw_part, part if db_part is None else db_part,
-        dw if dw_part is not None else db, db if db_part is not None else dw, p, n,
-        BLOCK_P=block_p, BLOCK_N=block_n, COMPUTE_DW=dw_part is not None, COMPUTE_DB=db_part is not None,
-        num_warps=warps,
+        dw_part, db_part, dw, db, p, n, BLOCK_P=block_p, BLOCK_N=block_n, COMPUTE_DW=compute_dw,
+        COMPUTE_DB=compute_db, num_warps=warps,
     )  # fmt: skip
 
 
