@@ -15,8 +15,7 @@ large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime get
 ``ln-shifted`` tunes the chunked forward in two passes (``shifted``) against the code's entries
 (with ``--base code``) for N >= 4096.
 ``ln-tma`` tunes the persistent whole-row kernels that read through tensor descriptors (``tma_stages``).
-``ln-coop`` tunes the cooperative backward of long rows (``coop``), N = 8192 and 16384; ``ln-coop-lag``
-the same writing each tile's dx one or two tiles later (``lag``).
+``ln-coop`` tunes the cooperative backward of long rows (``coop``), N = 8192 and 16384.
 ``--kind bwd`` (or ``fwd``) times the chosen groups' candidates of that kind only; ``tuned.json`` keeps
 the base's entries of the other kinds.
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
@@ -158,10 +157,9 @@ def ln_tma_candidates() -> list[dict]:
     return out
 
 
-def ln_coop_candidates(lags=(0,)) -> list[dict]:
+def ln_coop_candidates() -> list[dict]:
     """The cooperative backward of long rows (``coop``: column slabs of one row group exchange their row
-    sums and wait for each other, x and dy read once), N = 8192 and 16384, against the code's entries;
-    ``lags``: the tile lags of its dx (``lag``, 0 = the tile's own step)."""
+    sums and wait for each other, x and dy read once), N = 8192 and 16384, against the code's entries."""
     out = []
     for n in (8192, 16384):
         for dtype in LN_DTYPES:
@@ -169,14 +167,9 @@ def ln_coop_candidates(lags=(0,)) -> list[dict]:
                 for bm, _, warps in _row_tiles(bn, (1, 2, 4), (8, 16), (2, 4, 8, 16), 16384):
                     for pps in (1, 2, 4):
                         for prefetch in (False, True):
-                            for lag in lags:
-                                c = dict(kind="bwd", n=n, dtype=dtype, block_m=bm, block_n=bn,
-                                         num_warps=warps, pps=pps, coop=True)  # fmt: skip
-                                if prefetch:
-                                    c["prefetch"] = True
-                                if lag:
-                                    c["lag"] = lag
-                                out.append(c)
+                            c = dict(kind="bwd", n=n, dtype=dtype, block_m=bm, block_n=bn, num_warps=warps,
+                                     pps=pps, coop=True)  # fmt: skip
+                            out.append(dict(c, prefetch=True) if prefetch else c)
     return out
 
 
@@ -206,8 +199,6 @@ def code_tables() -> dict:
             entry["tma_stages"] = c.tma_stages
         if c.coop:
             entry["coop"] = True
-        if c.lag:
-            entry["lag"] = c.lag
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -430,7 +421,6 @@ def main(argv=None) -> int:
         "ln-shifted",
         "ln-tma",
         "ln-coop",
-        "ln-coop-lag",
         "ln-fwd",
         "ln-prefetch",
         "ln-fwd-params",
@@ -487,8 +477,6 @@ def main(argv=None) -> int:
         cands += ln_tma_candidates()
     if "ln-coop" in only:
         cands += ln_coop_candidates()
-    if "ln-coop-lag" in only:  # the cooperative backward writing each tile's dx 1 or 2 tiles later
-        cands += ln_coop_candidates(lags=(1, 2))
     if "ln-unroll" in only:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:

@@ -373,14 +373,9 @@ def test_one_row_per_program_forward(n, keep_params, device, gen):
     [ln_mod.LaunchConfig(4, 128, 4, 1), ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True),
      ln_mod.LaunchConfig(2, 512, 4, 1, prefetch=True), ln_mod.LaunchConfig(4, 512, 4, 1, tma_stages=2),
      ln_mod.LaunchConfig(2, 512, 4, 2, tma_stages=3), ln_mod.LaunchConfig(4, 512, 4, 1, coop=True),
-     ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, coop=True),
-     ln_mod.LaunchConfig(2, 512, 4, 1, coop=True, lag=1),
-     ln_mod.LaunchConfig(1, 512, 4, 1, prefetch=True, coop=True, lag=2),
-     ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, coop=True, lag=1)],
+     ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, coop=True)],
     ids=["split", "split, prefetch", "fused, prefetch", "fused, descriptors", "fused, descriptors, 3 stages",
-         "cooperative, one slab", "cooperative, 3 slabs (the split under the interpreter)",
-         "cooperative, one slab, dx a tile later", "cooperative, one slab, prefetch, dx two tiles later",
-         "cooperative, 3 slabs, dx a tile later (the split under the interpreter)"],
+         "cooperative, one slab", "cooperative, 3 slabs (the split under the interpreter)"],
 )  # fmt: skip
 def test_backward_variants_equal_default(cfg, device, gen):
     # the tuning table may pick the split backward (row sums, then column chunks) for long rows, or the
@@ -409,9 +404,7 @@ def test_backward_variants_equal_default(cfg, device, gen):
      pytest.param(ln_mod.LaunchConfig(4, 128, 4, 1), id="split"),
      pytest.param(ln_mod.LaunchConfig(2, 512, 4, 1, coop=True), id="cooperative, one slab"),
      pytest.param(ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, coop=True),
-                  id="cooperative, 3 slabs (the split under the interpreter)"),
-     pytest.param(ln_mod.LaunchConfig(2, 512, 4, 1, prefetch=True, coop=True, lag=1),
-                  id="cooperative, one slab, dx a tile later")],
+                  id="cooperative, 3 slabs (the split under the interpreter)")],
 )  # fmt: skip
 def test_backward_keeps_its_partial_sums_in_dx(cfg, dtype, grads, device, gen, monkeypatch):
     # the backward allocates only dx, dw and db: the float32 partial sums of dw and db (and the split
@@ -463,16 +456,7 @@ def test_backward_keeps_its_partial_sums_in_dx(cfg, dtype, grads, device, gen, m
      pytest.param(20000, 5000, ln_mod.LaunchConfig(4, 2048, 8, 2, prefetch=True, coop=True),
                   id="20000x5000, 3 slabs, partials in dx"),
      pytest.param(3000, 16384, ln_mod.LaunchConfig(1, 1024, 8, 32, coop=True),
-                  id="3000x16384, 16 slabs, more programs than fit on the GPU at once"),
-     pytest.param(1000, ln_mod.FUSED_MAX_N + 3,
-                  ln_mod.LaunchConfig(2, 4096, 8, 2, prefetch=True, coop=True, lag=1),
-                  id="1000x16387, 5 slabs, prefetch, dx a tile later"),
-     pytest.param(4101, 8192, ln_mod.LaunchConfig(1, 1024, 4, 4, coop=True, lag=2),
-                  id="4101x8192, 8 slabs, dx two tiles later"),
-     pytest.param(20000, 5000, ln_mod.LaunchConfig(4, 2048, 8, 2, prefetch=True, coop=True, lag=1),
-                  id="20000x5000, 3 slabs, partials in dx, dx a tile later"),
-     pytest.param(3000, 16384, ln_mod.LaunchConfig(1, 1024, 8, 32, coop=True, lag=2),
-                  id="3000x16384, 16 slabs, more programs than fit, dx two tiles later")],
+                  id="3000x16384, 16 slabs, more programs than fit on the GPU at once")],
 )  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_cooperative_backward_against_float64(dtype, m, n, cfg, grads, gen):

@@ -118,20 +118,18 @@ def _sum2(a, b, axis: tl.constexpr):
 
 
 @triton.jit
-def _load_rows(P, stride, rows, M, cols, col_ok, EVICT: tl.constexpr):
+def _load_rows(P, stride, rows, M, cols, col_ok):
     """The [rows, cols] tile of a (M, N) array with row stride ``stride``, in its own dtype; rows past M
-    and columns past N read as 0 (and move no bytes). ``EVICT``: tl.load's eviction policy ("" for none;
-    a default value here would not compile with Triton 3.6)."""
+    and columns past N read as 0 (and move no bytes)."""
     mask = (rows < M)[:, None] & col_ok[None, :]
-    return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0,
-                   eviction_policy=EVICT)  # fmt: skip
+    return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
 def _load_bwd_tile(X, DY, Mean, Rstd, stride_xm, stride_dym, rows, M, cols, col_ok):
     """What the backward reads for the row tile ``rows``: x and dy in their own dtype, mean and rstd."""
-    x = _load_rows(X, stride_xm, rows, M, cols, col_ok, "")
-    dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok, "")
+    x = _load_rows(X, stride_xm, rows, M, cols, col_ok)
+    dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok)
     mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
     rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
     return x, dy, mean, rstd
@@ -238,12 +236,12 @@ def _ln_fwd_kernel(
         row_ok = rows < M
         if BLOCK_M == 1:
             row_ok = tl.full([1], True, tl.int1)  # the grid has one program per row
-        x = _load_rows(X, stride_xm, rows, M, cols, col_ok, "").to(acc_ty)
+        x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
         _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N, inv_n,
                      eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
     else:
         if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
-            x_next = _load_rows(X, stride_xm, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok, "")
+            x_next = _load_rows(X, stride_xm, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok)
         for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, loop_unroll_factor=UNROLL):
             rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
             row_ok = rows < M
@@ -251,9 +249,9 @@ def _ln_fwd_kernel(
                 # in the input's dtype (half the registers of float32 for 2-byte types); its loads stay in
                 # flight through this tile's reductions and stores
                 x = x_next.to(acc_ty)
-                x_next = _load_rows(X, stride_xm, rows + num_programs * BLOCK_M, M, cols, col_ok, "")
+                x_next = _load_rows(X, stride_xm, rows + num_programs * BLOCK_M, M, cols, col_ok)
             else:
-                x = _load_rows(X, stride_xm, rows, M, cols, col_ok, "").to(acc_ty)
+                x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
             _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N,
                          inv_n, eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
 
@@ -589,31 +587,29 @@ def _ln_bwd_rowsums_kernel(
 
 @triton.jit
 def _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next, dy_next, step,
-                acc_ty: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr):  # fmt: skip
+                acc_ty: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
     """x and dy (in ``acc_ty``) of the tile ``rows`` x ``cols`` of a column-slab kernel, and the next
     tile's raw loads: where PREFETCH, this tile is ``x_next``/``dy_next`` (issued an iteration earlier)
     and the loads of the tile ``step`` rows further are issued now, to stay in flight through this
-    tile's work; else this tile is loaded now and the placeholders pass through. ``EVICT``: the loads'
-    eviction policy."""
+    tile's work; else this tile is loaded now and the placeholders pass through."""
     if PREFETCH:
         x, dy = x_next.to(acc_ty), dy_next.to(acc_ty)
-        x_next = _load_rows(X, stride_xm, rows + step, M, cols, col_ok, EVICT)
-        dy_next = _load_rows(DY, stride_dym, rows + step, M, cols, col_ok, EVICT)
+        x_next = _load_rows(X, stride_xm, rows + step, M, cols, col_ok)
+        dy_next = _load_rows(DY, stride_dym, rows + step, M, cols, col_ok)
     else:
-        x = _load_rows(X, stride_xm, rows, M, cols, col_ok, EVICT).to(acc_ty)
-        dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok, EVICT).to(acc_ty)
+        x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
+        dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok).to(acc_ty)
     return x, dy, x_next, dy_next
 
 
 @triton.jit
-def _first_slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, PREFETCH: tl.constexpr,
-                      EVICT: tl.constexpr):  # fmt: skip
+def _first_slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, PREFETCH: tl.constexpr):
     """The raw loads of a slab kernel's first tile where PREFETCH, else placeholders (see _slab_tiles)."""
     x_next = cols
     dy_next = cols
     if PREFETCH:
-        x_next = _load_rows(X, stride_xm, rows, M, cols, col_ok, EVICT)
-        dy_next = _load_rows(DY, stride_dym, rows, M, cols, col_ok, EVICT)
+        x_next = _load_rows(X, stride_xm, rows, M, cols, col_ok)
+        dy_next = _load_rows(DY, stride_dym, rows, M, cols, col_ok)
     return x_next, dy_next
 
 
@@ -665,13 +661,13 @@ def _ln_bwd_split_kernel(
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
     first = group * BLOCK_M + tl.arange(0, BLOCK_M)
-    x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH, "")
+    x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH)
     for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
         x, dy, x_next, dy_next = _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next,
-                                             dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH, "")  # fmt: skip
+                                             dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH)  # fmt: skip
         rows = rows.to(tl.int64)
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
@@ -691,34 +687,6 @@ def _ln_bwd_split_kernel(
         if COMPUTE_DB:
             db += tl.sum(dy, axis=0)
     _store_dwdb_part(DW_part, DB_part, dw, db, group, N, cols, col_ok, COMPUTE_DW, COMPUTE_DB)
-
-
-@triton.jit
-def _post_shares(slot, slab, lanes, xhat, g, Counter, SLABS: tl.constexpr, BLOCK_M: tl.constexpr):
-    """A cooperative program's shares of its row tile's two row sums (over its slab), stored in the ring
-    ``slot`` ([2 sums, SLABS, BLOCK_M]) and posted: every thread's stores done before one thread adds 1 to
-    ``Counter`` (release)."""
-    tl.store(slot + slab * BLOCK_M + lanes, tl.sum(xhat * g, axis=1))
-    tl.store(slot + (SLABS + slab) * BLOCK_M + lanes, tl.sum(g, axis=1))
-    tl.debug_barrier()
-    tl.atomic_add(Counter, 1, sem="release")
-
-
-@triton.jit
-def _group_sums(slot, Counter, posts, lanes, N, SLABS: tl.constexpr, SLABS_P2: tl.constexpr,
-                BLOCK_M: tl.constexpr, IS_FP64: tl.constexpr):  # fmt: skip
-    """``(c1, c2)`` of a row tile once ``Counter`` reaches ``posts`` (acquire): the shares in the ring
-    ``slot`` added in slab order (the same sums in every program, whichever posted last), over N."""
-    while tl.atomic_add(Counter, 0, sem="acquire") < posts:
-        pass
-    # from L2 (.cg: an earlier tile's line may sit in this SM's L1)
-    slabs = tl.arange(0, SLABS_P2)
-    shares = slot + slabs[:, None] * BLOCK_M + lanes[None, :]
-    ok = (slabs < SLABS)[:, None]
-    c1 = _div(tl.sum(tl.load(shares, mask=ok, other=0.0, cache_modifier=".cg"), axis=0), N, IS_FP64)
-    c2 = _div(tl.sum(tl.load(shares + SLABS * BLOCK_M, mask=ok, other=0.0, cache_modifier=".cg"), axis=0),
-              N, IS_FP64)  # fmt: skip
-    return c1, c2
 
 
 @triton.jit(do_not_specialize=["M", "DX_M"])
@@ -777,14 +745,15 @@ def _ln_bwd_coop_kernel(
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
     ring = Part + group.to(tl.int64) * (4 * SLABS * BLOCK_M)
     lanes = tl.arange(0, BLOCK_M)
+    slabs = tl.arange(0, SLABS_P2)
     first = group * BLOCK_M + lanes
-    x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH, "")
+    x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH)
     k = 0
     for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups):
         rows = tile * BLOCK_M + lanes
         row_ok = rows < M
         x, dy, x_next, dy_next = _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next,
-                                             dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH, "")  # fmt: skip
+                                             dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH)  # fmt: skip
         rows = rows.to(tl.int64)
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
@@ -796,123 +765,28 @@ def _ln_bwd_coop_kernel(
         else:
             g = dy
         slot = ring + (k % 2) * (2 * SLABS * BLOCK_M)
-        # then this tile's dw and db while the other programs post theirs
-        _post_shares(slot, slab, lanes, xhat, g, Count + group, SLABS, BLOCK_M)
+        tl.store(slot + slab * BLOCK_M + lanes, tl.sum(xhat * g, axis=1))
+        tl.store(slot + (SLABS + slab) * BLOCK_M + lanes, tl.sum(g, axis=1))
+        # every thread's shares stored before one thread posts them (release), then this tile's dw and db
+        # while the other programs post theirs
+        tl.debug_barrier()
+        tl.atomic_add(Count + group, 1, sem="release")
         if COMPUTE_DW:
             dw += tl.sum(dy * xhat, axis=0)
         if COMPUTE_DB:
             db += tl.sum(dy, axis=0)
         k += 1
-        c1, c2 = _group_sums(slot, Count + group, k * SLABS, lanes, N, SLABS, SLABS_P2, BLOCK_M, IS_FP64)
+        while tl.atomic_add(Count + group, 0, sem="acquire") < k * SLABS:
+            pass
+        # the shares in slab order, from L2 (.cg: an earlier tile's line may sit in this SM's L1)
+        shares = slot + slabs[:, None] * BLOCK_M + lanes[None, :]
+        ok = (slabs < SLABS)[:, None]
+        c1 = _div(tl.sum(tl.load(shares, mask=ok, other=0.0, cache_modifier=".cg"), axis=0), N, IS_FP64)
+        c2 = _div(tl.sum(tl.load(shares + SLABS * BLOCK_M, mask=ok, other=0.0, cache_modifier=".cg"), axis=0),
+                  N, IS_FP64)  # fmt: skip
         dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
                  mask=(rows < DX_M)[:, None] & col_ok[None, :])  # fmt: skip
-    _store_dwdb_part(DW_part, DB_part, dw, db, group, N, cols, col_ok, COMPUTE_DW, COMPUTE_DB)
-
-
-@triton.jit(do_not_specialize=["M", "DX_M"])
-def _ln_bwd_coop_lag_kernel(
-    DX,  # input gradient, (M, N), row stride stride_dxm
-    DY,  # output gradient, (M, N), row stride stride_dym
-    X,  # input, (M, N), row stride stride_xm
-    W,  # weight, (N,)
-    Mean,  # (M,)
-    Rstd,  # (M,)
-    Part,  # (row groups, 2 * LAG + 2 ring slots, 2 sums, SLABS, BLOCK_M) float32/float64: the slabs' row sums
-    Count,  # (row groups * (2 * LAG + 2) + 1,) int32, zero at launch: shares posted per (group, ring slot);
-    # the last: tickets handed out
-    DW_part,  # partial dw, (num row groups, N)
-    DB_part,  # partial db, (num row groups, N)
-    stride_dxm,
-    stride_dym,
-    stride_xm,
-    M,
-    DX_M,  # dx is stored for rows below DX_M only (the sums of dw and db take all M)
-    N,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SLABS: tl.constexpr,  # column slabs of BLOCK_N (the grid is SLABS times the row groups)
-    SLABS_P2: tl.constexpr,  # next power of 2 of SLABS
-    LAG: tl.constexpr,  # >= 1: a tile's dx is written LAG tiles after its shares are posted
-    HAS_WEIGHT: tl.constexpr,
-    COMPUTE_DW: tl.constexpr,
-    COMPUTE_DB: tl.constexpr,
-    IS_FP64: tl.constexpr,
-    PREFETCH: tl.constexpr,  # load the next tile before this one's reductions
-):
-    # _ln_bwd_coop_kernel with the wait moved LAG tiles later: program (slab, group) reads its slab of a
-    # row tile from HBM (kept in L2: evict_last), posts its shares of the tile's row sums and adds the
-    # tile to dw and db, then writes the dx of the tile LAG steps back, whose shares every slab has
-    # posted by then unless it runs late: the slab is read again, from L2 (evict_first), and the wait
-    # for the other programs of the group has LAG tiles' work to hide behind instead of a tile's dw and
-    # db. HBM moves x and dy once, as in _ln_bwd_coop_kernel, at the cost of an L2 pass.
-    # Tickets, groups and the deadlock argument are _ln_bwd_coop_kernel's. Each ring slot has its own
-    # counter: a program can be up to LAG + 1 tiles ahead of the slowest of its group, so a sum over
-    # tiles would count a fast program's later posts for a slow one's missing share; slot j % RING
-    # carries no post of tile j + RING before every program posted tile j (RING > LAG), so it reaches
-    # (j // RING + 1) * SLABS exactly when tile j is complete. A program overwrites slot j % RING (posts
-    # tile j + RING) after it saw tile j + RING - LAG - 1 complete: every program of the group had then
-    # finished its step j + RING - LAG - 2, whose dx was tile j + RING - 2 LAG - 2 = j, so had read tile
-    # j's shares (RING = 2 LAG + 2).
-    RING: tl.constexpr = 2 * LAG + 2
-    num_groups = tl.num_programs(0) // SLABS
-    ticket = tl.atomic_add(Count + num_groups * RING, 1, sem="relaxed")
-    slab = ticket % SLABS
-    group = ticket // SLABS
-    acc_ty = tl.float64 if IS_FP64 else tl.float32
-    cols = tl.multiple_of(slab * BLOCK_N, BLOCK_N) + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if HAS_WEIGHT:
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
-    dw = tl.zeros([BLOCK_N], dtype=acc_ty)
-    db = tl.zeros([BLOCK_N], dtype=acc_ty)
-    ring = Part + group.to(tl.int64) * (RING * 2 * SLABS * BLOCK_M)
-    counters = Count + group * RING
-    lanes = tl.arange(0, BLOCK_M)
-    first = group * BLOCK_M + lanes
-    x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH,
-                                        "evict_last")  # fmt: skip
-    tiles = tl.cdiv(M, BLOCK_M)
-    k = 0  # tiles of this program so far
-    for tile in tl.range(group, tiles + LAG * num_groups, num_groups):
-        if tile < tiles:  # post the shares of this tile, add it to dw and db
-            rows = tile * BLOCK_M + lanes
-            x, dy, x_next, dy_next = _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next,
-                                                 dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH,
-                                                 "evict_last")  # fmt: skip
-            rows = rows.to(tl.int64)
-            mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
-            rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
-            xhat = (x - mean[:, None]) * rstd[:, None]  # masked elements: as in _ln_bwd_coop_kernel
-            if HAS_WEIGHT:
-                g = dy * w[None, :]
-            else:
-                g = dy
-            slot = ring + (k % RING) * (2 * SLABS * BLOCK_M)
-            _post_shares(slot, slab, lanes, xhat, g, counters + k % RING, SLABS, BLOCK_M)
-            if COMPUTE_DW:
-                dw += tl.sum(dy * xhat, axis=0)
-            if COMPUTE_DB:
-                db += tl.sum(dy, axis=0)
-        if k >= LAG:  # the dx of the tile LAG back: its slab again (L2), then its row sums
-            j = k - LAG
-            rows = (tile - LAG * num_groups) * BLOCK_M + lanes
-            x = _load_rows(X, stride_xm, rows, M, cols, col_ok, "evict_first").to(acc_ty)
-            dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok, "evict_first").to(acc_ty)
-            rows = rows.to(tl.int64)
-            mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
-            rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
-            slot, posts = ring + (j % RING) * (2 * SLABS * BLOCK_M), (j // RING + 1) * SLABS
-            c1, c2 = _group_sums(slot, counters + j % RING, posts, lanes, N, SLABS, SLABS_P2, BLOCK_M,
-                                 IS_FP64)  # fmt: skip
-            if HAS_WEIGHT:
-                g = dy * w[None, :]
-            else:
-                g = dy
-            dx = (g - ((x - mean[:, None]) * rstd[:, None] * c1[:, None] + c2[:, None])) * rstd[:, None]
-            tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
-                     mask=(rows < DX_M)[:, None] & col_ok[None, :])  # fmt: skip
-        k += 1
     _store_dwdb_part(DW_part, DB_part, dw, db, group, N, cols, col_ok, COMPUTE_DW, COMPUTE_DB)
 
 
@@ -1001,10 +875,6 @@ class LaunchConfig(NamedTuple):
     # sums and wait for each other, so that x and dy are read once (the split backward reads them twice);
     # with block_n >= N, one slab that waits for nobody
     coop: bool = False
-    # cooperative backward: 0 = each tile's dx written from registers once its row sums are complete;
-    # k >= 1 = written k tiles later, the slab read again from L2, so that the wait has k tiles of work
-    # to hide behind
-    lag: int = 0
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -1246,10 +1116,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     at_c1 = at_db + part if compute_db else at_db
     if whole_rows:
         extra = (0, 0)
-    elif coop:  # ring slots of [2 sums, slabs, block_m]; counters per group (per slot with a lag), tickets
-        slots = 2 * cfg.lag + 2
-        extra = (_align(programs * slots * 2 * col_blocks * cfg.block_m),
-                 _align(programs * (slots if cfg.lag else 1) + 1))  # fmt: skip
+    elif coop:
+        extra = (_align(programs * 4 * col_blocks * cfg.block_m), _align(programs + 1))
     else:
         extra = (_align(M), _align(M))
     at_c2 = at_c1 + extra[0]
@@ -1280,14 +1148,13 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
 
         fused(0, M - R, programs, compute_dw, compute_db)
     elif coop:
-        count = scratch[at_c2 : at_c2 + extra[1]].view(torch.int32)
+        count = scratch[at_c2 : at_c2 + programs + 1].view(torch.int32)
         count.zero_()
-        kernel, lag = (_ln_bwd_coop_lag_kernel, dict(LAG=cfg.lag)) if cfg.lag else (_ln_bwd_coop_kernel, {})
-        kernel[(col_blocks * programs,)](
+        _ln_bwd_coop_kernel[(col_blocks * programs,)](
             dx, dy, x, w, mean, rstd, scratch[at_c1:], count, dw_part, db_part, dx.stride(0), dy.stride(0),
             x.stride(0), M, M - R, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SLABS=col_blocks,
             SLABS_P2=triton.next_power_of_2(col_blocks), COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **lag, **flags,
+            PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **flags,
         )  # fmt: skip
     else:
         c1, c2 = scratch[at_c1:], scratch[at_c2:]  # of the rows below M - R
