@@ -483,6 +483,39 @@ def test_cooperative_backward_against_float64(dtype, m, n, cfg, grads, gen):
         assert (a is None and b is None) or torch.equal(a, b)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("grads", [(True, True), (False, True), (False, False)],
+                         ids=["dw and db", "db only", "dx only"])  # fmt: skip
+@pytest.mark.parametrize(
+    "m, n, cfg",
+    [pytest.param(4096, 1024, None, id="4096x1024, the table"),
+     pytest.param(20000, 1000, ln_mod.LaunchConfig(2, 1024, 4, 2, tma_stages=3),
+                  id="20000x1000, whole rows, descriptors, partials in dx"),
+     pytest.param(20000, 1000, ln_mod.LaunchConfig(2, 1024, 4, 2, prefetch=True),
+                  id="20000x1000, whole rows, pointers, partials in dx"),
+     pytest.param(5000, 16387, ln_mod.LaunchConfig(2, 2048, 8, 2, prefetch=True), id="5000x16387, split"),
+     pytest.param(5000, 16387, ln_mod.LaunchConfig(2, 4096, 16, 1, prefetch=True, coop=True),
+                  id="5000x16387, cooperative")],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_dependent_launches_change_nothing(dtype, m, n, cfg, grads, gen, monkeypatch):
+    # on compute capability 9+ each kernel of the backward after the first starts while the one before
+    # it ends (programmatic dependent launch) and waits for it inside: the gradients must be those of
+    # plain launches, bit for bit (the same kernels, the same sums), whichever kernels the backward runs
+    if not ln_mod._gdc_usable(torch.empty(0, device="cuda")):
+        pytest.skip("needs grid dependency control (compute capability 9+, Triton 3.4+)")
+    x = randn((m, n), dtype, "cuda", gen, mean=1.0)
+    w = randn((n,), dtype, "cuda", gen, mean=1.0, std=0.5)
+    dy = randn((m, n), dtype, "cuda", gen)
+    _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
+    chained = [ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg) for _ in range(3)]
+    monkeypatch.setattr(ln_mod, "_gdc_usable", lambda t: False)
+    plain = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    for got in chained:
+        for a, b in zip(got, plain, strict=True):
+            assert (a is None and b is None) or torch.equal(a, b)
+
+
 def test_backward_is_deterministic_and_repeatable(device, gen):
     # no atomics: the same gradients bit for bit on every call, and a second backward through the same
     # graph (retain_graph) finds the saved tensors intact; rows enough for the partials to live in dx

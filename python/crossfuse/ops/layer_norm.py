@@ -70,6 +70,10 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
+try:  # grid dependency control (programmatic dependent launch), Triton 3.4+
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
 
 from .. import _tuning
 from .._backend import check_runnable, device_parallelism, is_interpreted
@@ -103,6 +107,25 @@ def _div_n(x, N, inv_n, POW2_N: tl.constexpr, IS_FP64: tl.constexpr):
         return x * inv_n
     else:
         return _div(x, N, IS_FP64)
+
+
+@triton.jit
+def _launch_dependents(GDC: tl.constexpr):
+    """Where GDC (the GPU has grid dependency control), let the next kernel of the stream, when it is
+    launched as a programmatic dependent launch, start once every program of this one has started: its
+    programs take the SMs this kernel's programs leave and wait in _wait_for_previous, so that its launch
+    overlaps this kernel's end instead of following it (about a microsecond per launch)."""
+    if GDC:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _wait_for_previous(GDC: tl.constexpr):
+    """Where GDC, wait until the previous kernel of the stream has completed and its writes are visible
+    (returns at once in a kernel that was not launched as a programmatic dependent launch). A kernel so
+    launched calls it before it reads what the previous kernels wrote or writes what they read."""
+    if GDC:
+        gdc_wait()
 
 
 @triton.jit
@@ -423,7 +446,9 @@ def _ln_bwd_kernel(
     PREFETCH: tl.constexpr,  # load the next tile before this one's reductions
     EVEN_N: tl.constexpr,  # N == BLOCK_N: no column masks
     POW2_N: tl.constexpr,  # N is a power of 2: divisions by N as products by 1/N (exact)
+    GDC: tl.constexpr = False,  # grid dependency control: dx stored after _wait_for_previous
 ):
+    _launch_dependents(GDC)
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     acc_ty = tl.float64 if IS_FP64 else tl.float32
@@ -454,6 +479,7 @@ def _ln_bwd_kernel(
             x, dy = x.to(acc_ty), dy.to(acc_ty)
         rows = rows.to(tl.int64)
         xhat, dx = _ln_bwd_tile(x, dy, mean, rstd, w, N, inv_n, HAS_WEIGHT, POW2_N, IS_FP64)
+        _wait_for_previous(GDC)
         tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
             dw += tl.sum(dy * xhat, axis=0)
@@ -490,10 +516,12 @@ def _ln_bwd_tma_kernel(
     EVEN_N: tl.constexpr,
     POW2_N: tl.constexpr,
     STAGES: tl.constexpr,  # row tiles in flight: the copy engine fills shared memory, STAGES - 1 ahead
+    GDC: tl.constexpr = False,  # grid dependency control: dx stored after _wait_for_previous
 ):
     # _ln_bwd_kernel with x and dy brought in by the copy engine (TMA), pipelined by Triton over STAGES
     # shared-memory buffers instead of prefetched into registers; rows past M and columns past N arrive
     # as zeros, which every sum takes through a product with dy or g (see _ln_bwd_kernel)
+    _launch_dependents(GDC)
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     acc_ty = tl.float64 if IS_FP64 else tl.float32
@@ -513,6 +541,7 @@ def _ln_bwd_tma_kernel(
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
         xhat, dx = _ln_bwd_tile(x, dy, mean, rstd, w, N, inv_n, HAS_WEIGHT, POW2_N, IS_FP64)
         mask = (rows < DX_M)[:, None] & col_ok[None, :]
+        _wait_for_previous(GDC)
         tl.store(DX + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
                  mask=mask)  # fmt: skip
         if COMPUTE_DW:
@@ -559,7 +588,9 @@ def _ln_bwd_rowsums_kernel(
     IS_FP64: tl.constexpr,
     WRITE_DX: tl.constexpr,  # a second pass over the row writes its dx instead of storing the sums
     UNROLL: tl.constexpr = 1,  # chunks per loop iteration, their loads issued together
+    GDC: tl.constexpr = False,  # grid dependency control: the dx pass after _wait_for_previous
 ):
+    _launch_dependents(GDC)
     i = tl.program_id(0).to(tl.int64)
     row = ROW0 + i
     acc_ty = tl.float64 if IS_FP64 else tl.float32
@@ -576,6 +607,7 @@ def _ln_bwd_rowsums_kernel(
     c1 = _div(tl.sum(acc1, axis=0), N, IS_FP64)
     c2 = _div(tl.sum(acc2, axis=0), N, IS_FP64)
     if WRITE_DX:  # the row again (from L2), as _ln_bwd_split_kernel writes it
+        _wait_for_previous(GDC)
         for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
             x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
             dx = (g - ((x - mean) * rstd * c1 + c2)) * rstd
@@ -649,7 +681,9 @@ def _ln_bwd_split_kernel(
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # row tiles per loop iteration: more loads in flight, more registers
     PREFETCH: tl.constexpr,  # load the next tile before this one's reductions
+    GDC: tl.constexpr = False,  # grid dependency control: the row sums read after _wait_for_previous
 ):
+    _launch_dependents(GDC)
     pid_n = tl.program_id(0)
     group = tl.program_id(1)
     num_groups = tl.num_programs(1)
@@ -662,6 +696,7 @@ def _ln_bwd_split_kernel(
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
     first = group * BLOCK_M + tl.arange(0, BLOCK_M)
     x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH)
+    _wait_for_previous(GDC)  # for C1 and C2
     for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
@@ -719,6 +754,7 @@ def _ln_bwd_coop_kernel(
     COMPUTE_DB: tl.constexpr,
     IS_FP64: tl.constexpr,
     PREFETCH: tl.constexpr,  # load the next tile before this one's reductions
+    GDC: tl.constexpr = False,  # grid dependency control (the first kernel: no wait)
 ):
     # The backward of long rows with x and dy read once. Program (slab, group) owns a slab of columns
     # and walks the row tiles of its group, holding its slab of each tile in registers; it posts its
@@ -732,6 +768,7 @@ def _ln_bwd_coop_kernel(
     # interpreter runs one program at a time: layer_norm_bwd uses this kernel there only with one slab.
     # The shares go to a ring of two slots per group: a program overwrites slot k % 2 at tile k + 2 only
     # after every program of the group posted tile k + 1, that is, after each read its shares of tile k.
+    _launch_dependents(GDC)
     num_groups = tl.num_programs(0) // SLABS
     ticket = tl.atomic_add(Count + num_groups, 1, sem="relaxed")
     slab = ticket % SLABS
@@ -802,14 +839,17 @@ def _dwdb_reduce_kernel(
     BLOCK_N: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
     COMPUTE_DB: tl.constexpr,
+    GDC: tl.constexpr = False,  # grid dependency control: the partials read after _wait_for_previous
 ):
     # a narrow column block per program (enough programs to fill the GPU), the partials' rows walked two
     # blocks per iteration, both blocks' loads issued before either is added: the partials sit in L2
     # (just written), so each iteration costs about one L2 round trip, and P/(2*BLOCK_P) of them follow
     # one another. The sums are added in the same order on every call.
+    _launch_dependents(GDC)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     acc_dw = tl.zeros([BLOCK_P, BLOCK_N], dtype=DW_part.dtype.element_ty)
+    _wait_for_previous(GDC)
     acc_db = tl.zeros([BLOCK_P, BLOCK_N], dtype=DB_part.dtype.element_ty)
     for start in range(0, P, 2 * BLOCK_P):
         rows = start + tl.arange(0, BLOCK_P)
@@ -1001,6 +1041,17 @@ def _tma_usable(*tensors: torch.Tensor) -> bool:
     )
 
 
+def _gdc_usable(t: torch.Tensor) -> bool:
+    """Whether the backward's kernels on ``t``'s device can chain by programmatic dependent launch (grid
+    dependency control: compute capability 9+, Triton 3.4+; not under the interpreter)."""
+    return (
+        gdc_wait is not None
+        and not is_interpreted(_ln_bwd_kernel)
+        and t.device.type == "cuda"
+        and torch.cuda.get_device_capability(t.device)[0] >= 9
+    )
+
+
 def _row_desc(t: torch.Tensor, cfg: LaunchConfig):
     """A tensor descriptor over the (M, N) view ``t``, boxes of one row tile."""
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [cfg.block_m, cfg.block_n])
@@ -1128,11 +1179,17 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     dw_part = scratch if compute_dw else dx
     db_part = scratch[at_db:] if compute_db else dx
     flags = dict(HAS_WEIGHT=weight is not None, IS_FP64=x.dtype == torch.float64)
+    # each kernel after the first is a programmatic dependent launch where the GPU allows (``then``): it
+    # starts while the kernel before it ends and waits for it inside (_wait_for_previous)
+    gdc = _gdc_usable(x)
+    first = dict(GDC=gdc)
+    then = dict(GDC=True, launch_pdl=True) if gdc else first
     if whole_rows:
         use_tma = cfg.tma_stages and _tma_usable(x, dy)
 
-        def fused(row0, dx_m, grid, compute_dw, compute_db):  # rows row0..M-1; dx of those below dx_m
+        def fused(row0, dx_m, grid, compute_dw, compute_db, order):  # rows row0..M-1; dx of those below dx_m
             sums = dict(COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=cfg.num_warps, **flags)
+            sums.update(order)
             if use_tma:
                 _ln_bwd_tma_kernel[(grid,)](
                     dx, _row_desc(dy, cfg), _row_desc(x, cfg), w, mean, rstd, dw_part, db_part, dx.stride(0),
@@ -1146,7 +1203,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
                     POW2_N=_is_pow2(N), UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, **sums,
                 )  # fmt: skip
 
-        fused(0, M - R, programs, compute_dw, compute_db)
+        fused(0, M - R, programs, compute_dw, compute_db, first)
     elif coop:
         count = scratch[at_c2 : at_c2 + programs + 1].view(torch.int32)
         count.zero_()
@@ -1154,39 +1211,41 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             dx, dy, x, w, mean, rstd, scratch[at_c1:], count, dw_part, db_part, dx.stride(0), dy.stride(0),
             x.stride(0), M, M - R, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SLABS=col_blocks,
             SLABS_P2=triton.next_power_of_2(col_blocks), COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **flags,
+            PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **flags, **first,
         )  # fmt: skip
     else:
         c1, c2 = scratch[at_c1:], scratch[at_c2:]  # of the rows below M - R
         _ln_bwd_rowsums_kernel[(M - R,)](
             dy, x, w, mean, rstd, c1, c2, dx, dy.stride(0), x.stride(0), dx.stride(0), 0, M, N,
-            BLOCK_N=cfg.block_n, WRITE_DX=False, num_warps=8, **flags,
+            BLOCK_N=cfg.block_n, WRITE_DX=False, num_warps=8, **flags, **first,
         )  # fmt: skip
         _ln_bwd_split_kernel[(col_blocks, programs)](
             dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0),
             M, M - R, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COMPUTE_DW=compute_dw,
             COMPUTE_DB=compute_db, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **flags,
+            **then,
         )  # fmt: skip
     if compute_dw or compute_db:
         reduce_partials(dw_part if compute_dw else None, db_part if compute_db else None, dw, db, programs, N,
-                        max_programs)  # fmt: skip
+                        max_programs, then)  # fmt: skip
     if R:  # the last R rows' dx, over the partials (read by now: the same stream), one program per tile
         if whole_rows:
-            fused(M - R, M, triton.cdiv(R, cfg.block_m), False, False)
+            fused(M - R, M, triton.cdiv(R, cfg.block_m), False, False, then)
         else:
             # one program per row, about one per SM, walking its row twice: four chunks' loads go out
             # together (float32 N = 16384 in run 55: 8.3 -> 6.7 us; bf16 unchanged at 7.6)
             _ln_bwd_rowsums_kernel[(R,)](
                 dy, x, w, mean, rstd, dx, dx, dx, dy.stride(0), x.stride(0), dx.stride(0), M - R, M, N,
-                BLOCK_N=cfg.block_n, WRITE_DX=True, UNROLL=4, num_warps=8, **flags,
+                BLOCK_N=cfg.block_n, WRITE_DX=True, UNROLL=4, num_warps=8, **flags, **then,
             )  # fmt: skip
     return dx, dw, db
 
 
-def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int) -> None:
+def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int, order: dict | None = None) -> None:
     """dw (db) = the column sums of the first ``p`` rows of the (p, n) partials ``dw_part`` (``db_part``),
     cast to dw's (db's) dtype; a None partial buffer skips its sum. ``max_p`` bounds ``p`` for the
-    configuration (it sets the tile, see :func:`reduce_tile`)."""
+    configuration (it sets the tile, see :func:`reduce_tile`). ``order``: the launch's grid dependency
+    control (``GDC``, ``launch_pdl``; see layer_norm_bwd), none by default."""
     compute_dw, compute_db = dw_part is not None, db_part is not None
     if not compute_dw:  # the skipped sum's pointers: placeholders the kernel does not touch
         dw_part, dw = db_part, db
@@ -1195,7 +1254,7 @@ def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int) -> Non
     block_p, block_n, warps = reduce_tile(n, dw_part.element_size(), max_p)
     _dwdb_reduce_kernel[(triton.cdiv(n, block_n),)](
         dw_part, db_part, dw, db, p, n, BLOCK_P=block_p, BLOCK_N=block_n, COMPUTE_DW=compute_dw,
-        COMPUTE_DB=compute_db, num_warps=warps,
+        COMPUTE_DB=compute_db, num_warps=warps, **(order or {}),
     )  # fmt: skip
 
 
