@@ -348,7 +348,12 @@ def test_every_julia_variant_is_registered_with_its_callables():
 
 
 def test_registration_never_starts_julia():
-    code = ("import sys; from crossfuse import registry; impls = registry.implementations(side='julia'); "
+    # in a fresh process: through the entry point where crossfuse is installed, else (a checkout on
+    # PYTHONPATH, as on the GPU machine) by calling the plugin's register as the entry point would
+    installed = bool(list(importlib.metadata.entry_points(group="crossfuse.implementations")))
+    setup = "" if installed else "from crossfuse_julia.registry import register; register(registry); "
+    code = ("import sys; from crossfuse import registry; " + setup
+            + "impls = registry.implementations(side='julia'); "
             "print(len(impls), 'juliacall' in sys.modules, 'crossfuse_julia.session' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

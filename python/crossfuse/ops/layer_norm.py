@@ -47,6 +47,10 @@ Design:
   other, reading x and dy once (GPU only with more than one slab: the interpreter runs one program at a
   time, so there the split backward stands in). The tuning table picks these for long rows below
   FUSED_MAX_N too, where one whole row per program leaves too little in flight.
+* On compute capability 9+ the backward's kernels after the first are programmatic dependent launches:
+  each starts while the one before it ends (every kernel signals its dependents when it starts) and
+  waits for it (``griddepcontrol.wait``) just before it reads that kernel's results or writes what it
+  reads, so no launch gap sits between them; the results are those of plain launches, bit for bit.
 * Statistics and accumulation are float32 for float32/float16/bfloat16 inputs, and float64 for
   float64 inputs (so ``torch.autograd.gradcheck`` can check the kernels).
 * The number of rows M is never a compile-time constant or specialised on (``do_not_specialize``),
@@ -929,15 +933,17 @@ MANY_ROWS = 8192
 # tensor descriptors (--only ln-tma) against run 36's table ("kept": the earlier entry was the fastest);
 # run 44 swept the backward again once its partial sums had moved into dx (--only ln-tma,ln-prefetch,
 # ln-split --kind bwd) against run 38's table; run 49 swept the cooperative backward (--only ln-coop
-# --kind bwd) against run 44's entries for N = 8192 and 16384.
+# --kind bwd) against run 44's entries for N = 8192 and 16384; run 64 swept the backward with its
+# dependent launches (--only ln,ln-tma,ln-prefetch,ln-prefetch-wide,ln-split,ln-coop --kind bwd) against
+# the table of runs 44 and 49, and took the four winners more than 1.5% ahead (all with few rows).
 # The fastest by median GPU time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384).
 # (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
 # the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
 # to the entry of the other regime, then to the rule in launch_config.
 TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
-    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 4, tma_stages=3),  # 827 GB/s (run 44)
+    ("bwd", 2, 1024, False): LaunchConfig(2, 1024, 4, 1, prefetch=True),  # 1120 GB/s (run 64; the old 1102)
     ("bwd", 2, 1024, True): LaunchConfig(2, 1024, 4, 4, tma_stages=3),  # 3562 GB/s (run 44, kept)
-    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 1, tma_stages=3),  # 1385 GB/s (run 44, kept)
+    ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 1, prefetch=True),  # 1785 GB/s (run 64; the old 1712)
     ("bwd", 2, 2048, True): LaunchConfig(2, 2048, 8, 2, tma_stages=3),  # 3676 GB/s (run 44, kept)
     ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 4, tma_stages=3),  # 2056 GB/s (run 44)
     ("bwd", 2, 4096, True): LaunchConfig(2, 4096, 16, 1, tma_stages=3),  # 3680 GB/s (run 44, kept)
@@ -945,11 +951,11 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, tma_stages=3),  # 3522 GB/s (run 44, kept)
     ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2159 GB/s (run 44, kept)
     ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2477 GB/s (run 44, kept)
-    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, prefetch=True),  # 1635 GB/s (run 44, kept)
+    ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 2111 GB/s (run 64; the old 1967)
     ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 4044 GB/s (run 44, kept)
     ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2314 GB/s (run 44, kept)
     ("bwd", 4, 2048, True): LaunchConfig(2, 2048, 8, 1, tma_stages=3),  # 4049 GB/s (run 44, kept)
-    ("bwd", 4, 4096, False): LaunchConfig(2, 4096, 16, 1, prefetch=True),  # 2933 GB/s (run 44, kept)
+    ("bwd", 4, 4096, False): LaunchConfig(1, 4096, 8, 1, tma_stages=3),  # 3256 GB/s (run 64; the old 3199)
     ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 1, tma_stages=3),  # 4057 GB/s (run 44, kept)
     ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1),  # 3361 GB/s (run 44)
     ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3941 GB/s (run 44)
