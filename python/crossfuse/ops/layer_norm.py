@@ -853,8 +853,8 @@ def _dwdb_reduce_kernel(
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     acc_dw = tl.zeros([BLOCK_P, BLOCK_N], dtype=DW_part.dtype.element_ty)
-    _wait_for_previous(GDC)
     acc_db = tl.zeros([BLOCK_P, BLOCK_N], dtype=DB_part.dtype.element_ty)
+    _wait_for_previous(GDC)  # for the partials
     for start in range(0, P, 2 * BLOCK_P):
         rows = start + tl.arange(0, BLOCK_P)
         mask0 = (rows[:, None] < P) & col_ok[None, :]
