@@ -28,9 +28,10 @@ sys.path.insert(0, str(ROOT / "python"))
 SHAPES = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (4096, 16384), (65536, 1024), (32768, 4096)]
 
 
-def load_layer_norm(path, name: str):
-    """An earlier ``crossfuse/ops/layer_norm.py`` imported as ``crossfuse.ops.<name>``: it imports its
-    siblings relatively, so it sits in the package for the run (removed at exit)."""
+def load_ops_module(path, name: str):
+    """An earlier ``crossfuse/ops/<op>.py`` (``layer_norm.py``, ``relu_attention.py``) imported as
+    ``crossfuse.ops.<name>``: it imports its siblings relatively, so it sits in the package for the run
+    (removed at exit)."""
     twin = ROOT / "python" / "crossfuse" / "ops" / f"{name}.py"
     shutil.copyfile(path, twin)
     atexit.register(twin.unlink, missing_ok=True)
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
     from crossfuse.harness import timing
     from crossfuse.ops import layer_norm as new
 
-    old = load_layer_norm(args.old, "_ab_old_layer_norm")
+    old = load_ops_module(args.old, "_ab_old_layer_norm")
     cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=25.0, cuda_min_reps=10, cuda_max_reps=100)
     print("shape dtype kind old_GBps new_GBps new/old", flush=True)
     for m, n in SHAPES:

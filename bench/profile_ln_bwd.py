@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ab_ln import inputs, load_layer_norm  # bench/ is this script's folder (sys.path[0]); it sets the path
+from ab_ln import inputs, load_ops_module  # bench/ is this script's folder (sys.path[0]); it sets the path
 
 SHAPES = [(4096, 1024), (4096, 8192), (4096, 16384), (65536, 1024), (32768, 4096)]
 
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     if args.module:
-        ln = load_layer_norm(args.module, "_profiled_layer_norm")
+        ln = load_ops_module(args.module, "_profiled_layer_norm")
 
     flush = l2_flush_buffer("cuda")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES

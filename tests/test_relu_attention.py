@@ -256,6 +256,30 @@ def test_gpu_anchor_like_shapes_bf16(d, gen):
             run_and_compare(q, k, v, causal, False, gen)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kernels", ["pointers", "descriptors"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_dependent_dq_launch_changes_nothing(d, kernels, causal, gen, monkeypatch):
+    # on compute capability 9+ the dQ kernel is a programmatic dependent launch that starts while the
+    # dK/dV kernel ends (they read the same inputs and write different outputs) and waits for it at its
+    # end: the gradients must be those of plain launches, bit for bit, and a following kernel must see
+    # dk and dv complete (they are read right after, on the same stream)
+    if not ra._gdc.usable(torch.empty(0, device="cuda"), False):
+        pytest.skip("needs grid dependency control (compute capability 9+, Triton 3.4+)")
+    tma = kernels == "descriptors"
+    configs = (ra.AttnConfig(64, 64, 4, 2, tma), ra.AttnConfig(64, 64, 4, 2, tma))
+    q, k, v = qkv(4, 8, 1000, 1000, d, torch.bfloat16, "cuda", gen)
+    do = randn(q.shape, torch.bfloat16, "cuda", gen)
+    args = (q, k, v, do, causal, False, 1 / math.sqrt(d), 1e-3)
+    chained = [tuple(t.clone() for t in ra.relu_attention_bwd(*args, configs=configs)) for _ in range(3)]
+    monkeypatch.setattr(ra._gdc, "usable", lambda t, interpreted: False)
+    plain = ra.relu_attention_bwd(*args, configs=configs)
+    for got in chained:
+        for a, b in zip(got, plain, strict=True):
+            assert torch.equal(a, b)
+
+
 def test_launch_configs_divide_for_causal_blocks():
     # causal loops need the block sizes to divide each other (fwd/dq: BLOCK_N | BLOCK_M; dkdv: BLOCK_M |
     # BLOCK_N), for every head dim and dtype the heuristic or the tuned table can return

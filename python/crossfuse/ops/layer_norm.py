@@ -74,14 +74,12 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
-try:  # grid dependency control (programmatic dependent launch), Triton 3.4+
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:
-    gdc_launch_dependents = gdc_wait = None
-
 from .. import _tuning
 from .._backend import check_runnable, device_parallelism, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
+from . import _gdc
+from ._gdc import launch_dependents as _launch_dependents
+from ._gdc import wait_for_previous as _wait_for_previous
 
 FUSED_MAX_N = 16384  # largest row kept whole in registers
 MAX_N = 1 << 18  # largest supported row (chunked kernels above FUSED_MAX_N)
@@ -111,25 +109,6 @@ def _div_n(x, N, inv_n, POW2_N: tl.constexpr, IS_FP64: tl.constexpr):
         return x * inv_n
     else:
         return _div(x, N, IS_FP64)
-
-
-@triton.jit
-def _launch_dependents(GDC: tl.constexpr):
-    """Where GDC (the GPU has grid dependency control), let the next kernel of the stream, when it is
-    launched as a programmatic dependent launch, start once every program of this one has started: its
-    programs take the SMs this kernel's programs leave and wait in _wait_for_previous, so that its launch
-    overlaps this kernel's end instead of following it (about a microsecond per launch)."""
-    if GDC:
-        gdc_launch_dependents()
-
-
-@triton.jit
-def _wait_for_previous(GDC: tl.constexpr):
-    """Where GDC, wait until the previous kernel of the stream has completed and its writes are visible
-    (returns at once in a kernel that was not launched as a programmatic dependent launch). A kernel so
-    launched calls it before it reads what the previous kernels wrote or writes what they read."""
-    if GDC:
-        gdc_wait()
 
 
 @triton.jit
@@ -1048,14 +1027,9 @@ def _tma_usable(*tensors: torch.Tensor) -> bool:
 
 
 def _gdc_usable(t: torch.Tensor) -> bool:
-    """Whether the backward's kernels on ``t``'s device can chain by programmatic dependent launch (grid
-    dependency control: compute capability 9+, Triton 3.4+; not under the interpreter)."""
-    return (
-        gdc_wait is not None
-        and not is_interpreted(_ln_bwd_kernel)
-        and t.device.type == "cuda"
-        and torch.cuda.get_device_capability(t.device)[0] >= 9
-    )
+    """Whether the backward's kernels on ``t``'s device can chain by programmatic dependent launch
+    (:mod:`crossfuse.ops._gdc`)."""
+    return _gdc.usable(t, is_interpreted(_ln_bwd_kernel))
 
 
 def _row_desc(t: torch.Tensor, cfg: LaunchConfig):

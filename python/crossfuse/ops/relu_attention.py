@@ -54,6 +54,7 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
 from .. import _tuning
 from .._backend import check_runnable, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor, dtype_name
+from . import _gdc
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LAYOUTS = ("bhld", "blhd")
@@ -299,7 +300,9 @@ def _relu_attn_bwd_dkdv_kernel(
     IS_FP64: tl.constexpr,
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
+    GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
 ):  # fmt: skip
+    _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -422,6 +425,7 @@ def _relu_attn_bwd_dq_kernel(
     IS_FP64: tl.constexpr,
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
+    GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -459,6 +463,7 @@ def _relu_attn_bwd_dq_kernel(
         tl.store(dq_ptrs, (dq * relu_scale).to(DQ.dtype.element_ty))
     else:
         tl.store(dq_ptrs, (dq * relu_scale).to(DQ.dtype.element_ty), mask=offs_m[:, None] < Lq)
+    _gdc.wait_for_previous(GDC)  # complete after the dK/dV kernel (whose results this one does not read)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -547,7 +552,9 @@ def _relu_attn_bwd_dkdv_tma_kernel(
     H, Lq, scale, relu_scale,
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
+    GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
 ):  # fmt: skip
+    _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -591,6 +598,7 @@ def _relu_attn_bwd_dq_tma_kernel(
     H, Lk, scale, relu_scale,
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
+    GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -609,6 +617,7 @@ def _relu_attn_bwd_dq_tma_kernel(
     else:
         dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED)
     DQd.store([b, h, start_m, 0], (dq * relu_scale).to(DQd.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
+    _gdc.wait_for_previous(GDC)  # complete after the dK/dV kernel (whose results this one does not read)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -818,8 +827,14 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     cfg_dq = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
     tma = (cfg_dkdv.tma or cfg_dq.tma) and not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
     common = (causal, squared, scale, relu_scale, interp, copies)
-    _bwd_dkdv(q, k, v, do, dk, dv, cfg_dkdv, tma and cfg_dkdv.tma, *common)
-    _bwd_dq(q, k, v, do, dq, cfg_dq, tma and cfg_dq.tma, *common)
+    # the two kernels are independent (each reads q, k, v and dout only): where the GPU allows, the dQ
+    # kernel is a programmatic dependent launch that starts on the SMs the dK/dV kernel's last programs
+    # leave, and waits for that kernel only at its end (_gdc). Not with the float32 copies: k's copy is a
+    # launch between the two
+    gdc = not copies and _gdc.usable(q, interp)
+    _bwd_dkdv(q, k, v, do, dk, dv, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=dict(GDC=gdc))
+    _bwd_dq(q, k, v, do, dq, cfg_dq, tma and cfg_dq.tma, *common,
+            order=dict(GDC=True, launch_pdl=True) if gdc else {})  # fmt: skip
     return dq, dk, dv
 
 
@@ -827,8 +842,9 @@ def _qkvdo_strides(q, k, v, do) -> tuple[int, ...]:
     return (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
 
 
-def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale, interp, copies):
-    """The dK/dV kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`)."""
+def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order):
+    """The dK/dV kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`);
+    ``order``: its grid dependency control (``GDC``)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     grid = (triton.cdiv(Lk, cfg.block_n), B * H)
@@ -837,7 +853,7 @@ def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
             _desc(dk, cfg.block_n), _desc(dv, cfg.block_n), H, Lq, scale, relu_scale,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
         )  # fmt: skip
         return
     qc, doc = (_l_contiguous(q), _l_contiguous(do)) if copies else (q, do)
@@ -847,13 +863,14 @@ def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
     )  # fmt: skip
 
 
-def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, interp, copies):
+def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order):
     """The dQ kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`); the dK/dV
-    kernel's copies are freed by now, so their memory serves k's."""
+    kernel's copies are freed by now, so their memory serves k's. ``order``: its grid dependency control
+    (``GDC``, ``launch_pdl``)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
@@ -862,7 +879,7 @@ def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, inter
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
             _desc(dq, cfg.block_m), H, Lk, scale, relu_scale,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
         )  # fmt: skip
         return
     kc = _l_contiguous(k) if copies else k
@@ -872,7 +889,7 @@ def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, inter
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
     )  # fmt: skip
 
 

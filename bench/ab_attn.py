@@ -1,0 +1,71 @@
+"""A/B of two versions of the ReLU-attention kernels in one process: an earlier ``relu_attention.py``
+(``git show REV:python/crossfuse/ops/relu_attention.py > /tmp/old.py``) against this checkout's, each with
+its own ``TUNED`` tables, alternated ``--rounds`` times at the session's bf16 shapes (16k tokens; D=64 with
+H=32, D=128 with H=16; L = 1024, 4096, 16384; causal and not), medians of
+``crossfuse.harness.timing.time_cuda`` (the sessions' GPU timer).
+
+    python bench/ab_attn.py OLD_RELU_ATTENTION_PY [--rounds 3] [--kind bwd|fwd]
+
+Prints one line per (D, L, causal): TFLOP/s of each (4·B·H·L²·D forward, halved when causal, 2.5× that
+backward), their ratio, and the largest difference of their outputs (the raw launchers'
+``relu_attention_fwd`` / ``relu_attention_bwd``, scale 1/sqrt(D), relu_scale 1/L).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import statistics
+import sys
+
+from ab_ln import load_ops_module  # bench/ is this script's folder (sys.path[0]); it sets the path
+
+TOKENS = 16384
+
+
+def _call(mod, kind, q, k, v, do, kw):
+    """The raw forward or backward launcher of module ``mod`` on these inputs, as a call with no arguments."""
+    if kind == "fwd":
+        return functools.partial(mod.relu_attention_fwd, q, k, v, **kw)
+    return functools.partial(mod.relu_attention_bwd, q, k, v, do, **kw)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("old", help="an earlier crossfuse/ops/relu_attention.py")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kind", choices=("bwd", "fwd"), default="bwd")
+    args = ap.parse_args(argv)
+    import torch
+    from crossfuse.harness import timing
+    from crossfuse.ops import relu_attention as new
+
+    versions = {"old": load_ops_module(args.old, "_ab_old_relu_attention"), "new": new}
+    cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=50.0, cuda_min_reps=5, cuda_max_reps=100)
+    print("D L causal old_TFLOPs new_TFLOPs new/old", flush=True)
+    for d, h in ((64, 32), (128, 16)):
+        for length in (1024, 4096, 16384):
+            b = TOKENS // length
+            shape = (b, h, length, d)
+            q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            for causal in (False, True):
+                kw = dict(causal=causal, squared=False, scale=1 / math.sqrt(d), relu_scale=1 / length)
+                fns = {name: _call(mod, args.kind, q, k, v, do, kw) for name, mod in versions.items()}
+                outs = [fn() for fn in fns.values()]
+                outs = [o if isinstance(o, tuple) else (o,) for o in outs]
+                err = max((a.float() - c.float()).abs().max().item() for a, c in zip(*outs, strict=True))
+                times = {name: [] for name in fns}
+                for _ in range(args.rounds):
+                    for name, fn in fns.items():
+                        times[name].append(timing.time_cuda(fn, config=cfg).p50)
+                flops = 4 * b * h * length * length * d * (0.5 if causal else 1.0)
+                flops *= 2.5 if args.kind == "bwd" else 1.0
+                o, n = statistics.median(times["old"]), statistics.median(times["new"])
+                print(f"{d} {length} {causal} {flops / o / 1e9:.0f} {flops / n / 1e9:.0f} {o / n:.3f} "
+                      f"(max |new-old| {err:.2e})", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
