@@ -23,6 +23,8 @@ batch*heads), heaviest causal blocks first; key/value blocks are streamed; causa
 diagonal are never visited (the loop bounds skip them), and only the diagonal blocks pay for the mask.
 The backward runs two kernels: dK/dV (a program owns a key block and streams query blocks) and dQ (a
 program owns a query block and streams key blocks), recomputing the scores: no atomics, deterministic.
+On compute capability 9+ (16-bit inputs) the dQ kernel is a programmatic dependent launch: it starts on
+the SMs the dK/dV kernel's last programs leave and waits for that kernel only at its end (``_gdc``).
 On Hopper and later, where the tuned table says ``tma``, 16-bit tensors with 16-byte-aligned strides go
 through copies of the three kernels that load and store through tensor descriptors (the copy engine, TMA;
 see ``_tma_usable``): same math, tails zero-filled by the hardware instead of masked.
