@@ -16,7 +16,6 @@ large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime get
 (with ``--base code``) for N >= 4096.
 ``ln-tma`` tunes the persistent whole-row kernels that read through tensor descriptors (``tma_stages``).
 ``ln-coop`` tunes the cooperative backward of long rows (``coop``), N = 8192 and 16384.
-``ln-stream`` tunes the streamed split backward (``stream``), N = 8192 and 16384.
 ``--kind bwd`` (or ``fwd``) times the chosen groups' candidates of that kind only; ``tuned.json`` keeps
 the base's entries of the other kinds.
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
@@ -174,21 +173,6 @@ def ln_coop_candidates() -> list[dict]:
     return out
 
 
-def ln_stream_candidates() -> list[dict]:
-    """The streamed split backward (``stream``: the row sums on a persistent grid, the split kernel beside
-    them reading x and dy again from L2), N = 8192 and 16384, against the code's entries."""
-    out = []
-    for n in (8192, 16384):
-        for dtype in LN_DTYPES:
-            for bn in (1024, 2048, 4096):
-                for bm, _, warps in _row_tiles(bn, (1, 2, 4), (8, 16), (4, 8, 16), 16384):
-                    for pps in (1, 2, 4):
-                        for stream in (1, 2, 4):
-                            c = dict(kind="bwd", n=n, dtype=dtype, block_m=bm, block_n=bn, num_warps=warps)
-                            out.append(dict(c, pps=pps, prefetch=True, stream=stream))
-    return out
-
-
 def code_tables() -> dict:
     """The configurations in the code (``TUNED`` of both ops) as ``tuned.json`` entries, for ``--base
     code``: this run's candidates must beat them in the same run."""
@@ -215,8 +199,6 @@ def code_tables() -> dict:
             entry["tma_stages"] = c.tma_stages
         if c.coop:
             entry["coop"] = True
-        if c.stream:
-            entry["stream"] = c.stream
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -439,7 +421,6 @@ def main(argv=None) -> int:
         "ln-shifted",
         "ln-tma",
         "ln-coop",
-        "ln-stream",
         "ln-fwd",
         "ln-prefetch",
         "ln-fwd-params",
@@ -496,8 +477,6 @@ def main(argv=None) -> int:
         cands += ln_tma_candidates()
     if "ln-coop" in only:
         cands += ln_coop_candidates()
-    if "ln-stream" in only:
-        cands += ln_stream_candidates()
     if "ln-unroll" in only:
         cands += ln_unroll_candidates()
     if "ln-prefetch" in only:

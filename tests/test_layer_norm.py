@@ -373,12 +373,9 @@ def test_one_row_per_program_forward(n, keep_params, device, gen):
     [ln_mod.LaunchConfig(4, 128, 4, 1), ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True),
      ln_mod.LaunchConfig(2, 512, 4, 1, prefetch=True), ln_mod.LaunchConfig(4, 512, 4, 1, tma_stages=2),
      ln_mod.LaunchConfig(2, 512, 4, 2, tma_stages=3), ln_mod.LaunchConfig(4, 512, 4, 1, coop=True),
-     ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, coop=True),
-     ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, stream=1),
-     ln_mod.LaunchConfig(2, 128, 4, 2, stream=2)],
+     ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, coop=True)],
     ids=["split", "split, prefetch", "fused, prefetch", "fused, descriptors", "fused, descriptors, 3 stages",
-         "cooperative, one slab", "cooperative, 3 slabs (the split under the interpreter)", "split, streamed",
-         "split, streamed, 2 programs per SM"],
+         "cooperative, one slab", "cooperative, 3 slabs (the split under the interpreter)"],
 )  # fmt: skip
 def test_backward_variants_equal_default(cfg, device, gen):
     # the tuning table may pick the split backward (row sums, then column chunks) for long rows, or the
@@ -405,7 +402,6 @@ def test_backward_variants_equal_default(cfg, device, gen):
     [pytest.param(ln_mod.LaunchConfig(2, 512, 4, 1, prefetch=True), id="whole rows"),
      pytest.param(ln_mod.LaunchConfig(2, 512, 4, 1, tma_stages=2), id="whole rows, descriptors"),
      pytest.param(ln_mod.LaunchConfig(4, 128, 4, 1), id="split"),
-     pytest.param(ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, stream=1), id="split, streamed"),
      pytest.param(ln_mod.LaunchConfig(2, 512, 4, 1, coop=True), id="cooperative, one slab"),
      pytest.param(ln_mod.LaunchConfig(4, 128, 4, 1, prefetch=True, coop=True),
                   id="cooperative, 3 slabs (the split under the interpreter)")],
@@ -499,9 +495,7 @@ def test_cooperative_backward_against_float64(dtype, m, n, cfg, grads, gen):
                   id="20000x1000, whole rows, pointers, partials in dx"),
      pytest.param(5000, 16387, ln_mod.LaunchConfig(2, 2048, 8, 2, prefetch=True), id="5000x16387, split"),
      pytest.param(5000, 16387, ln_mod.LaunchConfig(2, 4096, 16, 1, prefetch=True, coop=True),
-                  id="5000x16387, cooperative"),
-     pytest.param(5000, 16387, ln_mod.LaunchConfig(2, 2048, 8, 1, prefetch=True, stream=1),
-                  id="5000x16387, split, streamed")],
+                  id="5000x16387, cooperative")],
 )  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_dependent_launches_change_nothing(dtype, m, n, cfg, grads, gen, monkeypatch):
@@ -520,44 +514,6 @@ def test_dependent_launches_change_nothing(dtype, m, n, cfg, grads, gen, monkeyp
     for got in chained:
         for a, b in zip(got, plain, strict=True):
             assert (a is None and b is None) or torch.equal(a, b)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("grads", [(True, True), (False, False)], ids=["dw and db", "dx only"])
-@pytest.mark.parametrize(
-    "m, n, cfg",
-    [pytest.param(4096, 16384, ln_mod.LaunchConfig(2, 2048, 8, 1, prefetch=True, stream=1),
-                  id="4096x16384, one row-sums program per SM"),
-     pytest.param(4097, 16387, ln_mod.LaunchConfig(2, 2048, 8, 2, prefetch=True, stream=2),
-                  id="4097x16387, masked tail rows and columns"),
-     pytest.param(3001, 8192, ln_mod.LaunchConfig(1, 1024, 4, 2, stream=4),
-                  id="3001x8192, no prefetch"),
-     pytest.param(20000, 9000, ln_mod.LaunchConfig(4, 2048, 8, 2, prefetch=True, stream=1),
-                  id="20000x9000, partials in dx"),
-     pytest.param(3000, 16384, ln_mod.LaunchConfig(1, 1024, 16, 8, prefetch=True, stream=4),
-                  id="3000x16384, more split programs than fit beside the row sums")],
-)  # fmt: skip
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_streamed_split_backward_equals_split(dtype, m, n, cfg, grads, gen):
-    # the streamed split backward runs the split kernel beside the row sums (programmatic dependent
-    # launch), each tile polling for its rows' sums (tagged words): on the GPU the two kernels really run
-    # together, whatever fits beside what. The same sums in the same order as the split backward run one
-    # kernel after the other: equal bit for bit, on every call; and against float64
-    x = randn((m, n), dtype, "cuda", gen, mean=3.0, std=2.0)
-    w = randn((n,), dtype, "cuda", gen, mean=1.0, std=0.5)
-    dy = randn((m, n), dtype, "cuda", gen)
-    _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
-    plain = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg._replace(stream=0))
-    for _ in range(3):
-        got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
-        for a, b in zip(got, plain, strict=True):
-            assert (a is None and b is None) or torch.equal(a, b)
-    leaves = [t.double().requires_grad_(True) for t in (x, w, torch.zeros(n, dtype=dtype, device="cuda"))]
-    layer_norm_ref(*leaves, 1e-5).backward(dy.double())
-    for i, (kind, want) in enumerate(zip(("bwd", "reduced", "reduced"), (True, *grads), strict=True)):
-        if want:
-            tol = tolerance("layer_norm", dtype, kind, m)
-            assert relerr(got[i], leaves[i].grad) <= tol, (i, relerr(got[i], leaves[i].grad), tol)
 
 
 def test_backward_is_deterministic_and_repeatable(device, gen):

@@ -37,7 +37,7 @@ def layer_norm_config(config_type, c: dict, programs_per_sm: int | None = None):
         c["block_m"], c.get("block_n", c["n"]), c["num_warps"],
         c["pps"] if programs_per_sm is None else programs_per_sm, c.get("unroll", 1),
         bool(c.get("prefetch", False)), bool(c.get("keep_params", False)), bool(c.get("shifted", False)),
-        int(c.get("tma_stages", 0)), bool(c.get("coop", False)), int(c.get("stream", 0)),
+        int(c.get("tma_stages", 0)), bool(c.get("coop", False)),
     )  # fmt: skip
 
 

@@ -46,11 +46,7 @@ Design:
   programs hold column slabs of a row group, exchange their shares of the row sums and wait for each
   other, reading x and dy once (GPU only with more than one slab: the interpreter runs one program at a
   time, so there the split backward stands in). The tuning table picks these for long rows below
-  FUSED_MAX_N too, where one whole row per program leaves too little in flight. Where the table says
-  ``stream``, the split's row sums run on a persistent grid and the split kernel beside them (a
-  programmatic dependent launch), each of its tiles polling for its rows' sums (a float32 and a tag in
-  one 64-bit word, so no flag or fence), so that it follows the row sums and reads x and dy again from
-  L2 rather than HBM; the same sums in the same order as the split run one kernel after the other.
+  FUSED_MAX_N too, where one whole row per program leaves too little in flight.
 * On compute capability 9+ the backward's kernels after the first are programmatic dependent launches:
   each starts while the one before it ends (every kernel signals its dependents when it starts) and
   waits for it (``griddepcontrol.wait``) just before it reads that kernel's results or writes what it
@@ -128,19 +124,18 @@ def _sum2(a, b, axis: tl.constexpr):
 
 
 @triton.jit
-def _load_rows(P, stride, rows, M, cols, col_ok, POLICY: tl.constexpr):
+def _load_rows(P, stride, rows, M, cols, col_ok):
     """The [rows, cols] tile of a (M, N) array with row stride ``stride``, in its own dtype; rows past M
-    and columns past N read as 0 (and move no bytes). POLICY: tl.load's eviction policy ("" for none)."""
+    and columns past N read as 0 (and move no bytes)."""
     mask = (rows < M)[:, None] & col_ok[None, :]
-    return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0,
-                   eviction_policy=POLICY)  # fmt: skip
+    return tl.load(P + rows.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
 def _load_bwd_tile(X, DY, Mean, Rstd, stride_xm, stride_dym, rows, M, cols, col_ok):
     """What the backward reads for the row tile ``rows``: x and dy in their own dtype, mean and rstd."""
-    x = _load_rows(X, stride_xm, rows, M, cols, col_ok, "")
-    dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok, "")
+    x = _load_rows(X, stride_xm, rows, M, cols, col_ok)
+    dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok)
     mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
     rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
     return x, dy, mean, rstd
@@ -247,12 +242,12 @@ def _ln_fwd_kernel(
         row_ok = rows < M
         if BLOCK_M == 1:
             row_ok = tl.full([1], True, tl.int1)  # the grid has one program per row
-        x = _load_rows(X, stride_xm, rows, M, cols, col_ok, "").to(acc_ty)
+        x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
         _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N, inv_n,
                      eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
     else:
         if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
-            x_next = _load_rows(X, stride_xm, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok, "")
+            x_next = _load_rows(X, stride_xm, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok)
         for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, loop_unroll_factor=UNROLL):
             rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
             row_ok = rows < M
@@ -260,9 +255,9 @@ def _ln_fwd_kernel(
                 # in the input's dtype (half the registers of float32 for 2-byte types); its loads stay in
                 # flight through this tile's reductions and stores
                 x = x_next.to(acc_ty)
-                x_next = _load_rows(X, stride_xm, rows + num_programs * BLOCK_M, M, cols, col_ok, "")
+                x_next = _load_rows(X, stride_xm, rows + num_programs * BLOCK_M, M, cols, col_ok)
             else:
-                x = _load_rows(X, stride_xm, rows, M, cols, col_ok, "").to(acc_ty)
+                x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
             _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N,
                          inv_n, eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
 
@@ -543,57 +538,16 @@ def _ln_bwd_tma_kernel(
 
 
 @triton.jit
-def _tagged(v):
-    """A float32 as one int64 word: its bits above, 1 below. A 64-bit store and load are single-copy
-    atomic, so a reader that polls the word (zeroed before) sees either 0 or the value with its tag: no
-    flag, fence or barrier between the value and its readiness."""
-    return ((v.to(tl.uint32, bitcast=True).to(tl.uint64) << 32) | 1).to(tl.int64, bitcast=True)
-
-
-@triton.jit
-def _untagged(w):
-    """The float32 of a word from :func:`_tagged`."""
-    return (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _tagged_sums(C1, C2, rows, DX_M):
-    """The tagged row sums of ``rows`` (polled: volatile, from L2), and which rows are ready (have both,
-    or need none: no dx below DX_M)."""
-    need = rows < DX_M
-    w1 = tl.load(C1 + rows, mask=need, other=0, volatile=True)
-    w2 = tl.load(C2 + rows, mask=need, other=0, volatile=True)
-    return w1, w2, ((w1 & 1) & (w2 & 1)) | (~need).to(tl.int64)
-
-
-@triton.jit
 def _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty: tl.constexpr,
-               HAS_WEIGHT: tl.constexpr, POLICY: tl.constexpr):  # fmt: skip
+               HAS_WEIGHT: tl.constexpr):  # fmt: skip
     """Columns ``start + cols`` of a row for the row-wise backward: x and g = dy * w in ``acc_ty`` (0 past
-    N), and which are inside the row. POLICY: the eviction policy of the loads of x and dy."""
+    N), and which are inside the row."""
     ok = start + cols < N
-    x = tl.load(X + row * stride_xm + start + cols, mask=ok, other=0.0, eviction_policy=POLICY).to(acc_ty)
-    g = tl.load(DY + row * stride_dym + start + cols, mask=ok, other=0.0, eviction_policy=POLICY).to(acc_ty)
+    x = tl.load(X + row * stride_xm + start + cols, mask=ok, other=0.0).to(acc_ty)
+    g = tl.load(DY + row * stride_dym + start + cols, mask=ok, other=0.0).to(acc_ty)
     if HAS_WEIGHT:
         g = g * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
     return x, g, ok
-
-
-@triton.jit
-def _row_sums(X, DY, W, row, mean, rstd, stride_xm, stride_dym, N, BLOCK_N: tl.constexpr,
-              acc_ty: tl.constexpr, HAS_WEIGHT: tl.constexpr, IS_FP64: tl.constexpr, UNROLL: tl.constexpr,
-              POLICY: tl.constexpr):  # fmt: skip
-    """``(c1, c2)`` = (mean(g * xhat), mean(g)) of a row, walked in chunks of BLOCK_N."""
-    cols = tl.arange(0, BLOCK_N)
-    acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
-    acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
-    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT,
-                              POLICY)  # fmt: skip
-        xhat = tl.where(ok, (x - mean) * rstd, 0.0)
-        acc1 += xhat * g
-        acc2 += g
-    return _div(tl.sum(acc1, axis=0), N, IS_FP64), _div(tl.sum(acc2, axis=0), N, IS_FP64)
 
 
 @triton.jit(do_not_specialize=["ROW0", "M"])
@@ -603,13 +557,13 @@ def _ln_bwd_rowsums_kernel(
     W,  # weight, (N,)
     Mean,  # (M,)
     Rstd,  # (M,)
-    C1,  # out: mean(g * xhat) of row ROW0 + i at i (as a tagged word where STREAM); unused if WRITE_DX
+    C1,  # out: mean(g * xhat) of row ROW0 + i at i; unused if WRITE_DX
     C2,  # out: mean(g) likewise; unused if WRITE_DX
     DX,  # out if WRITE_DX: input gradient, (M, N), row stride stride_dxm
     stride_dym,
     stride_xm,
     stride_dxm,
-    ROW0,  # the rows ROW0..M-1, program i taking ROW0 + i, ROW0 + i + programs, ...
+    ROW0,  # program i takes row ROW0 + i
     M,
     N,
     BLOCK_N: tl.constexpr,
@@ -618,64 +572,59 @@ def _ln_bwd_rowsums_kernel(
     WRITE_DX: tl.constexpr,  # a second pass over the row writes its dx instead of storing the sums
     UNROLL: tl.constexpr = 1,  # chunks per loop iteration, their loads issued together
     GDC: tl.constexpr = False,  # grid dependency control: the dx pass after _wait_for_previous
-    # streamed split backward (see _ln_bwd_split_kernel): each sum stored as a tagged word (_tagged), C1
-    # and C2 int64; x and dy loaded with evict_last, for the split kernel to find them in L2
-    STREAM: tl.constexpr = False,
 ):
     _launch_dependents(GDC)
+    i = tl.program_id(0).to(tl.int64)
+    row = ROW0 + i
     acc_ty = tl.float64 if IS_FP64 else tl.float32
-    for row in tl.range(ROW0 + tl.program_id(0).to(tl.int64), M, tl.num_programs(0)):
-        mean = tl.load(Mean + row)
-        rstd = tl.load(Rstd + row)
-        if STREAM:
-            c1, c2 = _row_sums(X, DY, W, row, mean, rstd, stride_xm, stride_dym, N, BLOCK_N, acc_ty,
-                               HAS_WEIGHT, IS_FP64, UNROLL, "evict_last")  # fmt: skip
-        else:
-            c1, c2 = _row_sums(X, DY, W, row, mean, rstd, stride_xm, stride_dym, N, BLOCK_N, acc_ty,
-                               HAS_WEIGHT, IS_FP64, UNROLL, "")  # fmt: skip
-        if WRITE_DX:  # the row again (from L2), as _ln_bwd_split_kernel writes it
-            _wait_for_previous(GDC)
-            cols = tl.arange(0, BLOCK_N)
-            for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-                x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty,
-                                      HAS_WEIGHT, "")  # fmt: skip
-                dx = (g - ((x - mean) * rstd * c1 + c2)) * rstd
-                tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty), mask=ok)
-        elif STREAM:
-            tl.store(C1 + (row - ROW0), _tagged(c1))
-            tl.store(C2 + (row - ROW0), _tagged(c2))
-        else:
-            tl.store(C1 + (row - ROW0), c1)
-            tl.store(C2 + (row - ROW0), c2)
+    cols = tl.arange(0, BLOCK_N)
+    mean = tl.load(Mean + row)
+    rstd = tl.load(Rstd + row)
+    acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
+    acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+        x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
+        xhat = tl.where(ok, (x - mean) * rstd, 0.0)
+        acc1 += xhat * g
+        acc2 += g
+    c1 = _div(tl.sum(acc1, axis=0), N, IS_FP64)
+    c2 = _div(tl.sum(acc2, axis=0), N, IS_FP64)
+    if WRITE_DX:  # the row again (from L2), as _ln_bwd_split_kernel writes it
+        _wait_for_previous(GDC)
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+            x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
+            dx = (g - ((x - mean) * rstd * c1 + c2)) * rstd
+            tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty), mask=ok)
+    else:
+        tl.store(C1 + i, c1)
+        tl.store(C2 + i, c2)
 
 
 @triton.jit
 def _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next, dy_next, step,
-                acc_ty: tl.constexpr, PREFETCH: tl.constexpr, POLICY: tl.constexpr):  # fmt: skip
+                acc_ty: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
     """x and dy (in ``acc_ty``) of the tile ``rows`` x ``cols`` of a column-slab kernel, and the next
     tile's raw loads: where PREFETCH, this tile is ``x_next``/``dy_next`` (issued an iteration earlier)
     and the loads of the tile ``step`` rows further are issued now, to stay in flight through this
-    tile's work; else this tile is loaded now and the placeholders pass through. POLICY: the loads'
-    eviction policy."""
+    tile's work; else this tile is loaded now and the placeholders pass through."""
     if PREFETCH:
         x, dy = x_next.to(acc_ty), dy_next.to(acc_ty)
-        x_next = _load_rows(X, stride_xm, rows + step, M, cols, col_ok, POLICY)
-        dy_next = _load_rows(DY, stride_dym, rows + step, M, cols, col_ok, POLICY)
+        x_next = _load_rows(X, stride_xm, rows + step, M, cols, col_ok)
+        dy_next = _load_rows(DY, stride_dym, rows + step, M, cols, col_ok)
     else:
-        x = _load_rows(X, stride_xm, rows, M, cols, col_ok, POLICY).to(acc_ty)
-        dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok, POLICY).to(acc_ty)
+        x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
+        dy = _load_rows(DY, stride_dym, rows, M, cols, col_ok).to(acc_ty)
     return x, dy, x_next, dy_next
 
 
 @triton.jit
-def _first_slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, PREFETCH: tl.constexpr,
-                      POLICY: tl.constexpr):  # fmt: skip
+def _first_slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, PREFETCH: tl.constexpr):
     """The raw loads of a slab kernel's first tile where PREFETCH, else placeholders (see _slab_tiles)."""
     x_next = cols
     dy_next = cols
     if PREFETCH:
-        x_next = _load_rows(X, stride_xm, rows, M, cols, col_ok, POLICY)
-        dy_next = _load_rows(DY, stride_dym, rows, M, cols, col_ok, POLICY)
+        x_next = _load_rows(X, stride_xm, rows, M, cols, col_ok)
+        dy_next = _load_rows(DY, stride_dym, rows, M, cols, col_ok)
     return x_next, dy_next
 
 
@@ -716,11 +665,6 @@ def _ln_bwd_split_kernel(
     UNROLL: tl.constexpr,  # row tiles per loop iteration: more loads in flight, more registers
     PREFETCH: tl.constexpr,  # load the next tile before this one's reductions
     GDC: tl.constexpr = False,  # grid dependency control: the row sums read after _wait_for_previous
-    # streamed (a programmatic dependent launch beside a persistent _ln_bwd_rowsums_kernel with STREAM):
-    # C1 and C2 hold tagged words (_tagged), each tile's polled an iteration ahead and waited for only if
-    # not yet there, not after the whole row-sums kernel: this kernel follows that one through the rows
-    # and finds x and dy in L2; x and dy loaded and dx stored with evict_first
-    STREAM: tl.constexpr = False,
 ):
     _launch_dependents(GDC)
     pid_n = tl.program_id(0)
@@ -734,59 +678,33 @@ def _ln_bwd_split_kernel(
     dw = tl.zeros([BLOCK_N], dtype=acc_ty)
     db = tl.zeros([BLOCK_N], dtype=acc_ty)
     first = group * BLOCK_M + tl.arange(0, BLOCK_M)
-    if STREAM:
-        x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH,
-                                            "evict_first")  # fmt: skip
-        w1_next, w2_next, ready_next = _tagged_sums(C1, C2, first.to(tl.int64), DX_M)
-    else:
-        x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH,
-                                            "")  # fmt: skip
-        _wait_for_previous(GDC)  # for C1 and C2
+    x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH)
+    _wait_for_previous(GDC)  # for C1 and C2
     for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups, loop_unroll_factor=UNROLL):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
-        if STREAM:
-            x, dy, x_next, dy_next = _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next,
-                                                 dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH,
-                                                 "evict_first")  # fmt: skip
-        else:
-            x, dy, x_next, dy_next = _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next,
-                                                 dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH,
-                                                 "")  # fmt: skip
+        x, dy, x_next, dy_next = _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next,
+                                             dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH)  # fmt: skip
         rows = rows.to(tl.int64)
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
         dx_ok = rows < DX_M
-        if STREAM:  # this tile's words (polled an iteration ago) until every row has both; the next tile's
-            w1, w2, ready = w1_next, w2_next, ready_next
-            while tl.min(ready, axis=0) == 0:
-                w1, w2, ready = _tagged_sums(C1, C2, rows, DX_M)
-            w1_next, w2_next, ready_next = _tagged_sums(C1, C2, rows + num_groups * BLOCK_M, DX_M)
-            c1 = _untagged(w1)
-            c2 = _untagged(w2)
-        else:
-            c1 = tl.load(C1 + rows, mask=dx_ok, other=0.0)
-            c2 = tl.load(C2 + rows, mask=dx_ok, other=0.0)
+        c1 = tl.load(C1 + rows, mask=dx_ok, other=0.0)
+        c2 = tl.load(C2 + rows, mask=dx_ok, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         if HAS_WEIGHT:
             g = dy * w[None, :]
         else:
             g = dy
         dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        dx_ptrs = DX + rows[:, None] * stride_dxm + cols[None, :]
-        if STREAM:
-            tl.store(dx_ptrs, dx.to(DX.dtype.element_ty), mask=dx_ok[:, None] & col_ok[None, :],
-                     eviction_policy="evict_first")  # fmt: skip
-        else:
-            tl.store(dx_ptrs, dx.to(DX.dtype.element_ty), mask=dx_ok[:, None] & col_ok[None, :])
+        tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
+                 mask=dx_ok[:, None] & col_ok[None, :])  # fmt: skip
         if COMPUTE_DW:
             dw += tl.sum(dy * xhat, axis=0)
         if COMPUTE_DB:
             db += tl.sum(dy, axis=0)
     _store_dwdb_part(DW_part, DB_part, dw, db, group, N, cols, col_ok, COMPUTE_DW, COMPUTE_DB)
-    if STREAM:  # complete after the row-sums kernel, like every kernel of the chain (_gdc)
-        _wait_for_previous(GDC)
 
 
 @triton.jit(do_not_specialize=["M", "DX_M"])
@@ -849,13 +767,13 @@ def _ln_bwd_coop_kernel(
     lanes = tl.arange(0, BLOCK_M)
     slabs = tl.arange(0, SLABS_P2)
     first = group * BLOCK_M + lanes
-    x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH, "")
+    x_next, dy_next = _first_slab_tiles(X, DY, stride_xm, stride_dym, first, M, cols, col_ok, PREFETCH)
     k = 0
     for tile in tl.range(group, tl.cdiv(M, BLOCK_M), num_groups):
         rows = tile * BLOCK_M + lanes
         row_ok = rows < M
         x, dy, x_next, dy_next = _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next,
-                                             dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH, "")  # fmt: skip
+                                             dy_next, num_groups * BLOCK_M, acc_ty, PREFETCH)  # fmt: skip
         rows = rows.to(tl.int64)
         mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
         rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
@@ -980,11 +898,6 @@ class LaunchConfig(NamedTuple):
     # sums and wait for each other, so that x and dy are read once (the split backward reads them twice);
     # with block_n >= N, one slab that waits for nobody
     coop: bool = False
-    # split backward (block_n < N): the row sums on a persistent grid of ``stream`` programs per SM (each
-    # loading 4 // stream chunks of block_n at a time), the split kernel started beside it (programmatic
-    # dependent launch) and following it tile by tile, so that its second read of x and dy comes from L2;
-    # 0 = the row sums first, one program per row
-    stream: int = 0
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -1001,9 +914,7 @@ MANY_ROWS = 8192
 # ln-split --kind bwd) against run 38's table; run 49 swept the cooperative backward (--only ln-coop
 # --kind bwd) against run 44's entries for N = 8192 and 16384; run 64 swept the backward with its
 # dependent launches (--only ln,ln-tma,ln-prefetch,ln-prefetch-wide,ln-split,ln-coop --kind bwd) against
-# the table of runs 44 and 49, and took the four winners more than 1.5% ahead (all with few rows); runs
-# 69, 70 and 73 swept the streamed split backward (--only ln-stream --kind bwd, N = 8192 and 16384): it
-# led the sweeps at bf16 N = 16384 only, and lost to the split there in run 74's A/B (not taken).
+# the table of runs 44 and 49, and took the four winners more than 1.5% ahead (all with few rows).
 # The fastest by median GPU time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384).
 # (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
 # the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
@@ -1234,14 +1145,10 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     part = _align(programs * N)
     at_db = part if compute_dw else 0
     at_c1 = at_db + part if compute_db else at_db
-    # the streamed split backward: the row sums as int64 words (_tagged; not for float64 sums)
-    stream = not whole_rows and not coop and cfg.stream > 0 and x.dtype != torch.float64
     if whole_rows:
         extra = (0, 0)
     elif coop:
         extra = (_align(programs * 4 * col_blocks * cfg.block_m), _align(programs + 1))
-    elif stream:
-        extra = (_align(2 * M), _align(2 * M))
     else:
         extra = (_align(M), _align(M))
     at_c2 = at_c1 + extra[0]
@@ -1288,25 +1195,15 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         )  # fmt: skip
     else:
         c1, c2 = scratch[at_c1:], scratch[at_c2:]  # of the rows below M - R
-        sums = dict(BLOCK_N=cfg.block_n, WRITE_DX=False, num_warps=8, **flags, **first)
-        split = dict(
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **flags, **then,
-        )  # fmt: skip
-        grid = M - R
-        if stream:
-            c1, c2 = c1.view(torch.int64), c2.view(torch.int64)
-            scratch[at_c1 : at_c2 + extra[1]].zero_()  # no word tagged yet
-            grid = max(1, min(grid, cfg.stream * sms))
-            # about four chunks' loads in flight per SM: with fewer programs each reads further ahead
-            sums.update(UNROLL=max(1, 4 // cfg.stream), STREAM=True)
-            split.update(STREAM=True)
-        _ln_bwd_rowsums_kernel[(grid,)](
-            dy, x, w, mean, rstd, c1, c2, dx, dy.stride(0), x.stride(0), dx.stride(0), 0, M - R, N, **sums
+        _ln_bwd_rowsums_kernel[(M - R,)](
+            dy, x, w, mean, rstd, c1, c2, dx, dy.stride(0), x.stride(0), dx.stride(0), 0, M, N,
+            BLOCK_N=cfg.block_n, WRITE_DX=False, num_warps=8, **flags, **first,
         )  # fmt: skip
         _ln_bwd_split_kernel[(col_blocks, programs)](
             dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0),
-            M, M - R, N, **split,
+            M, M - R, N, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COMPUTE_DW=compute_dw,
+            COMPUTE_DB=compute_db, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **flags,
+            **then,
         )  # fmt: skip
     if compute_dw or compute_db:
         reduce_partials(dw_part if compute_dw else None, db_part if compute_db else None, dw, db, programs, N,
