@@ -74,6 +74,7 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
+
 from .. import _tuning
 from .._backend import check_runnable, device_parallelism, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
