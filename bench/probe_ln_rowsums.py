@@ -1,6 +1,7 @@
 """Probe: the split backward's row-sums kernel alone (``_ln_bwd_rowsums_kernel``, the first of its two
 passes over x and dy), at long rows, over its launch shape: chunk width, warps and chunks per loop
-iteration (``UNROLL``: their loads issued together).
+iteration (``UNROLL``: their loads issued together), and N at runtime or as a compile-time constant
+(``N_C``; then the loop is not unrolled by hand).
 
     python bench/probe_ln_rowsums.py [--shapes 4096x16384,4096x8192]
 
@@ -23,7 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="4096x16384")
+    ap.add_argument(
+        "--const-n",
+        default="01",
+        help="N at runtime (0) and/or as a compile-time constant (1, the kernel's N_C), e.g. 01",
+    )
     args = ap.parse_args(argv)
+    args.const_n = [c == "1" for c in args.const_n]
     import torch
     from crossfuse.harness import timing
     from crossfuse.ops import layer_norm as ln
@@ -38,27 +45,30 @@ def main(argv=None) -> int:
             _, mean, rstd = ln.layer_norm_fwd(x, w, None, 1e-5)
             code_bn = ln.launch_config(n, dtype, "bwd", m).block_n
 
-            def run(bn, warps, unroll, c1, c2, x=x, w=w, dy=dy, mean=mean, rstd=rstd, m=m, n=n):
+            def run(bn, warps, unroll, const_n, c1, c2, x=x, w=w, dy=dy, mean=mean, rstd=rstd, m=m, n=n):
                 ln._ln_bwd_rowsums_kernel[(m,)](
                     dy, x, w, mean, rstd, c1, c2, x, dy.stride(0), x.stride(0), x.stride(0), 0, m, n,
                     BLOCK_N=bn, HAS_WEIGHT=True, IS_FP64=False, WRITE_DX=False, UNROLL=unroll,
-                    num_warps=warps,
+                    N_C=n if const_n else 0, num_warps=warps,
                 )  # fmt: skip
 
             ref = [torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2)]
-            run(code_bn, 8, 1, *ref)
+            run(code_bn, 8, 1, False, *ref)
             nbytes = 2 * m * n * x.element_size()
             rows = []
-            for bn, warps, unroll in itertools.product((1024, 2048, 4096), (4, 8, 16), (1, 2, 4)):
-                if bn // (32 * warps) < 1 or bn > n:
+            for bn, warps, unroll, const_n in itertools.product(
+                (1024, 2048, 4096), (4, 8, 16), (1, 2, 4), tuple(args.const_n)
+            ):
+                if bn // (32 * warps) < 1 or bn > n or (const_n and unroll > 1):
                     continue
                 c = [torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2)]
-                run(bn, warps, unroll, *c)
+                run(bn, warps, unroll, const_n, *c)
                 err = max((a - b).abs().max().item() for a, b in zip(c, ref, strict=True))
-                launch = functools.partial(run, bn, warps, unroll, *c)
+                launch = functools.partial(run, bn, warps, unroll, const_n, *c)
                 t = timing.time_cuda(launch, config=cfg_t).p50
-                code = " (code)" if (bn, warps, unroll) == (code_bn, 8, 1) else ""
-                rows.append((nbytes / t / 1e6, f"{bn} {warps} {unroll}{code} |c - code| {err:.1e}"))
+                code = " (code)" if (bn, warps, unroll, const_n) == (code_bn, 8, 1, False) else ""
+                nk = " constN" if const_n else ""
+                rows.append((nbytes / t / 1e6, f"{bn} {warps} {unroll}{nk}{code} |c - code| {err:.1e}"))
             print(f"{shape} {str(dtype)[6:]}: GB/s BLOCK_N warps UNROLL", flush=True)
             for rate, desc in sorted(rows, reverse=True):
                 print(f"  {rate:6.0f}  {desc}", flush=True)

@@ -84,9 +84,11 @@ def ln_candidates(quick: bool) -> list[dict]:
                 for _, _, warps in _row_tiles(n, (bm,), (4, 8, 16), (2, 4, 8, 16, 32), 16384):
                     for pps in (1, 2, 4, 8):
                         out.append(dict(kind="bwd", n=n, dtype=dtype, block_m=bm, num_warps=warps, pps=pps))
-            for bn in (1024, 2048, 4096):  # the chunked forward: three passes over chunks of the row
+            for bn in (1024, 2048, 4096, 8192):  # the chunked forward: three passes over chunks of the row
                 if bn < n and n >= 4096:
-                    for warps in (4, 8, 16):
+                    for warps in (4, 8, 16, 32):
+                        if bn // (32 * warps) < 2:  # at least two elements per thread
+                            continue
                         for unroll in (1, 2):
                             out.append(dict(kind="fwd", n=n, dtype=dtype, block_m=1, block_n=bn,
                                             num_warps=warps, pps=0, unroll=unroll))  # fmt: skip

@@ -40,7 +40,9 @@ Design:
   the mean, the centred sums of the corrected two-pass variance, then normalise and write (the second
   and third reads hit L2: the first two passes load with ``evict_last``, the output streams past L2);
   or, where the table says ``shifted``, twice: sums about the first chunk's mean (whose cancellation is
-  bounded by N / BLOCK_N for any row), then normalise.
+  bounded by N / BLOCK_N for any row), then normalise. N is a compile-time constant of this kernel, so
+  its chunk loops have known trip counts (the compiler unrolls them and folds the masks; it compiles
+  once per N): with it, this kernel became the fastest forward at most N from 4096 to 16384 (run 77).
   Backward ("split") computes the two row sums in one kernel, then a 2-D grid over (column chunks,
   row groups) writes dx and partial dw/db; or ("coop", where the table says so) one kernel whose
   programs hold column slabs of a row group, exchange their shares of the row sums and wait for each
@@ -55,7 +57,7 @@ Design:
   float64 inputs (so ``torch.autograd.gradcheck`` can check the kernels).
 * The number of rows M is never a compile-time constant or specialised on (``do_not_specialize``),
   so a new batch size reuses the compiled kernels; tile shapes depend on N, the dtype and the row
-  regime (few or many rows, ``MANY_ROWS``), so a kernel compiles at most once per regime.
+  regime (few or many rows, ``MANY_ROWS``), so a kernel compiles at most once per regime (and N).
 
 Limits: last dim 1 <= N <= MAX_N; float32, float16, bfloat16 (float64 for checking); rows may be
 strided (any row stride, unit column stride) and are read without a copy when ``reshape`` gives a view.
@@ -325,7 +327,7 @@ def _ln_fwd_chunked_kernel(
     stride_xm,
     stride_ym,
     M,
-    N,
+    N: tl.constexpr,  # a constant: the chunk loops have known trip counts (unrolled, masks folded)
     eps,
     BLOCK_N: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
@@ -573,8 +575,11 @@ def _ln_bwd_rowsums_kernel(
     WRITE_DX: tl.constexpr,  # a second pass over the row writes its dx instead of storing the sums
     UNROLL: tl.constexpr = 1,  # chunks per loop iteration, their loads issued together
     GDC: tl.constexpr = False,  # grid dependency control: the dx pass after _wait_for_previous
+    N_C: tl.constexpr = 0,  # > 0: N as a compile-time constant (known trip counts; bench/probe_ln_rowsums.py)
 ):
     _launch_dependents(GDC)
+    if N_C > 0:
+        N = N_C
     i = tl.program_id(0).to(tl.int64)
     row = ROW0 + i
     acc_ty = tl.float64 if IS_FP64 else tl.float32
@@ -915,7 +920,9 @@ MANY_ROWS = 8192
 # ln-split --kind bwd) against run 38's table; run 49 swept the cooperative backward (--only ln-coop
 # --kind bwd) against run 44's entries for N = 8192 and 16384; run 64 swept the backward with its
 # dependent launches (--only ln,ln-tma,ln-prefetch,ln-prefetch-wide,ln-split,ln-coop --kind bwd) against
-# the table of runs 44 and 49, and took the four winners more than 1.5% ahead (all with few rows).
+# the table of runs 44 and 49, and took the four winners more than 1.5% ahead (all with few rows); run 77
+# swept the forward once the chunked kernel took N as a constant (--only ln-chunked,ln-shifted --kind fwd)
+# against the code's table and took the ten winners more than 1.5% ahead (all N >= 4096).
 # The fastest by median GPU time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384).
 # (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
 # the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
@@ -946,11 +953,11 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2416 GB/s (run 38, kept)
     ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 4019 GB/s (run 38, kept)
     ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0, keep_params=True),  # 2909 GB/s (run 38, kept)
-    ("fwd", 2, 4096, True): LaunchConfig(2, 4096, 8, 0),  # 3957 GB/s (run 38, kept)
-    ("fwd", 2, 8192, False): LaunchConfig(1, 8192, 8, 0),  # 3310 GB/s (run 38, kept)
-    ("fwd", 2, 8192, True): LaunchConfig(1, 8192, 8, 0),  # 3943 GB/s (run 38, kept)
-    ("fwd", 2, 16384, False): LaunchConfig(1, 16384, 16, 0),  # 3467 GB/s (run 38, kept)
-    ("fwd", 2, 16384, True): LaunchConfig(1, 16384, 16, 0),  # 3840 GB/s (run 38, kept)
+    ("fwd", 2, 4096, True): LaunchConfig(1, 2048, 4, 0, unroll=2),  # 4135 GB/s (run 77; the old 3992)
+    ("fwd", 2, 8192, False): LaunchConfig(1, 4096, 4, 0, unroll=2),  # 3501 GB/s (run 77; the old 3418)
+    ("fwd", 2, 8192, True): LaunchConfig(1, 4096, 4, 0, unroll=2),  # 4101 GB/s (run 77; the old 3971)
+    ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 16, 0, shifted=True),  # 3803 GB/s (run 77; the old 3491)
+    ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 16, 0, shifted=True),  # 4187 GB/s (run 77; the old 3858)
     # 2589 GB/s (run 38, kept)
     ("fwd", 4, 1024, False): LaunchConfig(4, 1024, 4, 4, prefetch=True, keep_params=True),
     ("fwd", 4, 1024, True): LaunchConfig(1, 1024, 4, 0, keep_params=True),  # 4163 GB/s (run 38, kept)
@@ -958,11 +965,11 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("fwd", 4, 2048, False): LaunchConfig(2, 2048, 4, 4, prefetch=True, keep_params=True),
     ("fwd", 4, 2048, True): LaunchConfig(2, 2048, 16, 0),  # 4119 GB/s (run 38, kept)
     ("fwd", 4, 4096, False): LaunchConfig(2, 4096, 8, 0, keep_params=True),  # 3497 GB/s (run 38, kept)
-    ("fwd", 4, 4096, True): LaunchConfig(1, 1024, 8, 0),  # 4192 GB/s (run 38, kept)
-    ("fwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 0, keep_params=True),  # 3812 GB/s (run 38, kept)
-    ("fwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 0, keep_params=True),  # 4113 GB/s (run 38)
-    ("fwd", 4, 16384, False): LaunchConfig(1, 16384, 16, 16, prefetch=True),  # 3871 GB/s (run 38, kept)
-    ("fwd", 4, 16384, True): LaunchConfig(2, 16384, 32, 0),  # 4057 GB/s (run 38, kept)
+    ("fwd", 4, 4096, True): LaunchConfig(1, 2048, 8, 0, unroll=2),  # 4210 GB/s (run 77; the old 4104)
+    ("fwd", 4, 8192, False): LaunchConfig(1, 4096, 16, 0, unroll=2),  # 3897 GB/s (run 77; the old 3837)
+    ("fwd", 4, 8192, True): LaunchConfig(1, 4096, 16, 0, unroll=2),  # 4227 GB/s (run 77; the old 4149)
+    ("fwd", 4, 16384, False): LaunchConfig(1, 8192, 8, 0, unroll=2),  # 4048 GB/s (run 77; the old 3898)
+    ("fwd", 4, 16384, True): LaunchConfig(1, 4096, 16, 0, unroll=2),  # 4263 GB/s (run 77; the old 4102)
 }
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
