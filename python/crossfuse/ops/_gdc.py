@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._backend import compute_capability_major
+
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # Triton before 3.4
@@ -42,5 +44,5 @@ def usable(t: torch.Tensor, interpreted: bool) -> bool:
         gdc_wait is not None
         and not interpreted
         and t.device.type == "cuda"
-        and torch.cuda.get_device_capability(t.device)[0] >= 9
+        and compute_capability_major(t) >= 9
     )

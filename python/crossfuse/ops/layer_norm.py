@@ -78,13 +78,17 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
 
 from .. import _tuning
-from .._backend import check_runnable, device_parallelism, is_interpreted
+from .._backend import check_runnable, compute_capability_major, device_parallelism, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
 from . import _gdc
 from ._gdc import launch_dependents as _launch_dependents
 from ._gdc import wait_for_previous as _wait_for_previous
 
 FUSED_MAX_N = 16384  # largest row kept whole in registers
+# the split backward's row-sums kernel: columns per chunk (8 warps, N a compile-time constant up to
+# FUSED_MAX_N; bench/probe_ln_rowsums.py, run 78: 3713 GB/s at bf16 4096x16384 against 3539 for the
+# table's 2048-column chunks with a runtime N)
+ROWSUMS_BLOCK_N = 1024
 MAX_N = 1 << 18  # largest supported row (chunked kernels above FUSED_MAX_N)
 SUPPORTED_DTYPES = (*KERNEL_DTYPES, torch.float64)
 
@@ -575,7 +579,7 @@ def _ln_bwd_rowsums_kernel(
     WRITE_DX: tl.constexpr,  # a second pass over the row writes its dx instead of storing the sums
     UNROLL: tl.constexpr = 1,  # chunks per loop iteration, their loads issued together
     GDC: tl.constexpr = False,  # grid dependency control: the dx pass after _wait_for_previous
-    N_C: tl.constexpr = 0,  # > 0: N as a compile-time constant (known trip counts; bench/probe_ln_rowsums.py)
+    N_C: tl.constexpr = 0,  # > 0: N as a compile-time constant (known trip counts, the loop unrolled)
 ):
     _launch_dependents(GDC)
     if N_C > 0:
@@ -1023,7 +1027,7 @@ def _tma_usable(*tensors: torch.Tensor) -> bool:
         return False
     t0 = tensors[0]
     if not is_interpreted(_ln_fwd_kernel):
-        if t0.device.type != "cuda" or torch.cuda.get_device_capability(t0.device)[0] < 9:
+        if t0.device.type != "cuda" or compute_capability_major(t0) < 9:
             return False
     if t0.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return False
@@ -1203,9 +1207,12 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         )  # fmt: skip
     else:
         c1, c2 = scratch[at_c1:], scratch[at_c2:]  # of the rows below M - R
+        # the row sums' own launch: chunks of ROWSUMS_BLOCK_N, N a constant within the table's range (its
+        # chunk loop unrolled, every chunk's loads out together)
         _ln_bwd_rowsums_kernel[(M - R,)](
             dy, x, w, mean, rstd, c1, c2, dx, dy.stride(0), x.stride(0), dx.stride(0), 0, M, N,
-            BLOCK_N=cfg.block_n, WRITE_DX=False, num_warps=8, **flags, **first,
+            BLOCK_N=min(ROWSUMS_BLOCK_N, triton.next_power_of_2(N)), WRITE_DX=False,
+            N_C=N if N <= FUSED_MAX_N else 0, num_warps=8, **flags, **first,
         )  # fmt: skip
         _ln_bwd_split_kernel[(col_blocks, programs)](
             dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, dx.stride(0), dy.stride(0), x.stride(0),

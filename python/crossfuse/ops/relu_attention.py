@@ -54,7 +54,7 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
 
 from .. import _tuning
-from .._backend import check_runnable, is_interpreted
+from .._backend import check_runnable, compute_capability_major, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor, dtype_name
 from . import _gdc
 
@@ -779,7 +779,7 @@ def _tma_usable(interp: bool, *tensors: torch.Tensor) -> bool:
     if not interp:
         if t0.device.type != "cuda" or t0.dtype not in (torch.bfloat16, torch.float16):
             return False
-        if torch.cuda.get_device_capability(t0.device)[0] < 9:
+        if compute_capability_major(t0) < 9:
             return False
     if t0.shape[3] > 128:
         return False
