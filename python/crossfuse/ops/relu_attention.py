@@ -106,6 +106,26 @@ def _dscores(s, dp, scale, SQUARED: tl.constexpr):
 
 
 @triton.jit
+def _store_signs(Mk, pos, start_m, offs_n, stride_mg, Lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store the (BLOCK_N, BLOCK_M) tile ``pos`` (keys by queries, from query ``start_m``) of the scores'
+    signs as bytes packed along queries: bit t of byte (g, n) is ``pos[n, 8g + t]`` (see _load_signs)."""
+    bits = tl.reshape(pos.to(tl.int32), [BLOCK_N, BLOCK_M // 8, 8])
+    byt = tl.sum(bits << tl.arange(0, 8)[None, None, :], axis=2)
+    offs_g = start_m // 8 + tl.arange(0, BLOCK_M // 8)
+    tl.store(Mk + offs_g[None, :] * stride_mg + offs_n[:, None], byt.to(tl.uint8), mask=offs_n[:, None] < Lk)
+
+
+@triton.jit
+def _load_signs(Mk, start_m, offs_n, stride_mg, Lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The (BLOCK_M, BLOCK_N) tile [s > 0] (queries by keys, from query ``start_m``) that _store_signs
+    wrote; keys past Lk read as False."""
+    offs_g = start_m // 8 + tl.arange(0, BLOCK_M // 8)
+    byt = tl.load(Mk + offs_g[:, None] * stride_mg + offs_n[None, :], mask=offs_n[None, :] < Lk, other=0)
+    bits = (byt.to(tl.int32)[:, None, :] >> tl.arange(0, 8)[None, :, None]) & 1
+    return tl.reshape(bits, [BLOCK_M, BLOCK_N]) != 0
+
+
+@triton.jit
 def _fwd_range(
     acc,
     q,  # (BLOCK_M, HEAD_D) query tile
@@ -225,13 +245,18 @@ def _dkdv_range(
     hi,
     Lq,
     scale,
+    Mk,  # with SIGNS: this (batch, head)'s bytes of [s > 0] (see _store_signs)
+    stride_mg,
+    Lk,
     BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     HEAD_D: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
     MASK_M: tl.constexpr,
     SQUARED: tl.constexpr,
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
+    SIGNS: tl.constexpr,
 ):
     offs_d = tl.arange(0, HEAD_D)
     for start_m in range(lo, hi, BLOCK_M):
@@ -259,6 +284,8 @@ def _dkdv_range(
             visible = offs_m[None, :] >= offs_n[:, None]
             pt = tl.where(visible, pt, 0.0)
             dst = tl.where(visible, dst, 0.0)
+        if SIGNS:
+            _store_signs(Mk, st > 0.0, start_m, offs_n, stride_mg, Lk, BLOCK_M, BLOCK_N)
         if TRANS_COPIES:
             if MASK_M:
                 q_mk = tl.load(QC + offs_m[:, None] + offs_d[None, :] * stride_qcd, mask=offs_m[:, None] < Lq,
@@ -292,6 +319,8 @@ def _relu_attn_bwd_dkdv_kernel(
     H, Lq, Lk,
     scale,
     relu_scale,
+    Mk,  # with SIGNS: out, the bytes of [s > 0] for the dQ kernel, (B*H, >= Lq/8, >= Lk) (see _store_signs)
+    stride_mbh, stride_mg,
     HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr,  # query rows per step
     BLOCK_N: tl.constexpr,  # keys owned by a program
@@ -303,10 +332,12 @@ def _relu_attn_bwd_dkdv_kernel(
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
     GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
+    SIGNS: tl.constexpr = False,  # write [s > 0] for the dQ kernel
 ):  # fmt: skip
     _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
     pid_bh = tl.program_id(1)
+    Mk += pid_bh.to(tl.int64) * stride_mbh
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     Q += b * stride_qb + h * stride_qh
@@ -332,15 +363,15 @@ def _relu_attn_bwd_dkdv_kernel(
         start = pid_n * BLOCK_N
         mid = tl.minimum(start + BLOCK_N, Lq)
         dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
-                             offs_n, start, mid, Lq, scale, BLOCK_M, HEAD_D, True, not EVEN_M, SQUARED,
-                             UPCAST, TRANS_COPIES)  # fmt: skip
+                             offs_n, start, mid, Lq, scale, Mk, stride_mg, Lk, BLOCK_M, BLOCK_N, HEAD_D, True,
+                             not EVEN_M, SQUARED, UPCAST, TRANS_COPIES, SIGNS)  # fmt: skip
         dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
-                             offs_n, mid, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST,
-                             TRANS_COPIES)  # fmt: skip
+                             offs_n, mid, Lq, Lq, scale, Mk, stride_mg, Lk, BLOCK_M, BLOCK_N, HEAD_D, False,
+                             not EVEN_M, SQUARED, UPCAST, TRANS_COPIES, SIGNS)  # fmt: skip
     else:
         dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
-                             offs_n, 0, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST,
-                             TRANS_COPIES)  # fmt: skip
+                             offs_n, 0, Lq, Lq, scale, Mk, stride_mg, Lk, BLOCK_M, BLOCK_N, HEAD_D, False,
+                             not EVEN_M, SQUARED, UPCAST, TRANS_COPIES, SIGNS)  # fmt: skip
     dk_ptrs = DK + offs_n[:, None] * stride_dkl + offs_d[None, :]
     dv_ptrs = DV + offs_n[:, None] * stride_dvl + offs_d[None, :]
     if EVEN_N:
@@ -367,6 +398,10 @@ def _dq_range(
     hi,
     Lk,
     scale,
+    Mk,  # with SIGNS: this (batch, head)'s bytes of [s > 0] (see _load_signs); q is then not read
+    stride_mg,
+    start_m,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_D: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
@@ -374,6 +409,7 @@ def _dq_range(
     SQUARED: tl.constexpr,
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
+    SIGNS: tl.constexpr,
 ):
     offs_d = tl.arange(0, HEAD_D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -388,7 +424,11 @@ def _dq_range(
         else:
             kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
             vt = tl.load(V + offs_n[None, :] * stride_vl + offs_d[:, None])
-        ds = _dscores(_dot(q, kt, UPCAST), _dot(do, vt, UPCAST), scale, SQUARED)
+        if SIGNS:
+            pos = _load_signs(Mk, start_m, offs_n, stride_mg, Lk, BLOCK_M, BLOCK_N)
+            ds = tl.where(pos, _dot(do, vt, UPCAST) * scale, 0.0)
+        else:
+            ds = _dscores(_dot(q, kt, UPCAST), _dot(do, vt, UPCAST), scale, SQUARED)
         if CAUSAL_MASK:
             ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
         if TRANS_COPIES:
@@ -417,6 +457,8 @@ def _relu_attn_bwd_dq_kernel(
     H, Lq, Lk,
     scale,
     relu_scale,
+    Mk,  # with SIGNS: the dK/dV kernel's bytes of [s > 0] (see _store_signs)
+    stride_mbh, stride_mg,
     HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr,  # queries owned by a program
     BLOCK_N: tl.constexpr,  # keys per step
@@ -428,9 +470,11 @@ def _relu_attn_bwd_dq_kernel(
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
     GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
+    SIGNS: tl.constexpr = False,  # read [s > 0] from Mk instead of computing the scores (not SQUARED)
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
+    Mk += pid_bh.to(tl.int64) * stride_mbh
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     Q += b * stride_qb + h * stride_qh
@@ -450,16 +494,20 @@ def _relu_attn_bwd_dq_kernel(
             DO + offs_m[:, None] * stride_dol + offs_d[None, :], mask=offs_m[:, None] < Lq, other=0.0
         )
     dq = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float64 if IS_FP64 else tl.float32)
+    start_m = pid_m * BLOCK_M
+    _gdc.wait_for_previous(GDC and SIGNS)  # the signs come from the dK/dV kernel
     if CAUSAL:
-        diag = pid_m * BLOCK_M
-        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, diag, Lk, scale,
-                       BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
-        hi = tl.minimum(diag + BLOCK_M, Lk)
-        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, diag, hi, Lk, scale,
-                       BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
+        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, start_m, Lk, scale,
+                       Mk, stride_mg, start_m, BLOCK_M, BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST,
+                       TRANS_COPIES, SIGNS)  # fmt: skip
+        hi = tl.minimum(start_m + BLOCK_M, Lk)
+        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, start_m, hi, Lk, scale,
+                       Mk, stride_mg, start_m, BLOCK_M, BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST,
+                       TRANS_COPIES, SIGNS)  # fmt: skip
     else:
         dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, Lk, Lk, scale,
-                       BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
+                       Mk, stride_mg, start_m, BLOCK_M, BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST,
+                       TRANS_COPIES, SIGNS)  # fmt: skip
     dq_ptrs = DQ + offs_m[:, None] * stride_dql + offs_d[None, :]
     if EVEN_M:
         tl.store(dq_ptrs, (dq * relu_scale).to(DQ.dtype.element_ty))
@@ -524,8 +572,9 @@ def _relu_attn_fwd_tma_kernel(
 
 
 @triton.jit
-def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, BLOCK_M: tl.constexpr,
-                    HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
+def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, Mk, stride_mg, Lk, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr,
+                    SIGNS: tl.constexpr):  # fmt: skip
     for start_m in range(lo, hi, BLOCK_M):
         q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
         do = _tile(DOd, b, h, start_m, BLOCK_M, HEAD_D)
@@ -543,6 +592,8 @@ def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, BLOCK_M:
             visible = offs_m[None, :] >= offs_n[:, None]
             pt = tl.where(visible, pt, 0.0)
             dst = tl.where(visible, dst, 0.0)
+        if SIGNS:
+            _store_signs(Mk, st > 0.0, start_m, offs_n, stride_mg, Lk, BLOCK_M, BLOCK_N)
         dv = tl.dot(pt.to(do.dtype), do, dv)
         dk = tl.dot(dst.to(q.dtype), q, dk)
     return dk, dv
@@ -552,13 +603,16 @@ def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, BLOCK_M:
 def _relu_attn_bwd_dkdv_tma_kernel(
     Qd, Kd, Vd, DOd, DKd, DVd,  # rank-4 descriptors over [B, H, L, HEAD_D]
     H, Lq, scale, relu_scale,
+    Mk, stride_mbh, stride_mg, Lk,  # with SIGNS: out, the bytes of [s > 0] (as the pointer kernel's)
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
     GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
+    SIGNS: tl.constexpr = False,
 ):  # fmt: skip
     _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
     pid_bh = tl.program_id(1)
+    Mk += pid_bh.to(tl.int64) * stride_mbh
     b = pid_bh // H
     h = pid_bh % H
     start_n = pid_n * BLOCK_N
@@ -569,24 +623,29 @@ def _relu_attn_bwd_dkdv_tma_kernel(
     dv = tl.zeros([BLOCK_N, HEAD_D], dtype=tl.float32)
     if CAUSAL:
         mid = tl.minimum(start_n + BLOCK_N, Lq)
-        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, start_n, mid, scale, BLOCK_M, HEAD_D,
-                                 True, SQUARED)  # fmt: skip
-        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, mid, Lq, scale, BLOCK_M, HEAD_D, False,
-                                 SQUARED)  # fmt: skip
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, start_n, mid, scale, Mk, stride_mg, Lk,
+                                 BLOCK_M, BLOCK_N, HEAD_D, True, SQUARED, SIGNS)  # fmt: skip
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, mid, Lq, scale, Mk, stride_mg, Lk,
+                                 BLOCK_M, BLOCK_N, HEAD_D, False, SQUARED, SIGNS)  # fmt: skip
     else:
-        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, 0, Lq, scale, BLOCK_M, HEAD_D, False,
-                                 SQUARED)  # fmt: skip
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, 0, Lq, scale, Mk, stride_mg, Lk,
+                                 BLOCK_M, BLOCK_N, HEAD_D, False, SQUARED, SIGNS)  # fmt: skip
     DKd.store([b, h, start_n, 0], (dk * relu_scale).to(DKd.dtype).reshape([1, 1, BLOCK_N, HEAD_D]))
     DVd.store([b, h, start_n, 0], (dv * relu_scale).to(DVd.dtype).reshape([1, 1, BLOCK_N, HEAD_D]))
 
 
 @triton.jit
-def _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
-                  CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
+def _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, lo, hi, scale, Mk, stride_mg, Lk, start_m,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                  SQUARED: tl.constexpr, SIGNS: tl.constexpr):  # fmt: skip
     for start_n in range(lo, hi, BLOCK_N):
         k = _tile(Kd, b, h, start_n, BLOCK_N, HEAD_D)
         v = _tile(Vd, b, h, start_n, BLOCK_N, HEAD_D)
-        ds = _dscores(tl.dot(q, k.T), tl.dot(do, v.T), scale, SQUARED)
+        if SIGNS:
+            pos = _load_signs(Mk, start_m, start_n + tl.arange(0, BLOCK_N), stride_mg, Lk, BLOCK_M, BLOCK_N)
+            ds = tl.where(pos, tl.dot(do, v.T) * scale, 0.0)
+        else:
+            ds = _dscores(tl.dot(q, k.T), tl.dot(do, v.T), scale, SQUARED)
         if CAUSAL_MASK:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
@@ -598,26 +657,34 @@ def _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.co
 def _relu_attn_bwd_dq_tma_kernel(
     Qd, Kd, Vd, DOd, DQd,  # rank-4 descriptors over [B, H, L, HEAD_D]
     H, Lk, scale, relu_scale,
+    Mk, stride_mbh, stride_mg,  # with SIGNS: the dK/dV kernel's bytes of [s > 0]
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
     GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
+    SIGNS: tl.constexpr = False,  # read [s > 0] from Mk instead of computing the scores (not SQUARED)
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
+    Mk += pid_bh.to(tl.int64) * stride_mbh
     b = pid_bh // H
     h = pid_bh % H
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
+    if SIGNS:
+        q = None  # the scores' signs come from Mk
+    else:
+        q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
     do = _tile(DOd, b, h, start_m, BLOCK_M, HEAD_D)
     dq = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
+    _gdc.wait_for_previous(GDC and SIGNS)  # the signs come from the dK/dV kernel
     if CAUSAL:
-        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, start_m, scale, BLOCK_N, HEAD_D, False,
-                           SQUARED)  # fmt: skip
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, start_m, scale, Mk, stride_mg, Lk, start_m,
+                           BLOCK_M, BLOCK_N, HEAD_D, False, SQUARED, SIGNS)  # fmt: skip
         dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, start_m, tl.minimum(start_m + BLOCK_M, Lk), scale,
-                           BLOCK_N, HEAD_D, True, SQUARED)  # fmt: skip
+                           Mk, stride_mg, Lk, start_m, BLOCK_M, BLOCK_N, HEAD_D, True, SQUARED, SIGNS)  # fmt: skip
     else:
-        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED)
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, Lk, scale, Mk, stride_mg, Lk, start_m, BLOCK_M,
+                           BLOCK_N, HEAD_D, False, SQUARED, SIGNS)  # fmt: skip
     DQd.store([b, h, start_m, 0], (dq * relu_scale).to(DQd.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
     _gdc.wait_for_previous(GDC)  # complete after the dK/dV kernel (whose results this one does not read)
 
@@ -813,11 +880,13 @@ def _tf32_copies(dtype: torch.dtype, interp: bool) -> bool:
 
 def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, relu_scale: float,
                        dq=None, dk=None, dv=None, configs: tuple | None = None,
-                       trans_copies: bool | None = None):  # fmt: skip
+                       trans_copies: bool | None = None, signs: bool | None = None):  # fmt: skip
     """Backward on [B, H, L, D] views: returns ``(dq, dk, dv)`` (allocated when not given);
     ``configs = (dkdv_config, dq_config)`` overrides :func:`attention_config` (for tuning);
     ``trans_copies`` (default: float32 on GPUs) reads q, dout and k for the products summed over L from
-    copies with unit stride on L (see :func:`_tf32_copies`)."""
+    copies with unit stride on L (see :func:`_tf32_copies`); ``signs`` (not with ``squared``): the dK/dV
+    kernel writes the scores' signs as bits (B·H·Lq·Lk/8 bytes) and the dQ kernel reads them instead of
+    recomputing the scores (two products instead of three)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     dq = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device) if dq is None else dq
@@ -834,64 +903,79 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     # leave, and waits for that kernel only at its end (_gdc). Not with the float32 copies: k's copy is a
     # launch between the two
     gdc = not copies and _gdc.usable(q, interp)
-    _bwd_dkdv(q, k, v, do, dk, dv, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=dict(GDC=gdc))
+    mask = sign_buffer(q, k, cfg_dkdv, cfg_dq) if signs and not squared else None
+    _bwd_dkdv(q, k, v, do, dk, dv, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=dict(GDC=gdc), signs=mask)
     _bwd_dq(q, k, v, do, dq, cfg_dq, tma and cfg_dq.tma, *common,
-            order=dict(GDC=True, launch_pdl=True) if gdc else {})  # fmt: skip
+            order=dict(GDC=True, launch_pdl=True) if gdc else {}, signs=mask)  # fmt: skip
     return dq, dk, dv
+
+
+def sign_buffer(q, k, cfg_dkdv: AttnConfig, cfg_dq: AttnConfig) -> torch.Tensor:
+    """Room for the scores' signs, (B*H, G, Lk) bytes: G covers the query blocks of both kernels."""
+    B, H, Lq, _ = q.shape
+    rows = max(cfg_dkdv.block_m, cfg_dq.block_m)
+    return torch.empty((B * H, triton.cdiv(Lq, rows) * rows // 8, k.shape[2]), dtype=torch.uint8, device=q.device)
+
+
+def _sign_args(signs: torch.Tensor | None, dummy: torch.Tensor) -> tuple:
+    return (dummy, 0, 0) if signs is None else (signs, signs.stride(0), signs.stride(1))
 
 
 def _qkvdo_strides(q, k, v, do) -> tuple[int, ...]:
     return (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
 
 
-def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order):
+def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order,
+              signs=None):  # fmt: skip
     """The dK/dV kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`);
-    ``order``: its grid dependency control (``GDC``)."""
+    ``order``: its grid dependency control (``GDC``); ``signs``: a :func:`sign_buffer` to write."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     grid = (triton.cdiv(Lk, cfg.block_n), B * H)
+    sg = _sign_args(signs, dk)
     if tma:
         _relu_attn_bwd_dkdv_tma_kernel[grid](
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
-            _desc(dk, cfg.block_n), _desc(dv, cfg.block_n), H, Lq, scale, relu_scale,
+            _desc(dk, cfg.block_n), _desc(dv, cfg.block_n), H, Lq, scale, relu_scale, *sg, Lk,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, SIGNS=signs is not None, **order,
         )  # fmt: skip
         return
     qc, doc = (_l_contiguous(q), _l_contiguous(do)) if copies else (q, do)
     _relu_attn_bwd_dkdv_kernel[grid](
         q, k, v, do, dk, dv, qc, doc, *_qkvdo_strides(q, k, v, do), *_bhld_strides(dk), *_bhld_strides(dv),
-        *_bh_d_strides(qc), *_bh_d_strides(doc), H, Lq, Lk, scale, relu_scale,
+        *_bh_d_strides(qc), *_bh_d_strides(doc), H, Lq, Lk, scale, relu_scale, *sg,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, SIGNS=signs is not None, **order,
     )  # fmt: skip
 
 
-def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order):
+def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order, signs=None):
     """The dQ kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`); the dK/dV
     kernel's copies are freed by now, so their memory serves k's. ``order``: its grid dependency control
-    (``GDC``, ``launch_pdl``)."""
+    (``GDC``, ``launch_pdl``); ``signs``: the :func:`sign_buffer` the dK/dV kernel wrote."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
+    sg = _sign_args(signs, dq)
     if tma:
         _relu_attn_bwd_dq_tma_kernel[grid](
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
-            _desc(dq, cfg.block_m), H, Lk, scale, relu_scale,
+            _desc(dq, cfg.block_m), H, Lk, scale, relu_scale, *sg,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, SIGNS=signs is not None, **order,
         )  # fmt: skip
         return
     kc = _l_contiguous(k) if copies else k
     _relu_attn_bwd_dq_kernel[grid](
         q, k, v, do, dq, kc, *_qkvdo_strides(q, k, v, do), *_bhld_strides(dq), *_bh_d_strides(kc), H, Lq, Lk,
-        scale, relu_scale,
+        scale, relu_scale, *sg,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, SIGNS=signs is not None, **order,
     )  # fmt: skip
 
 
