@@ -106,26 +106,6 @@ def _dscores(s, dp, scale, SQUARED: tl.constexpr):
 
 
 @triton.jit
-def _store_signs(Mk, pos, start_m, offs_n, stride_mg, Lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store the (BLOCK_N, BLOCK_M) tile ``pos`` (keys by queries, from query ``start_m``) of the scores'
-    signs as bytes packed along queries: bit t of byte (g, n) is ``pos[n, 8g + t]`` (see _load_signs)."""
-    bits = tl.reshape(pos.to(tl.int32), [BLOCK_N, BLOCK_M // 8, 8])
-    byt = tl.sum(bits << tl.arange(0, 8)[None, None, :], axis=2)
-    offs_g = start_m // 8 + tl.arange(0, BLOCK_M // 8)
-    tl.store(Mk + offs_g[None, :] * stride_mg + offs_n[:, None], byt.to(tl.uint8), mask=offs_n[:, None] < Lk)
-
-
-@triton.jit
-def _load_signs(Mk, start_m, offs_n, stride_mg, Lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The (BLOCK_M, BLOCK_N) tile [s > 0] (queries by keys, from query ``start_m``) that _store_signs
-    wrote; keys past Lk read as False."""
-    offs_g = start_m // 8 + tl.arange(0, BLOCK_M // 8)
-    byt = tl.load(Mk + offs_g[:, None] * stride_mg + offs_n[None, :], mask=offs_n[None, :] < Lk, other=0)
-    bits = (byt.to(tl.int32)[:, None, :] >> tl.arange(0, 8)[None, :, None]) & 1
-    return tl.reshape(bits, [BLOCK_M, BLOCK_N]) != 0
-
-
-@triton.jit
 def _fwd_range(
     acc,
     q,  # (BLOCK_M, HEAD_D) query tile
@@ -245,18 +225,13 @@ def _dkdv_range(
     hi,
     Lq,
     scale,
-    Mk,  # with SIGNS: this (batch, head)'s bytes of [s > 0] (see _store_signs)
-    stride_mg,
-    Lk,
     BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
     HEAD_D: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
     MASK_M: tl.constexpr,
     SQUARED: tl.constexpr,
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
-    SIGNS: tl.constexpr,
 ):
     offs_d = tl.arange(0, HEAD_D)
     for start_m in range(lo, hi, BLOCK_M):
@@ -284,8 +259,6 @@ def _dkdv_range(
             visible = offs_m[None, :] >= offs_n[:, None]
             pt = tl.where(visible, pt, 0.0)
             dst = tl.where(visible, dst, 0.0)
-        if SIGNS:
-            _store_signs(Mk, st > 0.0, start_m, offs_n, stride_mg, Lk, BLOCK_M, BLOCK_N)
         if TRANS_COPIES:
             if MASK_M:
                 q_mk = tl.load(QC + offs_m[:, None] + offs_d[None, :] * stride_qcd, mask=offs_m[:, None] < Lq,
@@ -319,8 +292,6 @@ def _relu_attn_bwd_dkdv_kernel(
     H, Lq, Lk,
     scale,
     relu_scale,
-    Mk,  # with SIGNS: out, the bytes of [s > 0] for the dQ kernel, (B*H, >= Lq/8, >= Lk) (see _store_signs)
-    stride_mbh, stride_mg,
     HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr,  # query rows per step
     BLOCK_N: tl.constexpr,  # keys owned by a program
@@ -332,12 +303,10 @@ def _relu_attn_bwd_dkdv_kernel(
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
     GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
-    SIGNS: tl.constexpr = False,  # write [s > 0] for the dQ kernel
 ):  # fmt: skip
     _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
     pid_bh = tl.program_id(1)
-    Mk += pid_bh.to(tl.int64) * stride_mbh
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     Q += b * stride_qb + h * stride_qh
@@ -363,15 +332,15 @@ def _relu_attn_bwd_dkdv_kernel(
         start = pid_n * BLOCK_N
         mid = tl.minimum(start + BLOCK_N, Lq)
         dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
-                             offs_n, start, mid, Lq, scale, Mk, stride_mg, Lk, BLOCK_M, BLOCK_N, HEAD_D, True,
-                             not EVEN_M, SQUARED, UPCAST, TRANS_COPIES, SIGNS)  # fmt: skip
+                             offs_n, start, mid, Lq, scale, BLOCK_M, HEAD_D, True, not EVEN_M, SQUARED,
+                             UPCAST, TRANS_COPIES)  # fmt: skip
         dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
-                             offs_n, mid, Lq, Lq, scale, Mk, stride_mg, Lk, BLOCK_M, BLOCK_N, HEAD_D, False,
-                             not EVEN_M, SQUARED, UPCAST, TRANS_COPIES, SIGNS)  # fmt: skip
+                             offs_n, mid, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST,
+                             TRANS_COPIES)  # fmt: skip
     else:
         dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
-                             offs_n, 0, Lq, Lq, scale, Mk, stride_mg, Lk, BLOCK_M, BLOCK_N, HEAD_D, False,
-                             not EVEN_M, SQUARED, UPCAST, TRANS_COPIES, SIGNS)  # fmt: skip
+                             offs_n, 0, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST,
+                             TRANS_COPIES)  # fmt: skip
     dk_ptrs = DK + offs_n[:, None] * stride_dkl + offs_d[None, :]
     dv_ptrs = DV + offs_n[:, None] * stride_dvl + offs_d[None, :]
     if EVEN_N:
@@ -398,10 +367,6 @@ def _dq_range(
     hi,
     Lk,
     scale,
-    Mk,  # with SIGNS: this (batch, head)'s bytes of [s > 0] (see _load_signs); q is then not read
-    stride_mg,
-    start_m,
-    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_D: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
@@ -409,7 +374,6 @@ def _dq_range(
     SQUARED: tl.constexpr,
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
-    SIGNS: tl.constexpr,
 ):
     offs_d = tl.arange(0, HEAD_D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -424,11 +388,7 @@ def _dq_range(
         else:
             kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
             vt = tl.load(V + offs_n[None, :] * stride_vl + offs_d[:, None])
-        if SIGNS:
-            pos = _load_signs(Mk, start_m, offs_n, stride_mg, Lk, BLOCK_M, BLOCK_N)
-            ds = tl.where(pos, _dot(do, vt, UPCAST) * scale, 0.0)
-        else:
-            ds = _dscores(_dot(q, kt, UPCAST), _dot(do, vt, UPCAST), scale, SQUARED)
+        ds = _dscores(_dot(q, kt, UPCAST), _dot(do, vt, UPCAST), scale, SQUARED)
         if CAUSAL_MASK:
             ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
         if TRANS_COPIES:
@@ -457,8 +417,6 @@ def _relu_attn_bwd_dq_kernel(
     H, Lq, Lk,
     scale,
     relu_scale,
-    Mk,  # with SIGNS: the dK/dV kernel's bytes of [s > 0] (see _store_signs)
-    stride_mbh, stride_mg,
     HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr,  # queries owned by a program
     BLOCK_N: tl.constexpr,  # keys per step
@@ -470,11 +428,9 @@ def _relu_attn_bwd_dq_kernel(
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
     GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
-    SIGNS: tl.constexpr = False,  # read [s > 0] from Mk instead of computing the scores (not SQUARED)
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
-    Mk += pid_bh.to(tl.int64) * stride_mbh
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     Q += b * stride_qb + h * stride_qh
@@ -494,20 +450,16 @@ def _relu_attn_bwd_dq_kernel(
             DO + offs_m[:, None] * stride_dol + offs_d[None, :], mask=offs_m[:, None] < Lq, other=0.0
         )
     dq = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float64 if IS_FP64 else tl.float32)
-    start_m = pid_m * BLOCK_M
-    _gdc.wait_for_previous(GDC and SIGNS)  # the signs come from the dK/dV kernel
     if CAUSAL:
-        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, start_m, Lk, scale,
-                       Mk, stride_mg, start_m, BLOCK_M, BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST,
-                       TRANS_COPIES, SIGNS)  # fmt: skip
-        hi = tl.minimum(start_m + BLOCK_M, Lk)
-        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, start_m, hi, Lk, scale,
-                       Mk, stride_mg, start_m, BLOCK_M, BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST,
-                       TRANS_COPIES, SIGNS)  # fmt: skip
+        diag = pid_m * BLOCK_M
+        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, diag, Lk, scale,
+                       BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
+        hi = tl.minimum(diag + BLOCK_M, Lk)
+        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, diag, hi, Lk, scale,
+                       BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
     else:
         dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, Lk, Lk, scale,
-                       Mk, stride_mg, start_m, BLOCK_M, BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST,
-                       TRANS_COPIES, SIGNS)  # fmt: skip
+                       BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
     dq_ptrs = DQ + offs_m[:, None] * stride_dql + offs_d[None, :]
     if EVEN_M:
         tl.store(dq_ptrs, (dq * relu_scale).to(DQ.dtype.element_ty))
@@ -572,9 +524,8 @@ def _relu_attn_fwd_tma_kernel(
 
 
 @triton.jit
-def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, Mk, stride_mg, Lk, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr,
-                    SIGNS: tl.constexpr):  # fmt: skip
+def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, BLOCK_M: tl.constexpr,
+                    HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
     for start_m in range(lo, hi, BLOCK_M):
         q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
         do = _tile(DOd, b, h, start_m, BLOCK_M, HEAD_D)
@@ -592,8 +543,6 @@ def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, Mk, stri
             visible = offs_m[None, :] >= offs_n[:, None]
             pt = tl.where(visible, pt, 0.0)
             dst = tl.where(visible, dst, 0.0)
-        if SIGNS:
-            _store_signs(Mk, st > 0.0, start_m, offs_n, stride_mg, Lk, BLOCK_M, BLOCK_N)
         dv = tl.dot(pt.to(do.dtype), do, dv)
         dk = tl.dot(dst.to(q.dtype), q, dk)
     return dk, dv
@@ -603,16 +552,13 @@ def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, Mk, stri
 def _relu_attn_bwd_dkdv_tma_kernel(
     Qd, Kd, Vd, DOd, DKd, DVd,  # rank-4 descriptors over [B, H, L, HEAD_D]
     H, Lq, scale, relu_scale,
-    Mk, stride_mbh, stride_mg, Lk,  # with SIGNS: out, the bytes of [s > 0] (as the pointer kernel's)
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
     GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
-    SIGNS: tl.constexpr = False,
 ):  # fmt: skip
     _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
     pid_bh = tl.program_id(1)
-    Mk += pid_bh.to(tl.int64) * stride_mbh
     b = pid_bh // H
     h = pid_bh % H
     start_n = pid_n * BLOCK_N
@@ -623,29 +569,24 @@ def _relu_attn_bwd_dkdv_tma_kernel(
     dv = tl.zeros([BLOCK_N, HEAD_D], dtype=tl.float32)
     if CAUSAL:
         mid = tl.minimum(start_n + BLOCK_N, Lq)
-        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, start_n, mid, scale, Mk, stride_mg, Lk,
-                                 BLOCK_M, BLOCK_N, HEAD_D, True, SQUARED, SIGNS)  # fmt: skip
-        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, mid, Lq, scale, Mk, stride_mg, Lk,
-                                 BLOCK_M, BLOCK_N, HEAD_D, False, SQUARED, SIGNS)  # fmt: skip
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, start_n, mid, scale, BLOCK_M, HEAD_D,
+                                 True, SQUARED)  # fmt: skip
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, mid, Lq, scale, BLOCK_M, HEAD_D, False,
+                                 SQUARED)  # fmt: skip
     else:
-        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, 0, Lq, scale, Mk, stride_mg, Lk,
-                                 BLOCK_M, BLOCK_N, HEAD_D, False, SQUARED, SIGNS)  # fmt: skip
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, 0, Lq, scale, BLOCK_M, HEAD_D, False,
+                                 SQUARED)  # fmt: skip
     DKd.store([b, h, start_n, 0], (dk * relu_scale).to(DKd.dtype).reshape([1, 1, BLOCK_N, HEAD_D]))
     DVd.store([b, h, start_n, 0], (dv * relu_scale).to(DVd.dtype).reshape([1, 1, BLOCK_N, HEAD_D]))
 
 
 @triton.jit
-def _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, lo, hi, scale, Mk, stride_mg, Lk, start_m,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                  SQUARED: tl.constexpr, SIGNS: tl.constexpr):  # fmt: skip
+def _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+                  CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
     for start_n in range(lo, hi, BLOCK_N):
         k = _tile(Kd, b, h, start_n, BLOCK_N, HEAD_D)
         v = _tile(Vd, b, h, start_n, BLOCK_N, HEAD_D)
-        if SIGNS:
-            pos = _load_signs(Mk, start_m, start_n + tl.arange(0, BLOCK_N), stride_mg, Lk, BLOCK_M, BLOCK_N)
-            ds = tl.where(pos, tl.dot(do, v.T) * scale, 0.0)
-        else:
-            ds = _dscores(tl.dot(q, k.T), tl.dot(do, v.T), scale, SQUARED)
+        ds = _dscores(tl.dot(q, k.T), tl.dot(do, v.T), scale, SQUARED)
         if CAUSAL_MASK:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
@@ -657,34 +598,26 @@ def _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, lo, hi, scale, Mk, stride_mg,
 def _relu_attn_bwd_dq_tma_kernel(
     Qd, Kd, Vd, DOd, DQd,  # rank-4 descriptors over [B, H, L, HEAD_D]
     H, Lk, scale, relu_scale,
-    Mk, stride_mbh, stride_mg,  # with SIGNS: the dK/dV kernel's bytes of [s > 0]
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
     GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
-    SIGNS: tl.constexpr = False,  # read [s > 0] from Mk instead of computing the scores (not SQUARED)
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
-    Mk += pid_bh.to(tl.int64) * stride_mbh
     b = pid_bh // H
     h = pid_bh % H
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    if SIGNS:
-        q = None  # the scores' signs come from Mk
-    else:
-        q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
+    q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
     do = _tile(DOd, b, h, start_m, BLOCK_M, HEAD_D)
     dq = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
-    _gdc.wait_for_previous(GDC and SIGNS)  # the signs come from the dK/dV kernel
     if CAUSAL:
-        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, start_m, scale, Mk, stride_mg, Lk, start_m,
-                           BLOCK_M, BLOCK_N, HEAD_D, False, SQUARED, SIGNS)  # fmt: skip
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, start_m, scale, BLOCK_N, HEAD_D, False,
+                           SQUARED)  # fmt: skip
         dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, start_m, tl.minimum(start_m + BLOCK_M, Lk), scale,
-                           Mk, stride_mg, Lk, start_m, BLOCK_M, BLOCK_N, HEAD_D, True, SQUARED, SIGNS)  # fmt: skip
+                           BLOCK_N, HEAD_D, True, SQUARED)  # fmt: skip
     else:
-        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, Lk, scale, Mk, stride_mg, Lk, start_m, BLOCK_M,
-                           BLOCK_N, HEAD_D, False, SQUARED, SIGNS)  # fmt: skip
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED)
     DQd.store([b, h, start_m, 0], (dq * relu_scale).to(DQd.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
     _gdc.wait_for_previous(GDC)  # complete after the dK/dV kernel (whose results this one does not read)
 
@@ -880,13 +813,11 @@ def _tf32_copies(dtype: torch.dtype, interp: bool) -> bool:
 
 def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, relu_scale: float,
                        dq=None, dk=None, dv=None, configs: tuple | None = None,
-                       trans_copies: bool | None = None, signs: bool | None = None):  # fmt: skip
+                       trans_copies: bool | None = None):  # fmt: skip
     """Backward on [B, H, L, D] views: returns ``(dq, dk, dv)`` (allocated when not given);
     ``configs = (dkdv_config, dq_config)`` overrides :func:`attention_config` (for tuning);
     ``trans_copies`` (default: float32 on GPUs) reads q, dout and k for the products summed over L from
-    copies with unit stride on L (see :func:`_tf32_copies`); ``signs`` (not with ``squared``): the dK/dV
-    kernel writes the scores' signs as bits (B·H·Lq·Lk/8 bytes) and the dQ kernel reads them instead of
-    recomputing the scores (two products instead of three)."""
+    copies with unit stride on L (see :func:`_tf32_copies`)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     dq = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device) if dq is None else dq
@@ -903,79 +834,64 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     # leave, and waits for that kernel only at its end (_gdc). Not with the float32 copies: k's copy is a
     # launch between the two
     gdc = not copies and _gdc.usable(q, interp)
-    mask = sign_buffer(q, k, cfg_dkdv, cfg_dq) if signs and not squared else None
-    _bwd_dkdv(q, k, v, do, dk, dv, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=dict(GDC=gdc), signs=mask)
+    _bwd_dkdv(q, k, v, do, dk, dv, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=dict(GDC=gdc))
     _bwd_dq(q, k, v, do, dq, cfg_dq, tma and cfg_dq.tma, *common,
-            order=dict(GDC=True, launch_pdl=True) if gdc else {}, signs=mask)  # fmt: skip
+            order=dict(GDC=True, launch_pdl=True) if gdc else {})  # fmt: skip
     return dq, dk, dv
-
-
-def sign_buffer(q, k, cfg_dkdv: AttnConfig, cfg_dq: AttnConfig) -> torch.Tensor:
-    """Room for the scores' signs, (B*H, G, Lk) bytes: G covers the query blocks of both kernels."""
-    B, H, Lq, _ = q.shape
-    rows = max(cfg_dkdv.block_m, cfg_dq.block_m)
-    return torch.empty((B * H, triton.cdiv(Lq, rows) * rows // 8, k.shape[2]), dtype=torch.uint8, device=q.device)
-
-
-def _sign_args(signs: torch.Tensor | None, dummy: torch.Tensor) -> tuple:
-    return (dummy, 0, 0) if signs is None else (signs, signs.stride(0), signs.stride(1))
 
 
 def _qkvdo_strides(q, k, v, do) -> tuple[int, ...]:
     return (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
 
 
-def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order,
-              signs=None):  # fmt: skip
+def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order):
     """The dK/dV kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`);
-    ``order``: its grid dependency control (``GDC``); ``signs``: a :func:`sign_buffer` to write."""
+    ``order``: its grid dependency control (``GDC``)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     grid = (triton.cdiv(Lk, cfg.block_n), B * H)
-    sg = _sign_args(signs, dk)
     if tma:
         _relu_attn_bwd_dkdv_tma_kernel[grid](
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
-            _desc(dk, cfg.block_n), _desc(dv, cfg.block_n), H, Lq, scale, relu_scale, *sg, Lk,
+            _desc(dk, cfg.block_n), _desc(dv, cfg.block_n), H, Lq, scale, relu_scale,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, SIGNS=signs is not None, **order,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
         )  # fmt: skip
         return
     qc, doc = (_l_contiguous(q), _l_contiguous(do)) if copies else (q, do)
     _relu_attn_bwd_dkdv_kernel[grid](
         q, k, v, do, dk, dv, qc, doc, *_qkvdo_strides(q, k, v, do), *_bhld_strides(dk), *_bhld_strides(dv),
-        *_bh_d_strides(qc), *_bh_d_strides(doc), H, Lq, Lk, scale, relu_scale, *sg,
+        *_bh_d_strides(qc), *_bh_d_strides(doc), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, SIGNS=signs is not None, **order,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
     )  # fmt: skip
 
 
-def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order, signs=None):
+def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order):
     """The dQ kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`); the dK/dV
     kernel's copies are freed by now, so their memory serves k's. ``order``: its grid dependency control
-    (``GDC``, ``launch_pdl``); ``signs``: the :func:`sign_buffer` the dK/dV kernel wrote."""
+    (``GDC``, ``launch_pdl``)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
-    sg = _sign_args(signs, dq)
     if tma:
         _relu_attn_bwd_dq_tma_kernel[grid](
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
-            _desc(dq, cfg.block_m), H, Lk, scale, relu_scale, *sg,
+            _desc(dq, cfg.block_m), H, Lk, scale, relu_scale,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, SIGNS=signs is not None, **order,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
         )  # fmt: skip
         return
     kc = _l_contiguous(k) if copies else k
     _relu_attn_bwd_dq_kernel[grid](
         q, k, v, do, dq, kc, *_qkvdo_strides(q, k, v, do), *_bhld_strides(dq), *_bh_d_strides(kc), H, Lq, Lk,
-        scale, relu_scale, *sg,
+        scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, SIGNS=signs is not None, **order,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
     )  # fmt: skip
 
 
