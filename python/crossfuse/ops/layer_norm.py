@@ -320,21 +320,7 @@ def _centred_sums(X, cols, N, mean, acc1, acc2, start0, BLOCK_N: tl.constexpr, U
     return acc1, acc2
 
 
-@triton.jit
-def _ln_fwd_chunk_out(X, Y, W, B, start, cols, mean, corr, rstd, N, HAS_WEIGHT: tl.constexpr,
-                      HAS_BIAS: tl.constexpr):  # fmt: skip
-    """The chunked forward's last pass over the chunk at ``start``: normalise and write."""
-    ok = start + cols < N
-    x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(mean.dtype)
-    y = ((x - mean) - corr) * rstd
-    if HAS_WEIGHT:
-        y = y * tl.load(W + start + cols, mask=ok, other=0.0).to(mean.dtype)
-    if HAS_BIAS:
-        y = y + tl.load(B + start + cols, mask=ok, other=0.0).to(mean.dtype)
-    tl.store(Y + start + cols, y.to(Y.dtype.element_ty), mask=ok, cache_modifier=".cs")
-
-
-@triton.jit(do_not_specialize=["M", "M_WHOLE"])
+@triton.jit(do_not_specialize=["M"])
 def _ln_fwd_chunked_kernel(
     X,  # input, (M, N), row stride stride_xm
     Y,  # output, (M, N), row stride stride_ym
@@ -345,7 +331,6 @@ def _ln_fwd_chunked_kernel(
     stride_xm,
     stride_ym,
     M,
-    M_WHOLE,  # with PIECES > 1: rows from M_WHOLE on are written by PIECES programs each
     N: tl.constexpr,  # a constant: the chunk loops have known trip counts (unrolled, masks folded)
     eps,
     BLOCK_N: tl.constexpr,
@@ -354,18 +339,8 @@ def _ln_fwd_chunked_kernel(
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # chunks per loop iteration: more loads in flight, more registers
     SHIFTED: tl.constexpr,  # two passes: sums about the first chunk's mean instead of a pass for the mean
-    PIECES: tl.constexpr = 1,
 ):
-    pid = tl.program_id(0)
-    if PIECES > 1:
-        # programs past M_WHOLE share the last rows: piece p computes its row's statistics (the same
-        # values in every piece) and writes the chunks c with c % PIECES == p; piece -1 = a whole row
-        tail = pid - M_WHOLE
-        row = tl.where(tail >= 0, M_WHOLE + tail // PIECES, pid).to(tl.int64)
-        piece = tl.where(tail >= 0, tail % PIECES, -1)
-    else:
-        row = pid.to(tl.int64)
-        piece = -1
+    row = tl.program_id(0).to(tl.int64)
     X += row * stride_xm
     Y += row * stride_ym
     acc_ty = tl.float64 if IS_FP64 else tl.float32
@@ -402,17 +377,17 @@ def _ln_fwd_chunked_kernel(
     rstd = 1.0 / tl.sqrt(var + eps)
     # pass 3: normalise and write; as in the fused kernel the row is centred on the first mean and then
     # corrected (x - (mean + corr) would round the sum to ulp(mean): ~1e-3 for rows of 1e4 + randn)
-    if PIECES > 1:
-        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-            # a branch, not a mask: a mask that is not constant along the chunk made these loads and
-            # stores scalar (run 89: 0.54-0.97x)
-            if (piece < 0) | ((start // BLOCK_N) % PIECES == piece):
-                _ln_fwd_chunk_out(X, Y, W, B, start, cols, mean, corr, rstd, N, HAS_WEIGHT, HAS_BIAS)
-    else:
-        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-            _ln_fwd_chunk_out(X, Y, W, B, start, cols, mean, corr, rstd, N, HAS_WEIGHT, HAS_BIAS)
-    tl.store(Mean + row, mean + corr, mask=piece <= 0)
-    tl.store(Rstd + row, rstd, mask=piece <= 0)
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+        ok = start + cols < N
+        x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(acc_ty)
+        y = ((x - mean) - corr) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
+        if HAS_BIAS:
+            y = y + tl.load(B + start + cols, mask=ok, other=0.0).to(acc_ty)
+        tl.store(Y + start + cols, y.to(Y.dtype.element_ty), mask=ok, cache_modifier=".cs")
+    tl.store(Mean + row, mean + corr)
+    tl.store(Rstd + row, rstd)
 
 
 @triton.jit
@@ -933,11 +908,6 @@ class LaunchConfig(NamedTuple):
     # sums and wait for each other, so that x and dy are read once (the split backward reads them twice);
     # with block_n >= N, one slab that waits for nobody
     coop: bool = False
-    # chunked forward: the last tail_per_sm * (SM count) rows are each written by tail_pieces programs
-    # (each computes the row's statistics and writes every tail_pieces-th chunk), so that the kernel
-    # ends on short programs rather than on whole rows
-    tail_per_sm: int = 0
-    tail_pieces: int = 1
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -1123,11 +1093,9 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
             ONE_TILE=cfg.programs_per_sm == 0, **common,
         )  # fmt: skip
     else:
-        pieces = min(cfg.tail_pieces, triton.cdiv(N, cfg.block_n))
-        tail = min(M, cfg.tail_per_sm * device_parallelism(x)) if pieces > 1 else 0
-        _ln_fwd_chunked_kernel[(M - tail + tail * pieces,)](
-            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, M - tail, N, eps,
-            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SHIFTED=cfg.shifted, PIECES=max(pieces, 1), **common,
+        _ln_fwd_chunked_kernel[(M,)](
+            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
+            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SHIFTED=cfg.shifted, **common,
         )  # fmt: skip
     return y, mean, rstd
 
