@@ -106,19 +106,6 @@ def _dscores(s, dp, scale, SQUARED: tl.constexpr):
 
 
 @triton.jit
-def _block_order(GROUP):
-    """``(pid_m, pid_bh)``: this program's query block and (batch, head) pair. The (blocks, B·H) grid is
-    taken in launch order GROUP pairs at a time, and within a group the heaviest causal blocks of all its
-    pairs first, so that the kernel ends on light blocks; GROUP = 1 is one pair after another."""
-    n_m = tl.num_programs(0)
-    lin = tl.program_id(1) * n_m + tl.program_id(0)
-    g = lin // (GROUP * n_m)
-    r = lin % (GROUP * n_m)
-    heads = tl.minimum(GROUP, tl.num_programs(1) - g * GROUP)
-    return n_m - 1 - r // heads, g * GROUP + r % heads
-
-
-@triton.jit
 def _fwd_range(
     acc,
     q,  # (BLOCK_M, HEAD_D) query tile
@@ -174,7 +161,6 @@ def _relu_attn_fwd_kernel(
     H, Lq, Lk,
     scale,
     relu_scale,
-    GROUP,  # (batch, head) pairs ordered together (_block_order)
     HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -185,7 +171,8 @@ def _relu_attn_fwd_kernel(
     IS_FP64: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_bh = _block_order(GROUP)  # heaviest (causal) query blocks first
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
+    pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     Q += b * stride_qb + h * stride_qh
@@ -515,11 +502,11 @@ def _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.cons
 def _relu_attn_fwd_tma_kernel(
     Qd, Kd, Vd, Od,  # rank-4 descriptors over [B, H, L, HEAD_D]: boxes [1, 1, BLOCK_M or BLOCK_N, HEAD_D]
     H, Lk, scale, relu_scale,
-    GROUP,  # (batch, head) pairs ordered together (_block_order)
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_bh = _block_order(GROUP)  # heaviest (causal) query blocks first
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
+    pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     start_m = pid_m * BLOCK_M
@@ -765,37 +752,24 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
     interp = is_interpreted(_relu_attn_fwd_kernel)
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
-    group = _causal_group(k) if causal else 1
     if cfg.tma and _tma_usable(interp, q, k, v, out):
         _relu_attn_fwd_tma_kernel[grid](
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, cfg.block_m),
-            H, Lk, scale, relu_scale, group, HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            CAUSAL=causal, SQUARED=squared, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            H, Lk, scale, relu_scale, HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
+            SQUARED=squared, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return out
     if _tf32_copies(q.dtype, interp):
         v = _l_contiguous(v)  # p @ v sums over keys: see _tf32_copies
     _relu_attn_fwd_kernel[grid](
         q, k, v, out, *_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), v.stride(3),
-        *_bhld_strides(out), H, Lq, Lk, scale, relu_scale, group,
+        *_bhld_strides(out), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
-
-
-# The causal forward orders its programs by groups of (batch, head) pairs whose keys and values take up
-# to this many bytes (_block_order): within a group the heaviest blocks go first, and the group's keys
-# and values stay in L2 while its blocks run.
-CAUSAL_GROUP_BYTES = 16 << 20
-
-
-def _causal_group(k: torch.Tensor) -> int:
-    """(batch, head) pairs per group of the causal forward's program order (see CAUSAL_GROUP_BYTES)."""
-    B, H, Lk, D = k.shape
-    return max(1, min(B * H, CAUSAL_GROUP_BYTES // (2 * Lk * D * k.element_size())))
 
 
 def _tma_usable(interp: bool, *tensors: torch.Tensor) -> bool:
