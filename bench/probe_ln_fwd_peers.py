@@ -1,7 +1,7 @@
 """Probe: the layer-norm forward at the rows where a peer leads (README, run 55), peer and ours alternated
 in one process, with our kernel also at the peer's own launch shape.
 
-    python bench/probe_ln_fwd_peers.py [--rounds 3]
+    python bench/probe_ln_fwd_peers.py [--rounds 3] [--launches]
 
 For each shape: Liger's ``layer_norm_forward`` (one row per program, warps from its
 ``calculate_settings``), torch.compile of ``F.layer_norm`` (the sessions' entry, ``dynamic=False``; run
@@ -10,6 +10,9 @@ forward with the code's table, and our one-tile kernel with Liger's launch shape
 the same warps, weight and bias loaded first). GB/s (2·M·N·bytes) from the medians of ``time_cuda`` (the
 sessions' timer) over ``--rounds`` alternations. If our kernel at Liger's launch shape is as fast as
 Liger, the difference in the sessions is the table's choice; if not, it is in the kernels or the calls.
+With ``--launches`` (run 98, five rounds), the rows of N <= 4096 also time every one-tile launch of 1–4
+rows on 1–8 warps (at least 4 elements per thread; weight and bias loaded before or after the statistics)
+and print every rate, best first.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ SHAPES = [("float32", 4096, 2048), ("float32", 4096, 4096), ("float32", 4096, 81
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--launches", action="store_true", help="also every one-tile launch (N <= 4096)")
     args = ap.parse_args(argv)
     import torch
     from crossfuse import registry
@@ -55,6 +59,8 @@ def main(argv=None) -> int:
             "ours_code": partial(ln.layer_norm_fwd, x, w, b, 1e-5),
             "ours_liger_shape": partial(ln.layer_norm_fwd, x, w, b, 1e-5, config=liger_shape),
         }
+        if args.launches and n <= 4096:
+            fns.update(_one_tile_launches(ln, x, w, b))
         ref = fns["liger"]()[0].float()
         for name, fn in fns.items():
             out = fn()
@@ -66,9 +72,33 @@ def main(argv=None) -> int:
             for name, fn in fns.items():
                 times[name].append(timing.time_cuda(fn, config=cfg).p50)
         nbytes = 2 * m * n * x.element_size()
+        code = ln.launch_config(n, dtype, "fwd", m)
+        if args.launches and n <= 4096:
+            print(f"{dtype_name} {m}x{n} (code: {code}):", flush=True)
+            rates = {k: nbytes / statistics.median(v) / 1e6 for k, v in times.items()}
+            for k, v in sorted(rates.items(), key=lambda kv: -kv[1]):
+                print(f"  {v:6.0f}  {k}", flush=True)
+            continue
         rates = " ".join(f"{nbytes / statistics.median(times[k]) / 1e6:.0f}" for k in fns)
-        print(f"{dtype_name} {m}x{n} {rates}  (code: {ln.launch_config(n, dtype, 'fwd', m)})", flush=True)
+        print(f"{dtype_name} {m}x{n} {rates}  (code: {code})", flush=True)
     return 0
+
+
+def _one_tile_launches(ln, x, w, b) -> dict:
+    """Our forward at every one-tile launch of 1–4 rows on 1–8 warps with at least 4 elements per thread,
+    weight and bias loaded after or before the statistics, keyed by a readable name."""
+    n = x.shape[1]
+    out = {}
+    for bm in (1, 2, 4):
+        for warps in (1, 2, 4, 8):
+            if bm * n // (32 * warps) < 4:
+                continue
+            for kp in (False, True):
+                c = ln.LaunchConfig(bm, n, warps, 0, keep_params=kp)
+                out[f"ours ({bm}, {n}, {warps}, 0{', keep' if kp else ''})"] = partial(
+                    ln.layer_norm_fwd, x, w, b, 1e-5, config=c
+                )
+    return out
 
 
 if __name__ == "__main__":
