@@ -10,6 +10,7 @@ import torch
 from crossfuse.ops import relu_attention as ra
 from crossfuse.reference import relu_attention_naive, relu_attention_ref
 from crossfuse.tolerances import relerr, tolerance
+from triton.runtime.errors import OutOfResources
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -292,6 +293,50 @@ def test_launch_configs_divide_for_causal_blocks():
                 cfg = ra.attention_config("dkdv", d, dtype, causal)
                 assert cfg.block_n % cfg.block_m == 0, (d, dtype, cfg)
                 assert math.log2(cfg.block_m).is_integer() and math.log2(cfg.block_n).is_integer()
+
+
+class _KernelFitting:
+    """Stands in for a Triton kernel on a GPU whose shared memory holds ``fits`` pipeline stages: a launch
+    with more raises Triton's OutOfResources, as Triton does before running anything."""
+
+    def __init__(self, fits: int, resource: str = "shared memory"):
+        self.fits, self.resource, self.stages_tried = fits, resource, []
+
+    def __getitem__(self, grid):
+        def launch(*args, num_stages, **options):
+            self.stages_tried.append(num_stages)
+            if num_stages > self.fits:
+                raise OutOfResources(49152 * num_stages, 49152 * self.fits, self.resource)
+
+        return launch
+
+
+def test_launch_takes_fewer_stages_where_shared_memory_is_smaller(monkeypatch):
+    # the tables were tuned on an H200; on a GPU with less shared memory the launcher steps the stages
+    # down until the launch fits, once, and launches with those afterwards
+    monkeypatch.setattr(ra, "_STAGES_THAT_FIT", {})
+    kernel = _KernelFitting(fits=2)
+    key = ("cuda:0", torch.bfloat16, 128, ra.AttnConfig(64, 128, 8, 4))
+    ra._launch(kernel, (1, 1), key, "arg", num_warps=8, num_stages=4)
+    assert kernel.stages_tried == [4, 3, 2]
+    ra._launch(kernel, (1, 1), key, "arg", num_warps=8, num_stages=4)
+    assert kernel.stages_tried == [4, 3, 2, 2]
+    fits_all = _KernelFitting(fits=4)
+    ra._launch(fits_all, (1, 1), key, num_warps=8, num_stages=4)  # another kernel: its own stages
+    assert fits_all.stages_tried == [4]
+
+
+def test_launch_reraises_what_fewer_stages_cannot_fix(monkeypatch):
+    monkeypatch.setattr(ra, "_STAGES_THAT_FIT", {})
+    key = ("cuda:0", torch.bfloat16, 128, ra.AttnConfig(64, 128, 8, 3))
+    too_big = _KernelFitting(fits=0)
+    with pytest.raises(OutOfResources, match="shared memory"):
+        ra._launch(too_big, (1, 1), key, num_warps=8, num_stages=3)
+    assert too_big.stages_tried == [3, 2, 1]
+    threads = _KernelFitting(fits=1, resource="threads")
+    with pytest.raises(OutOfResources, match="threads"):
+        ra._launch(threads, (1, 1), key, num_warps=8, num_stages=3)
+    assert threads.stages_tried == [3]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))

@@ -47,6 +47,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -731,6 +732,29 @@ def attention_config(
 # ----------------------------------------------------------------------------------------------------
 
 
+# (kernel, device, dtype, D, config) -> the pipeline stages that fit that GPU's shared memory, where fewer
+# than the config's (see _launch)
+_STAGES_THAT_FIT: dict[tuple, int] = {}
+
+
+def _launch(kernel, grid, key: tuple, *args, **options) -> None:
+    """``kernel[grid](*args, **options)``. The tables were tuned on an H200 (227 KB of shared memory per
+    program; a D=128 backward step takes up to 192 KB); on a GPU with less, Triton refuses a launch whose
+    stages do not fit (``OutOfResources``, before anything runs), so the launch is retried with one stage
+    fewer, down to one, and the stages that fit are remembered under ``(kernel, *key)``."""
+    tuned = options.pop("num_stages")
+    stages = _STAGES_THAT_FIT.get((kernel, *key), tuned)
+    while True:
+        try:
+            kernel[grid](*args, num_stages=stages, **options)
+            return
+        except OutOfResources as exc:
+            if exc.name != "shared memory" or stages <= 1:
+                raise
+            stages -= 1
+            _STAGES_THAT_FIT[(kernel, *key)] = stages
+
+
 def _bhld_strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
@@ -752,8 +776,10 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
     interp = is_interpreted(_relu_attn_fwd_kernel)
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
+    key = (q.device, q.dtype, D, cfg)
     if cfg.tma and _tma_usable(interp, q, k, v, out):
-        _relu_attn_fwd_tma_kernel[grid](
+        _launch(
+            _relu_attn_fwd_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, cfg.block_m),
             H, Lk, scale, relu_scale, HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
             SQUARED=squared, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -761,7 +787,8 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         return out
     if _tf32_copies(q.dtype, interp):
         v = _l_contiguous(v)  # p @ v sums over keys: see _tf32_copies
-    _relu_attn_fwd_kernel[grid](
+    _launch(
+        _relu_attn_fwd_kernel, grid, key,
         q, k, v, out, *_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), v.stride(3),
         *_bhld_strides(out), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
@@ -853,8 +880,10 @@ def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale,
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     grid = (triton.cdiv(Lk, cfg.block_n), B * H)
+    key = (q.device, q.dtype, D, cfg)
     if tma:
-        _relu_attn_bwd_dkdv_tma_kernel[grid](
+        _launch(
+            _relu_attn_bwd_dkdv_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
             _desc(dk, cfg.block_n), _desc(dv, cfg.block_n), H, Lq, scale, relu_scale,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
@@ -862,7 +891,8 @@ def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale,
         )  # fmt: skip
         return
     qc, doc = (_l_contiguous(q), _l_contiguous(do)) if copies else (q, do)
-    _relu_attn_bwd_dkdv_kernel[grid](
+    _launch(
+        _relu_attn_bwd_dkdv_kernel, grid, key,
         q, k, v, do, dk, dv, qc, doc, *_qkvdo_strides(q, k, v, do), *_bhld_strides(dk), *_bhld_strides(dv),
         *_bh_d_strides(qc), *_bh_d_strides(doc), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
@@ -879,8 +909,10 @@ def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, inter
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
+    key = (q.device, q.dtype, D, cfg)
     if tma:
-        _relu_attn_bwd_dq_tma_kernel[grid](
+        _launch(
+            _relu_attn_bwd_dq_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
             _desc(dq, cfg.block_m), H, Lk, scale, relu_scale,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
@@ -888,7 +920,8 @@ def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, inter
         )  # fmt: skip
         return
     kc = _l_contiguous(k) if copies else k
-    _relu_attn_bwd_dq_kernel[grid](
+    _launch(
+        _relu_attn_bwd_dq_kernel, grid, key,
         q, k, v, do, dq, kc, *_qkvdo_strides(q, k, v, do), *_bhld_strides(dq), *_bh_d_strides(kc), H, Lq, Lk,
         scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
