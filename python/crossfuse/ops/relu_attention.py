@@ -742,8 +742,8 @@ def _launch(kernel, grid, key: tuple, *args, **options) -> None:
     program; a D=128 backward step takes up to 192 KB); on a GPU with less, Triton refuses a launch whose
     stages do not fit (``OutOfResources``, before anything runs), so the launch is retried with one stage
     fewer, down to one, and the stages that fit are remembered under ``(kernel, *key)``."""
-    tuned = options.pop("num_stages")
-    stages = _STAGES_THAT_FIT.get((kernel, *key), tuned)
+    slot = (kernel, *key)
+    stages = _STAGES_THAT_FIT.get(slot, options.pop("num_stages"))
     while True:
         try:
             kernel[grid](*args, num_stages=stages, **options)
@@ -752,7 +752,7 @@ def _launch(kernel, grid, key: tuple, *args, **options) -> None:
             if exc.name != "shared memory" or stages <= 1:
                 raise
             stages -= 1
-            _STAGES_THAT_FIT[(kernel, *key)] = stages
+            _STAGES_THAT_FIT[slot] = stages
 
 
 def _bhld_strides(t: torch.Tensor) -> tuple[int, int, int]:
