@@ -32,6 +32,29 @@ def _tf32_truncate(t: torch.Tensor) -> torch.Tensor:
     return (t.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
 
 
+def kink_rows(q, k, causal, squared):
+    """``{"dq": rows, "dk": rows, "dv": rows}``, [B, H, L] masks (inputs [B, H, L, D]): the query rows of
+    dq and key rows of dk that a score within float32 rounding of relu's kink reaches (dv: none). relu's
+    derivative jumps at 0, and a score |s| <= D * 2^-23 * sum_d |q_d k_d| may fall on either side in any
+    float32 sum, moving its dq row by dp * scale * k (its dk row by dp * scale * q) either way: those rows
+    (none for squared, which is continuous at 0; none or a few among thousands otherwise) are left out of
+    the comparison with float64. Found by a fresh seed: two such scores among 2 * 10^5 moved dq by 1.3e-3
+    where the tolerance is 2e-4."""
+    q, k = q.detach().double(), k.detach().double()
+    near = (q @ k.transpose(-1, -2)).abs() <= q.shape[-1] * 2.0**-23 * (q.abs() @ k.abs().transpose(-1, -2))
+    if causal:
+        near &= torch.ones_like(near[0, 0]).tril()
+    if squared:
+        near[:] = False
+    return {"dq": near.any(-1), "dk": near.any(-2), "dv": torch.zeros_like(near.any(-2))}
+
+
+def relerr_off(got, ref, rows):
+    """relerr of ``got`` against ``ref`` ([B, H, L, D]) on the rows not in ``rows`` (see kink_rows)."""
+    keep = ~rows.to(got.device)
+    return relerr(got[keep], ref[keep])
+
+
 def run_and_compare(q, k, v, causal, squared, gen, layout="bhld"):
     """Kernel forward + backward vs the float64 reference; returns the errors (asserted here)."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
@@ -48,8 +71,10 @@ def run_and_compare(q, k, v, causal, squared, gen, layout="bhld"):
     out_ref = to_bhld(out_ref)
     out_ref.backward(dout.double())
     errs = {"out": (relerr(out, out_ref), tolerance("relu_attention", dtype, "fwd", tf32=tf32))}
+    kink = kink_rows(to_bhld(refs[0]), to_bhld(refs[1]), causal, squared)
     for name, got, ref in zip("qkv", leaves, refs, strict=True):
-        errs["d" + name] = (relerr(got.grad, ref.grad), tolerance("relu_attention", dtype, "bwd", tf32=tf32))
+        err = relerr_off(to_bhld(got.grad), to_bhld(ref.grad), kink["d" + name])
+        errs["d" + name] = (err, tolerance("relu_attention", dtype, "bwd", tf32=tf32))
     bad = {k: v for k, v in errs.items() if not v[0] <= v[1]}
     assert not bad, f"relative error over tolerance (error, tolerance): {bad}"
     return errs, out, leaves
@@ -408,8 +433,9 @@ def test_tensor_descriptor_kernels(length, layout, causal, squared, device, gen)
         ra.relu_attention_bwd(qb, kb, vb, dob, causal, squared, scale, relu_scale, dq, dk, dv,
                               configs=(dkdv, dq_cfg))  # fmt: skip
         assert relerr(out, want) <= tolerance("relu_attention", dtype, "fwd"), (fwd, relerr(out, want))
+        kink = kink_rows(qb, kb, causal, squared)
         for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads, strict=True):
-            err = relerr(got, ref)
+            err = relerr_off(got, ref, kink[name])
             assert err <= tolerance("relu_attention", dtype, "bwd"), (name, dkdv, err)
 
 
