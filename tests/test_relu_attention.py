@@ -454,33 +454,3 @@ def test_tensor_descriptors_need_aligned_strides(device, gen):
     cfg = ra.AttnConfig(32, 16, 4, 1, True)
     got = ra.relu_attention_fwd(q_odd, k, v, False, False, 0.2, 1 / 32, config=cfg)
     assert relerr(got, want) <= (1e-6 if dtype == torch.float32 else 1e-2)
-
-
-@pytest.mark.parametrize("kernels", ["pointers", "descriptors"])
-@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("length", [17, 192], ids=lambda n: f"L={n}")
-def test_split_forward_matches_float64(length, causal, squared, kernels, device, gen):
-    # AttnConfig.split: the first query tiles each done by two programs whose float32 sums the second to
-    # finish adds; every tile's output must be the same sum as one program's, whichever finishes first
-    tma = kernels == "descriptors"
-    if tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("tensor descriptors need compute capability 9 or later")
-    dtype, d = (torch.float32, 32) if device == "cpu" else (torch.bfloat16, 128)
-    q, k, v = qkv(3, 2, length, length, d, dtype, device, gen)
-    scale, relu_scale = 1 / math.sqrt(d), 1 / length
-    want = relu_attention_ref(*(t.double() for t in (q, k, v)), causal=causal, squared=squared, scale=scale,
-                              relu_scale=relu_scale)  # fmt: skip
-    tiles = [(32, 16, 4, 1)] if device == "cpu" else [(64, 64, 4, 3), (128, 64, 8, 2)]
-    n_sm = ra.device_parallelism(q)
-    for block_m, block_n, warps, stages in tiles:
-        base = ra.AttnConfig(block_m, block_n, warps, stages, tma)
-        n_tiles = math.ceil(length / block_m) * 3 * 2
-        one = ra.relu_attention_fwd(q, k, v, causal, squared, scale, relu_scale, config=base)
-        for split in (1, 2, max(1, n_tiles // n_sm + 1)):  # the last splits every tile
-            cfg = base._replace(split=split)
-            got = ra.relu_attention_fwd(q, k, v, causal, squared, scale, relu_scale, config=cfg)
-            assert relerr(got, want) <= tolerance("relu_attention", dtype, "fwd"), (cfg, relerr(got, want))
-            # the same sums in another order: within a few units of the last place of one program's output
-            assert relerr(got, one) <= (1e-6 if dtype == torch.float32 else 1e-2), (base, split)
-

@@ -66,8 +66,7 @@ def attention_overrides(config_type) -> dict:
             if c.get("ws"):  # run 26: warp-specialized loops gave wrong results; their entries are not used
                 continue
             tma = bool(c.get("tma", False))
-            split = int(c.get("split", 0))
-            cfg = config_type(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"], tma, split)
+            cfg = config_type(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"], tma)
             esize = _ESIZE[c.get("dtype", "bfloat16")]
             for long in (c["length"] == "long",) if "length" in c else (False, True):
                 out[(c["kind"], c["d"], esize, c["causal"], long)] = cfg

@@ -55,7 +55,7 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
 
 from .. import _tuning
-from .._backend import check_runnable, compute_capability_major, device_parallelism, is_interpreted
+from .._backend import check_runnable, compute_capability_major, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor, dtype_name
 from . import _gdc
 
@@ -150,58 +150,6 @@ def _fwd_range(
 
 
 @triton.jit
-def _store_rows(ptrs, out, offs_m, Lq, EVEN_M: tl.constexpr):
-    if EVEN_M:
-        tl.store(ptrs, out)
-    else:
-        tl.store(ptrs, out, mask=offs_m[:, None] < Lq)
-
-
-@triton.jit
-def _split_work(n_tiles, n_split, NB_M, Lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                CAUSAL: tl.constexpr):  # fmt: skip
-    """The work of program ``tl.program_id(0)`` of a split launch (see ``AttnConfig.split``): programs
-    ``[0, n_tiles)`` own query tile ``g`` (tile ``t`` is query block ``NB_M - 1 - t % NB_M`` of (batch,
-    head) pair ``t // NB_M``), those of the first ``n_split`` tiles only its first key blocks; programs
-    ``[n_tiles, n_tiles + n_split)`` take the other key blocks of tile ``g - n_tiles``. The cut is a
-    Fibonacci-hashed fraction of the tile's key blocks, so that programs sharing an SM fall out of step.
-    Returns (tile, pair, query block, first key, end of keys, whether split, whether the tail part)."""
-    g = tl.program_id(0)
-    tail = g >= n_tiles
-    t = tl.where(tail, g - n_tiles, g)
-    split = t < n_split
-    pair = t // NB_M
-    pid_m = NB_M - 1 - t % NB_M  # heaviest (causal) query blocks first
-    if CAUSAL:
-        end = tl.minimum((pid_m + 1) * BLOCK_M, Lk)
-    else:
-        end = Lk
-    nblocks = tl.cdiv(end, BLOCK_N).to(tl.int64)
-    cut = (nblocks * (((t.to(tl.int64) + 1) * 40503) % 65536)) >> 16  # in [0, nblocks)
-    cut = tl.minimum(tl.maximum(cut, 1), nblocks).to(tl.int32) * BLOCK_N
-    lo = tl.where(split & tail, cut, 0)
-    hi = tl.where(split & (g < n_tiles), tl.minimum(cut, end), end)
-    return t, pair, pid_m, lo, hi, split, tail
-
-
-@triton.jit
-def _split_combine(acc, Part, Cnt, t, tail, BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr):
-    """For a split tile: post this part's float32 sums and count in; returns (sums of both parts, whether
-    this program writes the tile: the second to count in, which adds the other part's sums; float32
-    addition commutes, so the result does not depend on which program is second)."""
-    tile = Part + t.to(tl.int64) * (2 * BLOCK_M * HEAD_D)
-    offs = tl.arange(0, BLOCK_M)[:, None] * HEAD_D + tl.arange(0, HEAD_D)[None, :]
-    tl.store(tile + tl.where(tail, BLOCK_M * HEAD_D, 0) + offs, acc)
-    # every thread's sums stored before one thread counts in (release); the second sees the first's (acquire)
-    tl.debug_barrier()
-    second = tl.atomic_add(Cnt + t, 1, sem="acq_rel") == 1
-    if second:
-        other = tl.load(tile + tl.where(tail, 0, BLOCK_M * HEAD_D) + offs, cache_modifier=".cg")
-        acc = acc + other
-    return acc, second
-
-
-@triton.jit
 def _relu_attn_fwd_kernel(
     Q,  # (B, H, Lq, HEAD_D) through strides stride_qb, stride_qh, stride_ql; unit stride on D
     K,  # (B, H, Lk, HEAD_D)
@@ -223,20 +171,9 @@ def _relu_attn_fwd_kernel(
     EVEN_N: tl.constexpr,
     IS_FP64: tl.constexpr,
     UPCAST: tl.constexpr,
-    Part=None,  # SPLIT: float32 (n_split, 2, BLOCK_M, HEAD_D), the split tiles' two parts
-    Cnt=None,  # SPLIT: int32 (n_split,) zeros, the parts counted in per split tile
-    n_tiles=0,
-    n_split=0,
-    SPLIT: tl.constexpr = False,  # a 1-D grid of n_tiles + n_split programs (see _split_work)
 ):  # fmt: skip
-    if SPLIT:
-        t, pid_bh, pid_m, lo, hi, split, tail = _split_work(n_tiles, n_split, tl.cdiv(Lq, BLOCK_M), Lk,
-                                                            BLOCK_M, BLOCK_N, CAUSAL)  # fmt: skip
-    else:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
-        pid_bh = tl.program_id(1)
-        lo = 0
-        hi = Lk
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
+    pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     Q += b * stride_qb + h * stride_qh
@@ -252,26 +189,22 @@ def _relu_attn_fwd_kernel(
         q = tl.load(q_ptrs, mask=offs_m[:, None] < Lq, other=0.0)
     acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float64 if IS_FP64 else tl.float32)
     if CAUSAL:
-        # keys [0, pid_m*BLOCK_M) are visible to every row: no mask; then the diagonal blocks (within the
-        # program's keys [lo, hi): all of the row's unless split)
+        # keys [0, pid_m*BLOCK_M) are visible to every row: no mask; then the diagonal blocks
         diag = pid_m * BLOCK_M
-        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, lo, tl.minimum(diag, hi), Lk,
-                         scale, BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST)  # fmt: skip
-        hi = tl.minimum(tl.minimum(diag + BLOCK_M, Lk), hi)
-        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, tl.maximum(lo, diag), hi, Lk,
-                         scale, BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
+        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, 0, diag, Lk, scale,
+                         BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST)  # fmt: skip
+        hi = tl.minimum(diag + BLOCK_M, Lk)
+        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, diag, hi, Lk, scale,
+                         BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
     else:
-        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, lo, hi, Lk, scale,
+        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, 0, Lk, Lk, scale,
                          BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
+    out = (acc * relu_scale).to(O.dtype.element_ty)
     o_ptrs = O + offs_m[:, None] * stride_ol + offs_d[None, :]
-    if SPLIT:
-        write = pid_m >= 0
-        if split:
-            acc, write = _split_combine(acc, Part, Cnt, t, tail, BLOCK_M, HEAD_D)
-        if write:
-            _store_rows(o_ptrs, (acc * relu_scale).to(O.dtype.element_ty), offs_m, Lq, EVEN_M)
+    if EVEN_M:
+        tl.store(o_ptrs, out)
     else:
-        _store_rows(o_ptrs, (acc * relu_scale).to(O.dtype.element_ty), offs_m, Lq, EVEN_M)
+        tl.store(o_ptrs, out, mask=offs_m[:, None] < Lq)
 
 
 @triton.jit
@@ -572,16 +505,9 @@ def _relu_attn_fwd_tma_kernel(
     H, Lk, scale, relu_scale,
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
-    Part=None, Cnt=None, Lq=0, n_tiles=0, n_split=0, SPLIT: tl.constexpr = False,  # as the pointer kernel's
 ):  # fmt: skip
-    if SPLIT:
-        t, pid_bh, pid_m, lo, hi, split, tail = _split_work(n_tiles, n_split, tl.cdiv(Lq, BLOCK_M), Lk,
-                                                            BLOCK_M, BLOCK_N, CAUSAL)  # fmt: skip
-    else:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
-        pid_bh = tl.program_id(1)
-        lo = 0
-        hi = Lk
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
+    pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     start_m = pid_m * BLOCK_M
@@ -589,21 +515,13 @@ def _relu_attn_fwd_tma_kernel(
     q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
     acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
     if CAUSAL:
-        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, lo, tl.minimum(start_m, hi), scale, BLOCK_N,
-                             HEAD_D, False, SQUARED)  # fmt: skip
-        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, tl.maximum(lo, start_m),
-                             tl.minimum(tl.minimum(start_m + BLOCK_M, Lk), hi), scale, BLOCK_N, HEAD_D, True,
+        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, 0, start_m, scale, BLOCK_N, HEAD_D, False,
                              SQUARED)  # fmt: skip
+        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, start_m, tl.minimum(start_m + BLOCK_M, Lk), scale,
+                             BLOCK_N, HEAD_D, True, SQUARED)  # fmt: skip
     else:
-        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N, HEAD_D, False, SQUARED)
-    if SPLIT:
-        write = pid_m >= 0
-        if split:
-            acc, write = _split_combine(acc, Part, Cnt, t, tail, BLOCK_M, HEAD_D)
-        if write:
-            Od.store([b, h, start_m, 0], (acc * relu_scale).to(Od.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
-    else:
-        Od.store([b, h, start_m, 0], (acc * relu_scale).to(Od.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
+        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED)
+    Od.store([b, h, start_m, 0], (acc * relu_scale).to(Od.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
 
 
 @triton.jit
@@ -716,12 +634,6 @@ class AttnConfig(NamedTuple):
     num_warps: int
     num_stages: int
     tma: bool = False  # tensor descriptors (the *_tma_kernel's) where _tma_usable allows, else pointers
-    # forward only: the first split x SMs query tiles are each done by two programs, one launched first
-    # with the tile's first key blocks and one launched last with the rest, the second to finish adding
-    # the two (float32 partial sums through a scratch buffer); 0: one program per tile. Programs sharing
-    # an SM run equal tiles, so they start and end together and leave the tensor cores idle during their
-    # loads and stores at the same moments; first parts of different lengths put them out of step
-    split: int = 0
 
 
 # Sequences up to SHORT_L use the "short" entries of TUNED where there are any: with 16k tokens a
@@ -865,24 +777,12 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
     key = (q.device, q.dtype, D, cfg)
-    split = {}
-    if cfg.split > 0:
-        n_tiles = grid[0] * grid[1]
-        n_split = min(n_tiles, cfg.split * device_parallelism(q))
-        grid = (n_tiles + n_split,)
-        split = dict(
-            Part=torch.empty((n_split, 2, cfg.block_m, D), dtype=torch.float32, device=q.device),
-            Cnt=torch.zeros((n_split,), dtype=torch.int32, device=q.device),
-            n_tiles=n_tiles, n_split=n_split, SPLIT=True,
-        )  # fmt: skip
     if cfg.tma and _tma_usable(interp, q, k, v, out):
-        if split:
-            split["Lq"] = Lq
         _launch(
             _relu_attn_fwd_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, cfg.block_m),
             H, Lk, scale, relu_scale, HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-            SQUARED=squared, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **split,
+            SQUARED=squared, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return out
     if _tf32_copies(q.dtype, interp):
@@ -894,7 +794,7 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **split,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
 
