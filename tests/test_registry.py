@@ -84,3 +84,46 @@ def test_formulas_for_throughput():
     assert registry.flops("relu_attention", (2, 3, 128, 64), "fwd", causal=True) == 2 * 2 * 3 * 128 * 128 * 64
     assert registry.flops("relu_attention", (1, 1, 10, 16), "bwd") == 2.5 * 4 * 100 * 16
     assert registry.min_bytes("relu_attention", (1, 1, 10, 16), "fwd", 2) is None
+
+
+def _kink_case():
+    """q, k (float32, [1, 1, 3, 4]) with score (0, 1) exactly 0 and every other score far from 0."""
+    q = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    k = torch.tensor([[1.0, 0.5, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [2.0, 1.0, 1.0, 1.0]])
+    return q.view(1, 1, 3, 4), k.view(1, 1, 3, 4)
+
+
+def test_kink_rows_are_the_rows_a_score_at_zero_reaches():
+    from crossfuse.reference import kink_rows
+
+    q, k = _kink_case()
+    rows = kink_rows(q, k)
+    assert rows["q"].tolist() == [[[True, False, False]]]  # query 0 against key 1
+    assert rows["k"].tolist() == [[[False, True, False]]]
+    assert not kink_rows(q, k, squared=True)["q"].any()  # relu^2 is smooth at 0
+    assert not kink_rows(q, k, causal=True)["q"].any()  # key 1 is after query 0: masked, not ambiguous
+    # a score that float32 rounding could move across 0 counts too; one well clear of it does not
+    q2 = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [1.0, 2.0, 1.0, 1.0]]).view(1, 1, 3, 4)
+    for delta, near in ((1e-7, True), (1e-3, False)):  # score (0, 1) = delta, sum |q_d k_d| = 2 - delta
+        k2 = k.clone()
+        k2[0, 0, 1, :2] = torch.tensor([1.0, delta - 1.0])
+        assert kink_rows(q2, k2)["q"].tolist() == [[[near, False, False]]], delta
+
+
+def test_compare_leaves_out_only_the_ambiguous_gradient_rows():
+    from crossfuse.check import compare
+
+    impl = registry.get("relu_attention", "naive", "python")
+    q, k = _kink_case()
+    inputs = {"q": q, "k": k, "v": torch.randn(1, 1, 3, 4, dtype=torch.float64).float(), "causal": False,
+              "squared": False}  # fmt: skip
+    op = registry.OPS["relu_attention"]
+    dy = torch.randn(1, 1, 3, 4, dtype=torch.float64)
+    ref_out, ref = op.reference_grads(inputs, dy)
+    got = {name: g.float().clone() for name, g in ref.items()}
+    got["q"][0, 0, 0] += 1.0  # the ambiguous row of dq: not compared, and counted
+    c = compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref, inputs)
+    assert c.ok and c.left_out == {"q": 1, "k": 1}
+    assert not compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref).ok  # without inputs
+    got["q"][0, 0, 2] += 1.0  # a row no score near 0 reaches: still compared
+    assert not compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref, inputs).ok

@@ -8,6 +8,7 @@ import crossfuse
 import pytest
 import torch
 from crossfuse.ops import relu_attention as ra
+from crossfuse.reference import kink_rows as reference_kink_rows
 from crossfuse.reference import relu_attention_naive, relu_attention_ref
 from crossfuse.tolerances import relerr, tolerance
 from triton.runtime.errors import OutOfResources
@@ -33,20 +34,9 @@ def _tf32_truncate(t: torch.Tensor) -> torch.Tensor:
 
 
 def kink_rows(q, k, causal, squared):
-    """``{"dq": rows, "dk": rows, "dv": rows}``, [B, H, L] masks (inputs [B, H, L, D]): the query rows of
-    dq and key rows of dk that a score within float32 rounding of relu's kink reaches (dv: none). relu's
-    derivative jumps at 0, and a score |s| <= D * 2^-23 * sum_d |q_d k_d| may fall on either side in any
-    float32 sum, moving its dq row by dp * scale * k (its dk row by dp * scale * q) either way: those rows
-    (none for squared, which is continuous at 0; none or a few among thousands otherwise) are left out of
-    the comparison with float64. Found by a fresh seed: two such scores among 2 * 10^5 moved dq by 1.3e-3
-    where the tolerance is 2e-4."""
-    q, k = q.detach().double(), k.detach().double()
-    near = (q @ k.transpose(-1, -2)).abs() <= q.shape[-1] * 2.0**-23 * (q.abs() @ k.abs().transpose(-1, -2))
-    if causal:
-        near &= torch.ones_like(near[0, 0]).tril()
-    if squared:
-        near[:] = False
-    return {"dq": near.any(-1), "dk": near.any(-2), "dv": torch.zeros_like(near.any(-2))}
+    """The dq, dk, dv rows left out of comparisons with float64 (see crossfuse.reference.kink_rows)."""
+    rows = reference_kink_rows(q, k, causal, squared)
+    return {"dq": rows["q"], "dk": rows["k"], "dv": torch.zeros_like(rows["k"])}
 
 
 def relerr_off(got, ref, rows):

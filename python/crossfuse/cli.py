@@ -149,6 +149,10 @@ def cmd_check(args) -> int:
                     notes.append(
                         f"{'x'.join(map(str, shape))} {options or ''} seed={r.seed}: {r.status} {r.reason}"
                     )
+                elif r.left_out:  # a pass that left gradient rows out: say which
+                    rows = ", ".join(f"{n} d{k}" for k, n in r.left_out.items())
+                    case = f"{'x'.join(map(str, shape))} {options or ''} seed={r.seed}"
+                    notes.append(f"{case}: {rows} rows left out (ambiguous at this precision)")
             results.append((base, worst, fwd, grad, "; ".join(notes)))
     rows = []
     counts = dict.fromkeys(_RANK, 0)

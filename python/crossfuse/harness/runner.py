@@ -140,12 +140,16 @@ class PointData:
             self.dy = torch.randn(out.shape, dtype=out.dtype, device=out.device, generator=gen)
         return self.dy
 
+    def reference_inputs(self) -> dict:
+        """The inputs the float64 reference is computed from (the compared part of each tensor)."""
+        return {k: self.part(v) if k in self.op.tensor_args and isinstance(v, torch.Tensor) else v
+                for k, v in self.inputs.items()}  # fmt: skip
+
     def reference(self, grads: bool):
         """``(out, {name: grad})`` in float64 (grads empty when not asked), computed once."""
         if self._ref is not None and (self._ref[1] is not None or not grads):
             return self._ref[0], self._ref[1] or {}
-        ins = {k: self.part(v) if k in self.op.tensor_args and isinstance(v, torch.Tensor) else v
-               for k, v in self.inputs.items()}  # fmt: skip
+        ins = self.reference_inputs()
         if grads:
             out, g = self.op.reference_grads(ins, self.part(self.dy))
             self._ref = (out, g)
@@ -381,7 +385,8 @@ class Runner:
         if data.ref_error is not None:
             return {}, f"relerr not computed: float64 reference failed: {data.ref_error}"
         ref_out, ref_grads = data.reference(grads)
-        c = check.compare(impl, p.dtype, self.device, op.rows(data.inputs), out, got, ref_out, ref_grads)
+        c = check.compare(impl, p.dtype, self.device, op.rows(data.inputs), out, got, ref_out, ref_grads,
+                          data.reference_inputs())  # fmt: skip
         fwd, ok = c.fwd_err, c.ok
         errs = {"fwd": fwd}
         gerrs = list(c.grad_err.values())

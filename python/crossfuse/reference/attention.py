@@ -37,3 +37,21 @@ def relu_attention_naive(q, k, v, causal: bool = False, squared: bool = False, s
 def relu_attention_ref(q, k, v, causal: bool = False, squared: bool = False, scale=None, relu_scale=None):
     """The float64 reference of :func:`relu_attention_naive` (returns float64)."""
     return relu_attention_naive(q.double(), k.double(), v.double(), causal, squared, scale, relu_scale)
+
+
+def kink_rows(q, k, causal: bool = False, squared: bool = False) -> dict[str, torch.Tensor]:
+    """``{"q": rows, "k": rows}``: [..., L] masks of the query rows of dq and the key rows of dk that a
+    score within float32 rounding of relu's kink reaches (inputs [..., L, D], in the dtype the kernel
+    multiplies them in). relu's derivative jumps at 0, and a score ``|s| <= D * 2^-23 * sum_d |q_d k_d|``
+    may fall on either side in any float32 sum, moving its dq row by ``dp * scale * k`` (its dk row by
+    ``dp * scale * q``) one way or the other: such rows have no one right answer to compare with. None
+    for ``squared`` (continuous at 0) and none for dv; usually none at all, a few among thousands at
+    most (a fresh seed of the tests found two scores among 2 * 10^5, which moved dq by 1.3e-3 where the
+    float32 tolerance is 2e-4). Not for tf32 products: their wider rounding is in their tolerance."""
+    q, k = q.detach().double(), k.detach().double()
+    near = (q @ k.transpose(-1, -2)).abs() <= q.shape[-1] * 2.0**-23 * (q.abs() @ k.abs().transpose(-1, -2))
+    if causal:
+        near &= torch.ones(near.shape[-2:], dtype=torch.bool, device=near.device).tril()
+    if squared:
+        near = torch.zeros_like(near)
+    return {"q": near.any(-1), "k": near.any(-2)}
