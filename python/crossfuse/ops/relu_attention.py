@@ -98,6 +98,15 @@ def _act(s, scale, SQUARED: tl.constexpr):
 
 
 @triton.jit
+def _relu_to_bf16(s):
+    """relu(s) rounded to bfloat16, two elements per instruction (``cvt.rn.relu.bf16x2.f32``, sm_80+):
+    one instruction per pair where ``_act`` and a conversion take five. No scale: relu(s * scale) =
+    scale * relu(s) for scale > 0, so the caller applies it once, to the output."""
+    return tl.inline_asm_elementwise("cvt.rn.relu.bf16x2.f32 $0, $2, $1;", "=r,r,r", [s], dtype=tl.bfloat16,
+                                     is_pure=True, pack=2)  # fmt: skip
+
+
+@triton.jit
 def _dscores(s, dp, scale, SQUARED: tl.constexpr):
     """``ds`` from the scores ``s`` and ``dp``: dp * scale * [s > 0], or dp * 2 * relu(s * scale) * scale."""
     if SQUARED:
@@ -126,6 +135,7 @@ def _fwd_range(
     MASK_N: tl.constexpr,
     SQUARED: tl.constexpr,
     UPCAST: tl.constexpr,
+    RELU_CVT: tl.constexpr = False,  # p = _relu_to_bf16(s), unscaled (the caller scales the output)
 ):
     offs_d = tl.arange(0, HEAD_D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -142,7 +152,11 @@ def _fwd_range(
         else:
             kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
             v = tl.load(V + offs_n[:, None] * stride_vl + offs_d[None, :] * stride_vd)
-        p = _act(_dot(q, kt, UPCAST), scale, SQUARED)  # padded keys load as 0: their score is 0, their p is 0
+        # padded keys load as 0: their score is 0, their p is 0
+        if RELU_CVT:
+            p = _relu_to_bf16(_dot(q, kt, UPCAST))
+        else:
+            p = _act(_dot(q, kt, UPCAST), scale, SQUARED)
         if CAUSAL_MASK:
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
         acc = _dot_acc(p.to(v.dtype), v, acc, UPCAST)
@@ -171,6 +185,7 @@ def _relu_attn_fwd_kernel(
     EVEN_N: tl.constexpr,
     IS_FP64: tl.constexpr,
     UPCAST: tl.constexpr,
+    RELU_CVT: tl.constexpr = False,  # bf16, not squared, compiled: see _relu_to_bf16
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
     pid_bh = tl.program_id(1)
@@ -192,13 +207,15 @@ def _relu_attn_fwd_kernel(
         # keys [0, pid_m*BLOCK_M) are visible to every row: no mask; then the diagonal blocks
         diag = pid_m * BLOCK_M
         acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, 0, diag, Lk, scale,
-                         BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST)  # fmt: skip
+                         BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST, RELU_CVT)  # fmt: skip
         hi = tl.minimum(diag + BLOCK_M, Lk)
         acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, diag, hi, Lk, scale,
-                         BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
+                         BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST, RELU_CVT)  # fmt: skip
     else:
         acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, 0, Lk, Lk, scale,
-                         BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST)  # fmt: skip
+                         BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST, RELU_CVT)  # fmt: skip
+    if RELU_CVT:
+        relu_scale = relu_scale * scale
     out = (acc * relu_scale).to(O.dtype.element_ty)
     o_ptrs = O + offs_m[:, None] * stride_ol + offs_d[None, :]
     if EVEN_M:
@@ -487,10 +504,13 @@ def _tile(desc, b, h, start, ROWS: tl.constexpr, HEAD_D: tl.constexpr):
 
 @triton.jit
 def _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
-                   CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
+                   CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr, RELU_CVT: tl.constexpr):  # fmt: skip
     for start_n in range(lo, hi, BLOCK_N):
         k = _tile(Kd, b, h, start_n, BLOCK_N, HEAD_D)
-        p = _act(tl.dot(q, k.T), scale, SQUARED)
+        if RELU_CVT:
+            p = _relu_to_bf16(tl.dot(q, k.T))
+        else:
+            p = _act(tl.dot(q, k.T), scale, SQUARED)
         if CAUSAL_MASK:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
@@ -504,7 +524,7 @@ def _relu_attn_fwd_tma_kernel(
     Qd, Kd, Vd, Od,  # rank-4 descriptors over [B, H, L, HEAD_D]: boxes [1, 1, BLOCK_M or BLOCK_N, HEAD_D]
     H, Lk, scale, relu_scale,
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    SQUARED: tl.constexpr,
+    SQUARED: tl.constexpr, RELU_CVT: tl.constexpr = False,  # see the pointer kernel
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
     pid_bh = tl.program_id(1)
@@ -516,11 +536,14 @@ def _relu_attn_fwd_tma_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
     if CAUSAL:
         acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, 0, start_m, scale, BLOCK_N, HEAD_D, False,
-                             SQUARED)  # fmt: skip
+                             SQUARED, RELU_CVT)  # fmt: skip
         acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, start_m, tl.minimum(start_m + BLOCK_M, Lk), scale,
-                             BLOCK_N, HEAD_D, True, SQUARED)  # fmt: skip
+                             BLOCK_N, HEAD_D, True, SQUARED, RELU_CVT)  # fmt: skip
     else:
-        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED)
+        acc = _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED,
+                             RELU_CVT)  # fmt: skip
+    if RELU_CVT:
+        relu_scale = relu_scale * scale
     Od.store([b, h, start_m, 0], (acc * relu_scale).to(Od.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
 
 
@@ -777,12 +800,13 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
     key = (q.device, q.dtype, D, cfg)
+    relu_cvt = not interp and not squared and q.dtype == torch.bfloat16  # see _relu_to_bf16
     if cfg.tma and _tma_usable(interp, q, k, v, out):
         _launch(
             _relu_attn_fwd_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, cfg.block_m),
             H, Lk, scale, relu_scale, HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-            SQUARED=squared, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            SQUARED=squared, RELU_CVT=relu_cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return out
     if _tf32_copies(q.dtype, interp):
@@ -793,7 +817,7 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         *_bhld_strides(out), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
-        UPCAST=interp and q.dtype == torch.bfloat16,
+        UPCAST=interp and q.dtype == torch.bfloat16, RELU_CVT=relu_cvt,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
