@@ -250,6 +250,7 @@ def _dkdv_range(
     SQUARED: tl.constexpr,
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
+    RELU_CVT: tl.constexpr = False,  # p by _relu_to_bf16, ds without the scale (the caller applies it)
 ):
     offs_d = tl.arange(0, HEAD_D)
     for start_m in range(lo, hi, BLOCK_M):
@@ -265,12 +266,16 @@ def _dkdv_range(
             qt = tl.load(Q + offs_m[None, :] * stride_ql + offs_d[:, None])
             do = tl.load(DO + offs_m[:, None] * stride_dol + offs_d[None, :])
         st = _dot(k, qt, UPCAST)  # (BLOCK_N, BLOCK_M): scores transposed
-        at = tl.maximum(st * scale, 0.0)
         dpt = _dot(v, tl.trans(do), UPCAST)  # (dout @ v^T)^T
-        if SQUARED:  # _act and _dscores written out: the helpers would reorder the compiled instructions
+        if RELU_CVT:
+            dst = tl.where(st > 0.0, dpt, 0.0)
+            pt = _relu_to_bf16(st)
+        elif SQUARED:  # _act and _dscores written out: the helpers would reorder the compiled instructions
+            at = tl.maximum(st * scale, 0.0)
             dst = dpt * (2.0 * scale) * at
             pt = at * at
         else:
+            at = tl.maximum(st * scale, 0.0)
             dst = tl.where(st > 0.0, dpt * scale, 0.0)
             pt = at
         if CAUSAL_MASK:
@@ -321,6 +326,7 @@ def _relu_attn_bwd_dkdv_kernel(
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
     GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
+    RELU_CVT: tl.constexpr = False,  # bf16, not squared, compiled: see _relu_to_bf16
 ):  # fmt: skip
     _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
@@ -351,14 +357,16 @@ def _relu_attn_bwd_dkdv_kernel(
         mid = tl.minimum(start + BLOCK_N, Lq)
         dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
                              offs_n, start, mid, Lq, scale, BLOCK_M, HEAD_D, True, not EVEN_M, SQUARED,
-                             UPCAST, TRANS_COPIES)  # fmt: skip
+                             UPCAST, TRANS_COPIES, RELU_CVT)  # fmt: skip
         dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
                              offs_n, mid, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST,
-                             TRANS_COPIES)  # fmt: skip
+                             TRANS_COPIES, RELU_CVT)  # fmt: skip
     else:
         dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
                              offs_n, 0, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST,
-                             TRANS_COPIES)  # fmt: skip
+                             TRANS_COPIES, RELU_CVT)  # fmt: skip
+    if RELU_CVT:
+        relu_scale = relu_scale * scale
     dk_ptrs = DK + offs_n[:, None] * stride_dkl + offs_d[None, :]
     dv_ptrs = DV + offs_n[:, None] * stride_dvl + offs_d[None, :]
     if EVEN_N:
@@ -392,6 +400,7 @@ def _dq_range(
     SQUARED: tl.constexpr,
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
+    RELU_CVT: tl.constexpr = False,  # ds without the scale (the caller applies it)
 ):
     offs_d = tl.arange(0, HEAD_D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -406,7 +415,10 @@ def _dq_range(
         else:
             kt = tl.load(K + offs_n[None, :] * stride_kl + offs_d[:, None])
             vt = tl.load(V + offs_n[None, :] * stride_vl + offs_d[:, None])
-        ds = _dscores(_dot(q, kt, UPCAST), _dot(do, vt, UPCAST), scale, SQUARED)
+        if RELU_CVT:
+            ds = tl.where(_dot(q, kt, UPCAST) > 0.0, _dot(do, vt, UPCAST), 0.0)
+        else:
+            ds = _dscores(_dot(q, kt, UPCAST), _dot(do, vt, UPCAST), scale, SQUARED)
         if CAUSAL_MASK:
             ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
         if TRANS_COPIES:
@@ -446,6 +458,7 @@ def _relu_attn_bwd_dq_kernel(
     UPCAST: tl.constexpr,
     TRANS_COPIES: tl.constexpr,
     GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
+    RELU_CVT: tl.constexpr = False,  # as the dK/dV kernel's
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -471,13 +484,17 @@ def _relu_attn_bwd_dq_kernel(
     if CAUSAL:
         diag = pid_m * BLOCK_M
         dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, diag, Lk, scale,
-                       BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
+                       BLOCK_N, HEAD_D, False, False, SQUARED, UPCAST, TRANS_COPIES, RELU_CVT)  # fmt: skip
         hi = tl.minimum(diag + BLOCK_M, Lk)
         dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, diag, hi, Lk, scale,
-                       BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
+                       BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES,
+                       RELU_CVT)  # fmt: skip
     else:
         dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, Lk, Lk, scale,
-                       BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES)  # fmt: skip
+                       BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES,
+                       RELU_CVT)  # fmt: skip
+    if RELU_CVT:
+        relu_scale = relu_scale * scale
     dq_ptrs = DQ + offs_m[:, None] * stride_dql + offs_d[None, :]
     if EVEN_M:
         tl.store(dq_ptrs, (dq * relu_scale).to(DQ.dtype.element_ty))
@@ -549,17 +566,22 @@ def _relu_attn_fwd_tma_kernel(
 
 @triton.jit
 def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, BLOCK_M: tl.constexpr,
-                    HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
+                    HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr,
+                    RELU_CVT: tl.constexpr):  # fmt: skip
     for start_m in range(lo, hi, BLOCK_M):
         q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
         do = _tile(DOd, b, h, start_m, BLOCK_M, HEAD_D)
         st = tl.dot(k, q.T)  # (BLOCK_N, BLOCK_M): scores transposed
-        at = tl.maximum(st * scale, 0.0)
         dpt = tl.dot(v, do.T)  # (dout @ v^T)^T
-        if SQUARED:  # as in _dkdv_range
+        if RELU_CVT:  # as in _dkdv_range
+            dst = tl.where(st > 0.0, dpt, 0.0)
+            pt = _relu_to_bf16(st)
+        elif SQUARED:
+            at = tl.maximum(st * scale, 0.0)
             dst = dpt * (2.0 * scale) * at
             pt = at * at
         else:
+            at = tl.maximum(st * scale, 0.0)
             dst = tl.where(st > 0.0, dpt * scale, 0.0)
             pt = at
         if CAUSAL_MASK:
@@ -579,6 +601,7 @@ def _relu_attn_bwd_dkdv_tma_kernel(
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
     GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
+    RELU_CVT: tl.constexpr = False,  # see the pointer kernel
 ):  # fmt: skip
     _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
@@ -594,23 +617,28 @@ def _relu_attn_bwd_dkdv_tma_kernel(
     if CAUSAL:
         mid = tl.minimum(start_n + BLOCK_N, Lq)
         dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, start_n, mid, scale, BLOCK_M, HEAD_D,
-                                 True, SQUARED)  # fmt: skip
+                                 True, SQUARED, RELU_CVT)  # fmt: skip
         dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, mid, Lq, scale, BLOCK_M, HEAD_D, False,
-                                 SQUARED)  # fmt: skip
+                                 SQUARED, RELU_CVT)  # fmt: skip
     else:
         dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, 0, Lq, scale, BLOCK_M, HEAD_D, False,
-                                 SQUARED)  # fmt: skip
+                                 SQUARED, RELU_CVT)  # fmt: skip
+    if RELU_CVT:
+        relu_scale = relu_scale * scale
     DKd.store([b, h, start_n, 0], (dk * relu_scale).to(DKd.dtype).reshape([1, 1, BLOCK_N, HEAD_D]))
     DVd.store([b, h, start_n, 0], (dv * relu_scale).to(DVd.dtype).reshape([1, 1, BLOCK_N, HEAD_D]))
 
 
 @triton.jit
 def _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
-                  CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr):  # fmt: skip
+                  CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr, RELU_CVT: tl.constexpr):  # fmt: skip
     for start_n in range(lo, hi, BLOCK_N):
         k = _tile(Kd, b, h, start_n, BLOCK_N, HEAD_D)
         v = _tile(Vd, b, h, start_n, BLOCK_N, HEAD_D)
-        ds = _dscores(tl.dot(q, k.T), tl.dot(do, v.T), scale, SQUARED)
+        if RELU_CVT:  # as in _dq_range
+            ds = tl.where(tl.dot(q, k.T) > 0.0, tl.dot(do, v.T), 0.0)
+        else:
+            ds = _dscores(tl.dot(q, k.T), tl.dot(do, v.T), scale, SQUARED)
         if CAUSAL_MASK:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
@@ -625,6 +653,7 @@ def _relu_attn_bwd_dq_tma_kernel(
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
     GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
+    RELU_CVT: tl.constexpr = False,  # see the pointer kernel
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -637,11 +666,14 @@ def _relu_attn_bwd_dq_tma_kernel(
     dq = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
     if CAUSAL:
         dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, start_m, scale, BLOCK_N, HEAD_D, False,
-                           SQUARED)  # fmt: skip
+                           SQUARED, RELU_CVT)  # fmt: skip
         dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, start_m, tl.minimum(start_m + BLOCK_M, Lk), scale,
-                           BLOCK_N, HEAD_D, True, SQUARED)  # fmt: skip
+                           BLOCK_N, HEAD_D, True, SQUARED, RELU_CVT)  # fmt: skip
     else:
-        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED)
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED,
+                           RELU_CVT)  # fmt: skip
+    if RELU_CVT:
+        relu_scale = relu_scale * scale
     DQd.store([b, h, start_m, 0], (dq * relu_scale).to(DQd.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
     _gdc.wait_for_previous(GDC)  # complete after the dK/dV kernel (whose results this one does not read)
 
@@ -800,7 +832,7 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
     key = (q.device, q.dtype, D, cfg)
-    relu_cvt = not interp and not squared and q.dtype == torch.bfloat16  # see _relu_to_bf16
+    relu_cvt = _relu_cvt(interp, squared, q.dtype)
     if cfg.tma and _tma_usable(interp, q, k, v, out):
         _launch(
             _relu_attn_fwd_tma_kernel, grid, key,
@@ -821,6 +853,12 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
+
+
+def _relu_cvt(interp: bool, squared: bool, dtype: torch.dtype) -> bool:
+    """Whether the kernels take relu's bf16 operands from ``_relu_to_bf16`` and apply ``scale`` to their
+    outputs: compiled bfloat16 relu (not squared: relu(s)^2 has no one-instruction form)."""
+    return not interp and not squared and dtype == torch.bfloat16
 
 
 def _tma_usable(interp: bool, *tensors: torch.Tensor) -> bool:
@@ -905,13 +943,14 @@ def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale,
     Lk = k.shape[2]
     grid = (triton.cdiv(Lk, cfg.block_n), B * H)
     key = (q.device, q.dtype, D, cfg)
+    relu_cvt = _relu_cvt(interp, squared, q.dtype)
     if tma:
         _launch(
             _relu_attn_bwd_dkdv_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
             _desc(dk, cfg.block_n), _desc(dv, cfg.block_n), H, Lq, scale, relu_scale,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
+            RELU_CVT=relu_cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
         )  # fmt: skip
         return
     qc, doc = (_l_contiguous(q), _l_contiguous(do)) if copies else (q, do)
@@ -921,7 +960,7 @@ def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale,
         *_bh_d_strides(qc), *_bh_d_strides(doc), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
-        UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
+        UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies, RELU_CVT=relu_cvt,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
     )  # fmt: skip
 
@@ -934,13 +973,14 @@ def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, inter
     Lk = k.shape[2]
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
     key = (q.device, q.dtype, D, cfg)
+    relu_cvt = _relu_cvt(interp, squared, q.dtype)
     if tma:
         _launch(
             _relu_attn_bwd_dq_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
             _desc(dq, cfg.block_m), H, Lk, scale, relu_scale,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
+            RELU_CVT=relu_cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
         )  # fmt: skip
         return
     kc = _l_contiguous(k) if copies else k
@@ -950,7 +990,7 @@ def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, inter
         scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
-        UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies,
+        UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies, RELU_CVT=relu_cvt,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
     )  # fmt: skip
 
