@@ -16,8 +16,9 @@ large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime get
 (with ``--base code``) for N >= 4096.
 ``ln-tma`` tunes the persistent whole-row kernels that read through tensor descriptors (``tma_stages``).
 ``ln-coop`` tunes the cooperative backward of long rows (``coop``), N = 8192 and 16384.
-``--kind bwd`` (or ``fwd``) times the chosen groups' candidates of that kind only; ``tuned.json`` keeps
-the base's entries of the other kinds.
+``--kind bwd`` (or ``fwd``) times the chosen groups' candidates of that kind only (``bwd`` includes the
+attention's ``dkdv`` and ``dq`` candidates); ``tuned.json`` keeps the base's entries of the other kinds;
+a selection with no candidate is an error.
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
 ``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
 ``attn-fp32`` tunes float32 (tf32 dots) at the seed's shapes (B=4, H=16, D=64, L=4096 and L=1024);
@@ -260,6 +261,13 @@ def attn_tma_candidates() -> list[dict]:
     return out
 
 
+def of_kind(cands: list[dict], kind: str) -> list[dict]:
+    """The candidates of ``--kind``: ``bwd`` is every backward candidate, the layer norm's and the
+    attention's (its paired backward, and its dK/dV and dQ kernels, each timed in the whole backward)."""
+    kinds = {"bwd", "dkdv", "dq"} if kind == "bwd" else {kind}
+    return [c for c in cands if c.get("kind") in kinds]
+
+
 def pair_candidates(paths: str, top: int = 5) -> list[dict]:
     """The backward as a pair: the ``top`` dK/dV and dQ configurations of earlier sweeps (``paths``, their
     tuning.csv files, comma-separated; each was timed with the other kernel at its default) combined, to
@@ -446,7 +454,11 @@ def main(argv=None) -> int:
         help="tuned.json of an earlier run, or 'code' for the tables in the code: its entries are timed "
         "again in this run, and stay where this run has no winner",
     )
-    ap.add_argument("--kind", help="time only candidates of this kind (fwd, bwd, dkdv, dq), the base's too")
+    ap.add_argument(
+        "--kind",
+        help="time only candidates of this kind (fwd; bwd, which takes attention's dkdv and dq too; dkdv; "
+        "dq), the base's too",
+    )
     ap.add_argument(
         "--budget-s",
         type=float,
@@ -516,7 +528,9 @@ def main(argv=None) -> int:
     cands = base_candidates(base, cands) + cands
     cands = list({json.dumps(c, sort_keys=True): c for c in cands}.values())  # groups may overlap
     if args.kind:  # the others keep the base's entries
-        cands = [c for c in cands if c.get("kind") == args.kind]
+        cands = of_kind(cands, args.kind)
+        if not cands:
+            ap.error(f"no candidate of --only {args.only or 'ln,attn'} is of --kind {args.kind}")
     log(f"{len(cands)} candidates; compiling with {args.workers} workers")
     status = {}
     ctx = mp.get_context("spawn")

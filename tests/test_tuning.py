@@ -92,3 +92,22 @@ def test_every_layer_norm_flag_of_an_entry_reaches_the_config():
     cfg = _tuning.layer_norm_config(LaunchConfig, entry)
     assert cfg == LaunchConfig(2, 2048, 8, 2, 2, True, True, True, 3)
     assert _tuning.layer_norm_config(LaunchConfig, dict(entry, shifted=False)).shifted is False
+
+
+def test_tune_kind_bwd_takes_every_backward_candidate(tmp_path):
+    # run 109: `--kind bwd` with the attention's descriptor group selected none of its dK/dV and dQ
+    # candidates (their kinds are dkdv and dq), and the sweep timed nothing without saying so
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "tune.py"
+    spec = importlib.util.spec_from_file_location("crossfuse_bench_tune_kind", path)
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    cands = tune.attn_tma_candidates()
+    bwd = tune.of_kind(cands, "bwd")
+    assert bwd and {c["kind"] for c in bwd} == {"dkdv", "dq"}
+    assert len(bwd) + len(tune.of_kind(cands, "fwd")) == len(cands)
+    assert {c["kind"] for c in tune.of_kind(cands, "dq")} == {"dq"}
+    with pytest.raises(SystemExit):  # nothing of that kind: an error, not an empty sweep
+        tune.main(["--out", str(tmp_path), "--only", "attn-tma", "--kind", "no-such-kind"])
