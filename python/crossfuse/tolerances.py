@@ -52,6 +52,13 @@ def tolerance(op: str, dtype: torch.dtype, kind: str = "fwd", rows: int = 1, tf3
     return table[kind]
 
 
+def relerr_without(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor) -> float:
+    """:func:`relerr` over the rows of ``out`` and ``ref`` not marked in the bool mask ``rows`` (their
+    leading dims), e.g. gradient rows with no one right answer (``crossfuse.reference.kink_rows``)."""
+    keep = ~rows.to(ref.device)
+    return relerr(out[keep.to(out.device)], ref[keep])
+
+
 def relerr(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref|| / ||ref||`` in float64 (NaN anywhere gives NaN, which no tolerance accepts)."""
     out64, ref64 = out.detach().to(ref.device, torch.float64), ref.detach().double()
