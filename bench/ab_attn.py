@@ -4,7 +4,11 @@ its own ``TUNED`` tables, alternated ``--rounds`` times at the session's bf16 sh
 H=32, D=128 with H=16; L = 1024, 4096, 16384; causal and not), medians of
 ``crossfuse.harness.timing.time_cuda`` (the sessions' GPU timer).
 
-    python bench/ab_attn.py OLD_RELU_ATTENTION_PY [--rounds 3] [--kind bwd|fwd]
+    python bench/ab_attn.py OLD_RELU_ATTENTION_PY [--rounds 3] [--kind bwd|fwd] [--tuned TUNED_JSON]
+
+``--tuned`` applies a sweep's ``tuned.json`` (``bench/tune.py``) to this checkout's tables only, as
+``CROSSFUSE_TUNED_CONFIGS`` would: with a copy of this checkout's file as OLD, it alternates the sweep's
+winners with the code's entries in one process.
 
 Prints one line per (D, L, causal): TFLOP/s of each (4·B·H·L²·D forward, halved when causal, 2.5× that
 backward), their ratio, and the largest difference of their outputs (the raw launchers'
@@ -36,12 +40,21 @@ def main(argv=None) -> int:
     ap.add_argument("old", help="an earlier crossfuse/ops/relu_attention.py")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kind", choices=("bwd", "fwd"), default="bwd")
+    ap.add_argument("--tuned", help="a tuned.json whose attention entries the new side's tables take")
     args = ap.parse_args(argv)
     import torch
+    from crossfuse import _tuning
     from crossfuse.harness import timing
     from crossfuse.ops import relu_attention as new
 
     versions = {"old": load_ops_module(args.old, "_ab_old_relu_attention"), "new": new}
+    if args.tuned:
+        changed = _tuning.attention_overrides(new.AttnConfig, _tuning.read_tuned(args.tuned, "--tuned "))
+        changed = {k: c for k, c in changed.items() if new.TUNED.get(k) != c}
+        new.TUNED.update(changed)
+        print(f"new: the code's tables with {len(changed)} entries of {args.tuned}:", flush=True)
+        for key, c in sorted(changed.items()):
+            print(f"  {key}: {c}", flush=True)
     cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=50.0, cuda_min_reps=5, cuda_max_reps=100)
     print("D L causal old_TFLOPs new_TFLOPs new/old", flush=True)
     for d, h in ((64, 32), (128, 16)):

@@ -202,6 +202,8 @@ def code_tables() -> dict:
             entry["tma_stages"] = c.tma_stages
         if c.coop:
             entry["coop"] = True
+        if c.smem_rows:
+            entry["smem_rows"] = True
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"
@@ -255,7 +257,7 @@ def attn_tma_candidates() -> list[dict]:
             for kind, kind_tiles in tiles.items():
                 for bm, bn in kind_tiles:
                     for warps in (4, 8):
-                        for stages in (3,) if kind == "fwd" else (2, 3):
+                        for stages in (3,) if kind == "fwd" else (2, 3, 4):
                             c = _attn(kind, d, causal, bm, bn, warps, stages)
                             out.append(dict(c, tma=True, short=True))
     return out

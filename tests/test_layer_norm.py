@@ -270,7 +270,8 @@ def test_no_recompilation_across_row_counts(n, gen):
     # table has two regimes (few rows, many rows: ln_mod.MANY_ROWS) that may pick different tiles, so a
     # kernel compiles at most once per regime: one row count of each first, then no more compilations.
     # Every kernel of the module counts (N = 16384: long rows' kernels, whichever the table picks)
-    kernels = [k for k in vars(ln_mod).values() if isinstance(k, triton.runtime.jit.JITFunction)]
+    kernels = [k for mod in (ln_mod, ln_mod._ln_bwd_rows) for k in vars(mod).values()
+               if isinstance(k, triton.runtime.jit.JITFunction)]  # fmt: skip
 
     def run(m):
         x = randn((m, n), torch.bfloat16, "cuda", gen).requires_grad_(True)
@@ -514,6 +515,106 @@ def test_dependent_launches_change_nothing(dtype, m, n, cfg, grads, gen, monkeyp
     for got in chained:
         for a, b in zip(got, plain, strict=True):
             assert (a is None and b is None) or torch.equal(a, b)
+
+
+def _smem_rows_launches(monkeypatch) -> list:
+    """Records each launch of the Gluon backward (crossfuse.ops._ln_bwd_rows) by layer_norm_bwd."""
+    calls, launch = [], ln_mod._ln_bwd_rows.launch
+
+    def spy(*args, **kwargs):
+        calls.append(args[8])  # programs
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(ln_mod._ln_bwd_rows, "launch", spy)
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grads", [(True, True), (True, False), (False, True), (False, False)],
+                         ids=["dw and db", "dw only", "db only", "dx only"])  # fmt: skip
+@pytest.mark.parametrize(
+    "m, n, cfg, weight",
+    [pytest.param(4101, 16384, None, True, id="4101x16384, the table (partials in dx)"),
+     pytest.param(300, 8192, None, True, id="300x8192, the table (partials in a buffer of their own)"),
+     pytest.param(20000, 4096, None, False, id="20000x4096, the table, no weight"),
+     pytest.param(5, 16384, None, True, id="5 rows: fewer rows than programs"),
+     pytest.param(2000, 4096, ln_mod.LaunchConfig(1, 4096, 4, 3, tma_stages=2, smem_rows=True), True,
+                  id="2000x4096, 4 warps, 2 buffers, 3 programs per SM")],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_smem_rows_backward_against_float64(dtype, m, n, cfg, weight, grads, gen, monkeypatch):
+    # the Gluon backward that reads each row once (GPU only: Gluon does not run under the interpreter):
+    # rows far from zero mean, every combination of gradients, with and without weight, the partial sums
+    # in dx's last rows and in a buffer, fewer rows than programs; then the same gradients bit for bit
+    # when run again (each program adds its rows in order; the partials are reduced in program order)
+    x = randn((m, n), dtype, "cuda", gen, mean=3.0, std=2.0)
+    w = randn((n,), dtype, "cuda", gen, mean=1.0, std=0.5) if weight else None
+    dy = randn((m, n), dtype, "cuda", gen)
+    if not ln_mod._ln_bwd_rows.usable(x, dy, w, False):
+        pytest.skip("needs Gluon (Triton 3.5+) and compute capability 9+")
+    calls = _smem_rows_launches(monkeypatch)
+    _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
+    got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    assert len(calls) == 1 and 1 <= calls[0] <= m, calls  # the Gluon kernel ran, with at most m programs
+    ones = torch.ones(n, device="cuda")  # without weight, dw is the gradient of a weight of ones
+    leaves = [t.double().requires_grad_(True) for t in (x, w if weight else ones, torch.zeros_like(ones))]
+    layer_norm_ref(*leaves, 1e-5).backward(dy.double())
+    for i, (kind, want) in enumerate(zip(("bwd", "reduced", "reduced"), (True, *grads), strict=True)):
+        if not want:
+            assert got[i] is None
+            continue
+        tol = tolerance("layer_norm", dtype, kind, m)
+        assert relerr(got[i], leaves[i].grad) <= tol, (i, relerr(got[i], leaves[i].grad), tol)
+    again = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    for a, b in zip(got, again, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_smem_rows_backward_only_where_it_can_run(gen, monkeypatch):
+    # where the Gluon kernel cannot run, a table entry that asks for it takes the Triton kernels of
+    # SMEM_ROWS_FALLBACK, with results within the same tolerances: float32, rows that are not contiguous,
+    # N not a power of 2 or below 4096
+    cfg = ln_mod.launch_config(16384, torch.bfloat16, "bwd", 4096)
+    assert cfg.smem_rows
+    calls = _smem_rows_launches(monkeypatch)
+    base = randn((64, 2 * 16384), torch.bfloat16, "cuda", gen)
+    cases = {
+        "float32": randn((64, 16384), torch.float32, "cuda", gen),
+        "strided rows": base[:, :16384],
+        "N = 12288": randn((64, 12288), torch.bfloat16, "cuda", gen),
+        "N = 2048": randn((64, 2048), torch.bfloat16, "cuda", gen),
+    }
+    for name, x in cases.items():
+        n = x.shape[1]
+        w = randn((n,), x.dtype, "cuda", gen)
+        dy = randn(x.shape, x.dtype, "cuda", gen)
+        assert not ln_mod._ln_bwd_rows.usable(x, dy, w, False), name
+        _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
+        dx, dw, db = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
+        leaves = [t.double().requires_grad_(True) for t in (x, w, torch.zeros(n, device="cuda"))]
+        layer_norm_ref(*leaves, 1e-5).backward(dy.double())
+        for got, leaf, kind in zip((dx, dw, db), leaves, ("bwd", "reduced", "reduced"), strict=True):
+            tol = tolerance("layer_norm", x.dtype, kind, x.shape[0])
+            assert relerr(got, leaf.grad) <= tol, (name, kind, relerr(got, leaf.grad), tol)
+    assert calls == []
+
+
+def test_smem_rows_entry_falls_back_off_the_gpu(device, gen):
+    # under the interpreter (CI) the table's Gluon entries are never launched: the backward runs the
+    # fallback's Triton kernels and matches the same entry run as the fallback itself, bit for bit
+    m, n = 40, 4096
+    x = randn((m, n), torch.bfloat16, device, gen, mean=1.0)
+    w, dy = randn((n,), torch.bfloat16, device, gen), randn((m, n), torch.bfloat16, device, gen)
+    if ln_mod._ln_bwd_rows.usable(x, dy, w, ln_mod.is_interpreted(ln_mod._ln_bwd_kernel)):
+        pytest.skip("the Gluon kernel runs here: the GPU tests cover it")
+    _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
+    cfg = ln_mod.LaunchConfig(1, 4096, 8, 2, tma_stages=3, smem_rows=True)
+    fallback = ln_mod.SMEM_ROWS_FALLBACK.get(("bwd", 2, 4096, False)) or ln_mod.rule_config(n, "bwd")
+    got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
+    want = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=fallback)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_backward_is_deterministic_and_repeatable(device, gen):

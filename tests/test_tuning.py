@@ -65,6 +65,20 @@ def test_unreadable_file_is_a_clear_error(tmp_path, monkeypatch):
         _tuning._entries.cache_clear()
 
 
+def test_attention_entries_from_a_file_given_directly(tmp_path, monkeypatch):
+    # bench/ab_attn.py --tuned reads a sweep's file without the environment variable; the variable's file,
+    # if any, is not consulted, and a missing file is an error naming where its path came from
+    monkeypatch.delenv("CROSSFUSE_TUNED_CONFIGS", raising=False)
+    path = tmp_path / "sweep.json"
+    entry = dict(kind="dkdv", d=128, causal=False, block_m=64, block_n=128, num_warps=8, num_stages=4,
+                 tma=True, length="long")  # fmt: skip
+    path.write_text(json.dumps({"attn/dkdv/bfloat16/128/False/long": entry}))
+    got = _tuning.attention_overrides(AttnConfig, _tuning.read_tuned(str(path)))
+    assert got == {("dkdv", 128, 2, False, True): AttnConfig(64, 128, 8, 4, True)}
+    with pytest.raises(RuntimeError, match=r"--tuned .*missing\.json"):
+        _tuning.read_tuned(str(tmp_path / "missing.json"), "--tuned ")
+
+
 def test_code_tables_round_trip_through_a_tuned_file(tuned_file):
     # bench/tune.py --base code writes the code's tables as tuned.json entries (prefetch and keep_params
     # included); a session run with that file (CROSSFUSE_TUNED_CONFIGS) must launch exactly the code's
@@ -83,14 +97,16 @@ def test_code_tables_round_trip_through_a_tuned_file(tuned_file):
     assert _tuning.attention_overrides(AttnConfig) == relu_attention.TUNED
     assert any(c.prefetch for c in layer_norm.TUNED.values())
     assert any(c.keep_params for c in layer_norm.TUNED.values())
+    assert any(c.smem_rows for c in layer_norm.TUNED.values())
 
 
 def test_every_layer_norm_flag_of_an_entry_reaches_the_config():
     # a tuned.json entry (or a bench/tune.py candidate) spells each LaunchConfig field; none may be dropped
     entry = dict(kind="bwd", n=16384, dtype="bfloat16", block_m=2, block_n=2048, num_warps=8, pps=2, unroll=2,
-                 prefetch=True, keep_params=True, shifted=True, tma_stages=3)  # fmt: skip
+                 prefetch=True, keep_params=True, shifted=True, tma_stages=3, coop=True,
+                 smem_rows=True)  # fmt: skip
     cfg = _tuning.layer_norm_config(LaunchConfig, entry)
-    assert cfg == LaunchConfig(2, 2048, 8, 2, 2, True, True, True, 3)
+    assert cfg == LaunchConfig(2, 2048, 8, 2, 2, True, True, True, 3, True, True)
     assert _tuning.layer_norm_config(LaunchConfig, dict(entry, shifted=False)).shifted is False
 
 

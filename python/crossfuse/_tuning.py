@@ -16,17 +16,19 @@ _ESIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 @functools.cache
 def _entries() -> dict:
     path = os.environ.get("CROSSFUSE_TUNED_CONFIGS")
-    if not path:
-        return {}
+    return read_tuned(path, "CROSSFUSE_TUNED_CONFIGS=") if path else {}
+
+
+def read_tuned(path: str, origin: str = "") -> dict:
+    """The entries of a ``tuned.json`` (what ``bench/tune.py`` writes); an unreadable file is an error
+    naming ``origin`` (where the path came from) and the path."""
     try:
         with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError) as exc:
-        raise RuntimeError(f"CROSSFUSE_TUNED_CONFIGS={path!r} could not be read: {exc}") from exc
+        raise RuntimeError(f"{origin}{path!r} could not be read: {exc}") from exc
     if not isinstance(data, dict):
-        raise RuntimeError(
-            f"CROSSFUSE_TUNED_CONFIGS={path!r}: expected a JSON object as bench/tune.py writes"
-        )
+        raise RuntimeError(f"{origin}{path!r}: expected a JSON object as bench/tune.py writes")
     return data
 
 
@@ -37,7 +39,7 @@ def layer_norm_config(config_type, c: dict, programs_per_sm: int | None = None):
         c["block_m"], c.get("block_n", c["n"]), c["num_warps"],
         c["pps"] if programs_per_sm is None else programs_per_sm, c.get("unroll", 1),
         bool(c.get("prefetch", False)), bool(c.get("keep_params", False)), bool(c.get("shifted", False)),
-        int(c.get("tma_stages", 0)), bool(c.get("coop", False)),
+        int(c.get("tma_stages", 0)), bool(c.get("coop", False)), bool(c.get("smem_rows", False)),
     )  # fmt: skip
 
 
@@ -56,12 +58,13 @@ def layer_norm_overrides(config_type) -> dict:
     return out
 
 
-def attention_overrides(config_type) -> dict:
-    """``{(kind, D, element bytes, causal, long sequence): AttnConfig}`` (bf16 measurements serve both
+def attention_overrides(config_type, entries: dict | None = None) -> dict:
+    """``{(kind, D, element bytes, causal, long sequence): AttnConfig}`` from the override file, or from
+    ``entries`` (a ``tuned.json`` read by :func:`read_tuned`) when given (bf16 measurements serve both
     2-byte types; entries without ``dtype`` are bf16; entries without ``length``, from earlier versions,
     serve both lengths)."""
     out = {}
-    for key, c in _entries().items():
+    for key, c in (_entries() if entries is None else entries).items():
         if key.startswith("attn/"):
             if c.get("ws"):  # run 26: warp-specialized loops gave wrong results; their entries are not used
                 continue

@@ -48,7 +48,11 @@ Design:
   programs hold column slabs of a row group, exchange their shares of the row sums and wait for each
   other, reading x and dy once (GPU only with more than one slab: the interpreter runs one program at a
   time, so there the split backward stands in). The tuning table picks these for long rows below
-  FUSED_MAX_N too, where one whole row per program leaves too little in flight.
+  FUSED_MAX_N too, where one whole row per program leaves too little in flight. In 16 bits with
+  N = 4096 to 16384 (a power of 2) the table picks ("smem_rows") a Gluon kernel instead,
+  ``crossfuse.ops._ln_bwd_rows``: one program per SM brings each row into shared memory with the copy
+  engine and reads it from there twice, its float32 dw/db sums in registers, so x and dy are read once
+  (compute capability 9+; elsewhere, and under the interpreter, SMEM_ROWS_FALLBACK's Triton kernels).
 * On compute capability 9+ the backward's kernels after the first are programmatic dependent launches:
   each starts while the one before it ends (every kernel signals its dependents when it starts) and
   waits for it (``griddepcontrol.wait``) just before it reads that kernel's results or writes what it
@@ -80,7 +84,7 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
 from .. import _tuning
 from .._backend import check_runnable, compute_capability_major, device_parallelism, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
-from . import _gdc
+from . import _gdc, _ln_bwd_rows
 from ._gdc import launch_dependents as _launch_dependents
 from ._gdc import wait_for_previous as _wait_for_previous
 
@@ -908,6 +912,10 @@ class LaunchConfig(NamedTuple):
     # sums and wait for each other, so that x and dy are read once (the split backward reads them twice);
     # with block_n >= N, one slab that waits for nobody
     coop: bool = False
+    # backward: the Gluon kernel that brings each whole row into shared memory and reads it from there
+    # twice (crossfuse.ops._ln_bwd_rows), launched with num_warps, tma_stages row buffers and
+    # programs_per_sm; where it cannot run (_ln_bwd_rows.usable), the entry of SMEM_ROWS_FALLBACK
+    smem_rows: bool = False
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -937,11 +945,13 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 2, 2048, False): LaunchConfig(2, 2048, 8, 1, prefetch=True),  # 1785 GB/s (run 64; the old 1712)
     ("bwd", 2, 2048, True): LaunchConfig(2, 2048, 8, 2, tma_stages=3),  # 3676 GB/s (run 44, kept)
     ("bwd", 2, 4096, False): LaunchConfig(2, 4096, 16, 4, tma_stages=3),  # 2056 GB/s (run 44)
-    ("bwd", 2, 4096, True): LaunchConfig(2, 4096, 16, 1, tma_stages=3),  # 3680 GB/s (run 44, kept)
-    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 4, prefetch=True),  # 2521 GB/s (run 44)
-    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, tma_stages=3),  # 3522 GB/s (run 44, kept)
-    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2159 GB/s (run 44, kept)
-    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2477 GB/s (run 44, kept)
+    # the Gluon kernel that reads each row once (smem_rows), run 112 (the code's entry then in brackets);
+    # the many-rows entry of 16384 is the few-rows winner (timed at 8192 rows there)
+    ("bwd", 2, 4096, True): LaunchConfig(1, 4096, 8, 2, tma_stages=3, smem_rows=True),  # 3973 GB/s (3806)
+    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 8, 1, tma_stages=3, smem_rows=True),  # 3054 GB/s (2732)
+    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 8, 1, tma_stages=3, smem_rows=True),  # 4001 GB/s (3600)
+    ("bwd", 2, 16384, False): LaunchConfig(1, 16384, 16, 1, tma_stages=3, smem_rows=True),  # 2972 (2271)
+    ("bwd", 2, 16384, True): LaunchConfig(1, 16384, 16, 1, tma_stages=3, smem_rows=True),
     ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 2111 GB/s (run 64; the old 1967)
     ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 4044 GB/s (run 44, kept)
     ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2314 GB/s (run 44, kept)
@@ -978,6 +988,16 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
 
+# Where the Gluon kernel of the smem_rows entries cannot run (a GPU before compute capability 9, a
+# Triton without Gluon, rows that are not contiguous): the Triton kernels' entries they replaced (run 44).
+SMEM_ROWS_FALLBACK: dict[tuple[str, int, int, bool], LaunchConfig] = {
+    ("bwd", 2, 4096, True): LaunchConfig(2, 4096, 16, 1, tma_stages=3),  # 3680 GB/s (run 44, kept)
+    ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 4, prefetch=True),  # 2521 GB/s (run 44)
+    ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, tma_stages=3),  # 3522 GB/s (run 44, kept)
+    ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2159 GB/s (run 44, kept)
+    ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2477 GB/s (run 44, kept)
+}
+
 
 def launch_config(n: int, dtype: torch.dtype, kind: str, m: int | None = None) -> LaunchConfig:
     """Tile shape, warps and grid for rows of length ``n`` (``m`` rows, when known); ``kind`` is
@@ -994,6 +1014,12 @@ def launch_config(n: int, dtype: torch.dtype, kind: str, m: int | None = None) -
     tuned = TUNED.get((kind, esize, block_n, many), TUNED.get((kind, esize, block_n, not many)))
     if tuned is not None and n <= FUSED_MAX_N:
         return tuned
+    return rule_config(n, kind)
+
+
+def rule_config(n: int, kind: str) -> LaunchConfig:
+    """The rule of :func:`launch_config`, without the tables."""
+    block_n = triton.next_power_of_2(min(n, FUSED_MAX_N)) if n <= FUSED_MAX_N else 4096
     if n > FUSED_MAX_N:
         return LaunchConfig(
             1 if kind == "fwd" else 4, block_n, 8 if kind == "fwd" else 4, 0 if kind == "fwd" else 2
@@ -1139,6 +1165,10 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
                 t.zero_()
         return dx, dw, db
     cfg = config or launch_config(N, x.dtype, "bwd", M)
+    smem_rows = cfg.smem_rows and _ln_bwd_rows.usable(x, dy, weight, is_interpreted(_ln_bwd_kernel))
+    if cfg.smem_rows and not smem_rows:  # a Triton kernel in its place
+        key = ("bwd", x.element_size(), cfg.block_n, M > MANY_ROWS)
+        cfg = SMEM_ROWS_FALLBACK.get(key) or rule_config(N, "bwd")
     w = weight if weight is not None else x
     sms = device_parallelism(x)
     col_blocks = triton.cdiv(N, cfg.block_n)
@@ -1176,7 +1206,10 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     gdc = _gdc_usable(x)
     first = dict(GDC=gdc)
     then = dict(GDC=True, launch_pdl=True) if gdc else first
-    if whole_rows:
+    if smem_rows:
+        _ln_bwd_rows.launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs, M - R, compute_dw,
+                            compute_db, cfg.num_warps, cfg.tma_stages)  # fmt: skip
+    elif whole_rows:
         use_tma = cfg.tma_stages and _tma_usable(x, dy)
 
         def fused(row0, dx_m, grid, compute_dw, compute_db, order):  # rows row0..M-1; dx of those below dx_m
@@ -1224,14 +1257,16 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         reduce_partials(dw_part if compute_dw else None, db_part if compute_db else None, dw, db, programs, N,
                         max_programs, then)  # fmt: skip
     if R:  # the last R rows' dx, over the partials (read by now: the same stream), one program per tile
-        if whole_rows:
+        if whole_rows and not smem_rows:
             fused(M - R, M, triton.cdiv(R, cfg.block_m), False, False, then)
         else:
             # one program per row, about one per SM, walking its row twice: four chunks' loads go out
-            # together (float32 N = 16384 in run 55: 8.3 -> 6.7 us; bf16 unchanged at 7.6)
+            # together (float32 N = 16384 in run 55: 8.3 -> 6.7 us; bf16 unchanged at 7.6). After the
+            # Gluon kernel too: that kernel again over the R rows measured 0.94x at bf16 4096x8192 (run 114)
             _ln_bwd_rowsums_kernel[(R,)](
                 dy, x, w, mean, rstd, dx, dx, dx, dy.stride(0), x.stride(0), dx.stride(0), M - R, M, N,
-                BLOCK_N=cfg.block_n, WRITE_DX=True, UNROLL=4, num_warps=8, **flags, **then,
+                BLOCK_N=2048 if smem_rows else cfg.block_n, WRITE_DX=True, UNROLL=4, num_warps=8, **flags,
+                **then,
             )  # fmt: skip
     return dx, dw, db
 
