@@ -551,7 +551,7 @@ def test_smem_rows_backward_against_float64(dtype, m, n, cfg, weight, grads, gen
     w = randn((n,), dtype, "cuda", gen, mean=1.0, std=0.5) if weight else None
     dy = randn((m, n), dtype, "cuda", gen)
     if not ln_mod._ln_bwd_rows.usable(x, dy, w, False):
-        pytest.skip("needs Gluon (Triton 3.5+) and compute capability 9+")
+        pytest.skip("needs Gluon in Triton 3.6 (GLUON_TRITON) and compute capability 9+")
     calls = _smem_rows_launches(monkeypatch)
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
     got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
@@ -574,10 +574,9 @@ def test_smem_rows_backward_against_float64(dtype, m, n, cfg, weight, grads, gen
 def test_smem_rows_backward_only_where_it_can_run(gen, monkeypatch):
     # where the Gluon kernel cannot run, a table entry that asks for it takes the Triton kernels of
     # SMEM_ROWS_FALLBACK, with results within the same tolerances: float32, rows that are not contiguous,
-    # N not a power of 2 or below 4096
+    # N not a power of 2 or below 4096, another Triton
     cfg = ln_mod.launch_config(16384, torch.bfloat16, "bwd", 4096)
     assert cfg.smem_rows
-    calls = _smem_rows_launches(monkeypatch)
     base = randn((64, 2 * 16384), torch.bfloat16, "cuda", gen)
     cases = {
         "float32": randn((64, 16384), torch.float32, "cuda", gen),
@@ -585,6 +584,15 @@ def test_smem_rows_backward_only_where_it_can_run(gen, monkeypatch):
         "N = 12288": randn((64, 12288), torch.bfloat16, "cuda", gen),
         "N = 2048": randn((64, 2048), torch.bfloat16, "cuda", gen),
     }
+    good = randn((64, 16384), torch.bfloat16, "cuda", gen)
+    if not ln_mod._ln_bwd_rows.usable(good, good, good[0], False):
+        pytest.skip("needs Gluon in Triton 3.6 (GLUON_TRITON) and compute capability 9+")
+    # Gluon's API changes between Triton releases: another version than the one the kernel was tested
+    # with takes the Triton kernels
+    monkeypatch.setattr(ln_mod._ln_bwd_rows, "triton_version", lambda: (3, 9))
+    assert not ln_mod._ln_bwd_rows.usable(good, good, good[0], False)
+    monkeypatch.undo()
+    calls = _smem_rows_launches(monkeypatch)
     for name, x in cases.items():
         n = x.shape[1]
         w = randn((n,), x.dtype, "cuda", gen)

@@ -11,12 +11,16 @@ weight live in shared memory and the registers hold the accumulators and a few e
 HBM sees x and dy read once and dx written once; the split backward reads x and dy twice.
 
 GPU only (compute capability 9+; Gluon kernels do not run under Triton's interpreter): ``usable`` says
-when; the layer-norm launcher falls back to its other kernels otherwise.
+when; the layer-norm launcher falls back to its other kernels otherwise. Gluon is experimental and its
+API changes between Triton releases (3.9 has no ``thread_barrier``, for one), so the kernel is used only
+with the Triton minor version it was written and tested for (``GLUON_TRITON``: compiled for sm_90 and
+run on an H200 with 3.6); other versions take the Triton kernels.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 
 try:
     from triton.experimental import gluon
@@ -26,6 +30,7 @@ try:
 except ImportError:  # a Triton without Gluon (older than 3.5): the launcher never picks this kernel
     gluon = None
 
+GLUON_TRITON = (3, 6)  # the Triton minor version this kernel was written and tested for
 BOX_W = 256  # a row is brought in as a [N / BOX_W, BOX_W] box (a copy-engine box is at most 256 wide)
 SMEM_BYTES = 227 * 1024  # shared memory one program may take on sm_90
 
@@ -173,6 +178,12 @@ if gluon is not None:
             gl.store(DB_part + pid * N + cols1, db1)
 
 
+def triton_version() -> tuple[int, int]:
+    """Triton's (major, minor) version."""
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 def stages_that_fit(n: int, esize: int, has_weight: bool) -> int:
     """Row buffers (x and dy) that fit one program's shared memory beside the weight, at most 3."""
     row = 2 * n * esize
@@ -180,10 +191,11 @@ def stages_that_fit(n: int, esize: int, has_weight: bool) -> int:
 
 
 def usable(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool) -> bool:
-    """Whether this kernel can take the backward of ``x`` and ``dy`` ((M, N) views): Gluon present, a GPU
-    of compute capability 9+, bfloat16 or float16 (weight alike), N a power of 2 from 4096 to 16384,
-    contiguous rows with 16-byte aligned bases, at least two row buffers in shared memory."""
-    if gluon is None or interpreted or x.device.type != "cuda":
+    """Whether this kernel can take the backward of ``x`` and ``dy`` ((M, N) views): Gluon present in the
+    Triton of ``GLUON_TRITON``, a GPU of compute capability 9+, bfloat16 or float16 (weight alike), N a
+    power of 2 from 4096 to 16384, contiguous rows with 16-byte aligned bases, at least two row buffers in
+    shared memory."""
+    if gluon is None or interpreted or x.device.type != "cuda" or triton_version() != GLUON_TRITON:
         return False
     if x.dtype not in (torch.bfloat16, torch.float16) or dy.dtype != x.dtype:
         return False
