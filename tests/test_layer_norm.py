@@ -608,6 +608,24 @@ def test_smem_rows_backward_only_where_it_can_run(gen, monkeypatch):
     assert calls == []
 
 
+@pytest.mark.parametrize(
+    "programs, warps, stages, words",
+    [(0, 16, 3, "programs must be from 1 to the row count 8"), (9, 16, 3, "programs must be"),
+     (4, 64, 3, "warps must be a power of 2 from 1 to N / 512 = 32"), (4, 12, 3, "warps must be"),
+     (4, 16, 1, "stages must be from 2"), (4, 16, 4, "stages must be")],
+)  # fmt: skip
+def test_smem_rows_launch_rejects_a_launch_that_cannot_run(programs, warps, stages, words):
+    # the Gluon kernel's launcher checks what its kernel assumes before anything is compiled: at most one
+    # program per row (each reads its first row's statistics), warps that tile half a row, row buffers
+    # that fit in shared memory (4 x 64 KB do not, beside the weight)
+    x = torch.zeros((8, 16384), dtype=torch.bfloat16)
+    w, stats = torch.ones(16384, dtype=torch.bfloat16), torch.zeros(8)
+    part = torch.zeros((programs or 1, 16384))
+    rows = ln_mod._ln_bwd_rows
+    with pytest.raises(ValueError, match=words):
+        rows.launch(x, x, x, w, stats, stats, part, part, programs, 8, True, True, warps, stages)
+
+
 def test_smem_rows_entry_falls_back_off_the_gpu(device, gen):
     # under the interpreter (CI) the table's Gluon entries are never launched: the backward runs the
     # fallback's Triton kernels and matches the same entry run as the fallback itself, bit for bit

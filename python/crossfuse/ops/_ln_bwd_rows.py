@@ -27,7 +27,7 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-except ImportError:  # a Triton without Gluon (older than 3.5): the launcher never picks this kernel
+except ImportError:  # a Triton without Gluon: the launcher never picks this kernel
     gluon = None
 
 GLUON_TRITON = (3, 6)  # the Triton minor version this kernel was written and tested for
@@ -83,9 +83,9 @@ if gluon is not None:
         COMPUTE_DB: gl.constexpr,
         WARPS: gl.constexpr,
     ):
-        # a row is taken in two halves of HALF box rows, so that a thread holds 8 elements of each tensor
-        # at a time beside its accumulators (16 of dw and 16 of db at N = 16384 on 32 warps); each thread
-        # reads 16 consecutive bytes of a box row
+        # a row is taken in two halves of HALF box rows, so that a thread holds few elements of each
+        # tensor at a time beside its accumulators (at N = 16384 on the table's 16 warps, 32 of dw and 32
+        # of db per thread); each thread reads 16 consecutive bytes of a box row
         HALF: gl.constexpr = BOX_R // 2
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -221,13 +221,18 @@ def _row_boxes(t: torch.Tensor):
 
 
 def launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs: int, dx_m: int, compute_dw: bool,
-           compute_db: bool, warps: int | None = None, stages: int | None = None) -> None:  # fmt: skip
+           compute_db: bool, warps: int, stages: int) -> None:  # fmt: skip
     """dx of the rows below ``dx_m``, and each program's float32 share of dw and db (rows p, p +
     ``programs``, ...) in row p of ``dw_part`` / ``db_part`` ((programs, N); placeholders when not
-    computed); see :func:`usable`. ``warps`` defaults to N / 512, ``stages`` to what fits."""
+    computed), on ``warps`` warps (at most N / 512: a warp takes 8 elements of 32 columns of each half
+    row) with ``stages`` row buffers (see :func:`stages_that_fit`); see :func:`usable`."""
     M, N = x.shape
-    warps = warps or N // 512
-    stages = stages or stages_that_fit(N, x.element_size(), weight is not None)
+    if not 1 <= programs <= M:
+        raise ValueError(f"programs must be from 1 to the row count {M}, got {programs}")
+    if not 1 <= warps <= N // 512 or warps & (warps - 1):
+        raise ValueError(f"warps must be a power of 2 from 1 to N / 512 = {N // 512}, got {warps}")
+    if not 2 <= stages <= stages_that_fit(N, x.element_size(), weight is not None):
+        raise ValueError(f"stages must be from 2 to what fits in shared memory, got {stages}")
     _ln_bwd_rows_kernel[(programs,)](
         dx, _row_boxes(x), _row_boxes(dy), weight if weight is not None else x, mean, rstd, dw_part, db_part,
         dx.stride(0), M, dx_m, 1.0 / N, BOX_R=N // BOX_W, BOX_W=BOX_W, STAGES=stages,
