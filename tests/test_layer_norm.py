@@ -53,6 +53,24 @@ def check_against_reference(x, weight, bias, eps=1e-5, gen=None):
     return errors
 
 
+def check_backward_and_repeat(got, dy, x, w, w_ref, mean, rstd, grads, cfg):
+    """``got`` = layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg) against float64 autograd of the
+    reference with weight ``w_ref`` (dx, and dw/db where ``grads`` asks, else None), each within its
+    tolerance; then the same call again gives the same gradients bit for bit."""
+    m, n = x.shape
+    leaves = [t.double().requires_grad_(True) for t in (x, w_ref, torch.zeros(n, device=x.device))]
+    layer_norm_ref(*leaves, 1e-5).backward(dy.double())
+    for i, (kind, want) in enumerate(zip(("bwd", "reduced", "reduced"), (True, *grads), strict=True)):
+        if not want:
+            assert got[i] is None
+            continue
+        tol = tolerance("layer_norm", x.dtype, kind, m)
+        assert relerr(got[i], leaves[i].grad) <= tol, (i, relerr(got[i], leaves[i].grad), tol)
+    again = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    for a, b in zip(got, again, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
 # Shapes, each with the reason it is here.
 SHAPES = [
     pytest.param((64, 256), id="plain"),
@@ -471,17 +489,7 @@ def test_cooperative_backward_against_float64(dtype, m, n, cfg, grads, gen):
     dy = randn((m, n), dtype, "cuda", gen)
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
     got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
-    leaves = [t.double().requires_grad_(True) for t in (x, w, torch.zeros(n, dtype=dtype, device="cuda"))]
-    layer_norm_ref(*leaves, 1e-5).backward(dy.double())
-    for i, (kind, want) in enumerate(zip(("bwd", "reduced", "reduced"), (True, *grads), strict=True)):
-        if not want:
-            assert got[i] is None
-            continue
-        tol = tolerance("layer_norm", dtype, kind, m)
-        assert relerr(got[i], leaves[i].grad) <= tol, (i, relerr(got[i], leaves[i].grad), tol)
-    again = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
-    for a, b in zip(got, again, strict=True):
-        assert (a is None and b is None) or torch.equal(a, b)
+    check_backward_and_repeat(got, dy, x, w, w, mean, rstd, grads, cfg)
 
 
 @pytest.mark.gpu
@@ -557,17 +565,7 @@ def test_smem_rows_backward_against_float64(dtype, m, n, cfg, weight, grads, gen
     got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
     assert len(calls) == 1 and 1 <= calls[0] <= m, calls  # the Gluon kernel ran, with at most m programs
     ones = torch.ones(n, device="cuda")  # without weight, dw is the gradient of a weight of ones
-    leaves = [t.double().requires_grad_(True) for t in (x, w if weight else ones, torch.zeros_like(ones))]
-    layer_norm_ref(*leaves, 1e-5).backward(dy.double())
-    for i, (kind, want) in enumerate(zip(("bwd", "reduced", "reduced"), (True, *grads), strict=True)):
-        if not want:
-            assert got[i] is None
-            continue
-        tol = tolerance("layer_norm", dtype, kind, m)
-        assert relerr(got[i], leaves[i].grad) <= tol, (i, relerr(got[i], leaves[i].grad), tol)
-    again = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
-    for a, b in zip(got, again, strict=True):
-        assert (a is None and b is None) or torch.equal(a, b)
+    check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg)
 
 
 @pytest.mark.gpu
