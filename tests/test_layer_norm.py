@@ -634,7 +634,7 @@ def test_smem_rows_entry_falls_back_off_the_gpu(device, gen):
         pytest.skip("the Gluon kernel runs here: the GPU tests cover it")
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
     cfg = ln_mod.LaunchConfig(1, 4096, 8, 2, tma_stages=3, smem_rows=True)
-    fallback = ln_mod.SMEM_ROWS_FALLBACK.get(("bwd", 2, 4096, False)) or ln_mod.rule_config(n, "bwd")
+    fallback = ln_mod.smem_rows_fallback(cfg, n, x.element_size(), m)
     got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
     want = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=fallback)
     for a, b in zip(got, want, strict=True):

@@ -19,8 +19,12 @@ run on an H200 with 3.6); other versions take the Triton kernels.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
+
+from .._backend import compute_capability_major
 
 try:
     from triton.experimental import gluon
@@ -178,6 +182,7 @@ if gluon is not None:
             gl.store(DB_part + pid * N + cols1, db1)
 
 
+@functools.cache
 def triton_version() -> tuple[int, int]:
     """Triton's (major, minor) version."""
     major, minor = triton.__version__.split(".")[:2]
@@ -202,7 +207,7 @@ def usable(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool) -> bool
     if weight is not None and (weight.dtype != x.dtype or not weight.is_contiguous()):
         return False
     N = x.shape[1]
-    if N & (N - 1) or not 4096 <= N <= 16384 or torch.cuda.get_device_capability(x.device)[0] < 9:
+    if N & (N - 1) or not 4096 <= N <= 16384 or compute_capability_major(x) < 9:
         return False
     if any(t.stride(1) != 1 or t.stride(0) != N or t.data_ptr() % 16 for t in (x, dy)):
         return False

@@ -999,6 +999,12 @@ SMEM_ROWS_FALLBACK: dict[tuple[str, int, int, bool], LaunchConfig] = {
 }
 
 
+def smem_rows_fallback(cfg: LaunchConfig, n: int, esize: int, m: int) -> LaunchConfig:
+    """The Triton kernels' configuration that takes the place of the Gluon entry ``cfg`` (``smem_rows``)
+    where that kernel cannot run: SMEM_ROWS_FALLBACK's entry for its key, else the rule."""
+    return SMEM_ROWS_FALLBACK.get(("bwd", esize, cfg.block_n, m > MANY_ROWS)) or rule_config(n, "bwd")
+
+
 def launch_config(n: int, dtype: torch.dtype, kind: str, m: int | None = None) -> LaunchConfig:
     """Tile shape, warps and grid for rows of length ``n`` (``m`` rows, when known); ``kind`` is
     ``"fwd"`` or ``"bwd"``.
@@ -1167,8 +1173,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     cfg = config or launch_config(N, x.dtype, "bwd", M)
     smem_rows = cfg.smem_rows and _ln_bwd_rows.usable(x, dy, weight, is_interpreted(_ln_bwd_kernel))
     if cfg.smem_rows and not smem_rows:  # a Triton kernel in its place
-        key = ("bwd", x.element_size(), cfg.block_n, M > MANY_ROWS)
-        cfg = SMEM_ROWS_FALLBACK.get(key) or rule_config(N, "bwd")
+        cfg = smem_rows_fallback(cfg, N, x.element_size(), M)
     w = weight if weight is not None else x
     sms = device_parallelism(x)
     col_blocks = triton.cdiv(N, cfg.block_n)
