@@ -73,8 +73,8 @@ if gluon is not None:
         W,  # weight, (N,); unused unless HAS_WEIGHT
         Mean,  # (M,) float32
         Rstd,  # (M,) float32
-        DW_part,  # partial dw, (programs, N) float32, or (N,) zeroed with ATOMIC; unused unless COMPUTE_DW
-        DB_part,  # partial db, likewise; unused unless COMPUTE_DB
+        DW_part,  # partial dw, (programs, N) float32; unused unless COMPUTE_DW
+        DB_part,  # partial db, (programs, N) float32; unused unless COMPUTE_DB
         stride_dxm,
         M,
         DX_M,  # dx is stored for rows below DX_M only (dw and db take every row)
@@ -86,7 +86,6 @@ if gluon is not None:
         COMPUTE_DW: gl.constexpr,
         COMPUTE_DB: gl.constexpr,
         WARPS: gl.constexpr,
-        ATOMIC: gl.constexpr,  # every program adds its dw and db into the one row of DW_part / DB_part
     ):
         # a row is taken in two halves of HALF box rows, so that a thread holds few elements of each
         # tensor at a time beside its accumulators (at N = 16384 on the table's 16 warps, 32 of dw and 32
@@ -175,20 +174,12 @@ if gluon is not None:
         for k in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(k))
         N: gl.constexpr = BOX_R * BOX_W
-        if ATOMIC:
-            if COMPUTE_DW:
-                gl.atomic_add(DW_part + cols0, dw0, sem="relaxed")
-                gl.atomic_add(DW_part + cols1, dw1, sem="relaxed")
-            if COMPUTE_DB:
-                gl.atomic_add(DB_part + cols0, db0, sem="relaxed")
-                gl.atomic_add(DB_part + cols1, db1, sem="relaxed")
-        else:
-            if COMPUTE_DW:
-                gl.store(DW_part + pid * N + cols0, dw0)
-                gl.store(DW_part + pid * N + cols1, dw1)
-            if COMPUTE_DB:
-                gl.store(DB_part + pid * N + cols0, db0)
-                gl.store(DB_part + pid * N + cols1, db1)
+        if COMPUTE_DW:
+            gl.store(DW_part + pid * N + cols0, dw0)
+            gl.store(DW_part + pid * N + cols1, dw1)
+        if COMPUTE_DB:
+            gl.store(DB_part + pid * N + cols0, db0)
+            gl.store(DB_part + pid * N + cols1, db1)
 
 
 @functools.cache
@@ -235,13 +226,11 @@ def _row_boxes(t: torch.Tensor):
 
 
 def launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs: int, dx_m: int, compute_dw: bool,
-           compute_db: bool, warps: int, stages: int, atomic: bool = False) -> None:  # fmt: skip
+           compute_db: bool, warps: int, stages: int) -> None:  # fmt: skip
     """dx of the rows below ``dx_m``, and each program's float32 share of dw and db (rows p, p +
     ``programs``, ...) in row p of ``dw_part`` / ``db_part`` ((programs, N); placeholders when not
-    computed), or with ``atomic`` added into their first N values (zeroed by the caller; the order of the
-    additions, so the last bits of the sums, vary from call to call), on ``warps`` warps (at most N / 512: a
-    warp takes 8 elements of 32 columns of each half row) with ``stages`` row buffers (see
-    :func:`stages_that_fit`); see :func:`usable`."""
+    computed), on ``warps`` warps (at most N / 512: a warp takes 8 elements of 32 columns of each half
+    row) with ``stages`` row buffers (see :func:`stages_that_fit`); see :func:`usable`."""
     M, N = x.shape
     if not 1 <= programs <= M:
         raise ValueError(f"programs must be from 1 to the row count {M}, got {programs}")
@@ -253,7 +242,7 @@ def launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs: int, dx_m:
         dx, _row_boxes(x), _row_boxes(dy), weight if weight is not None else x, mean, rstd, dw_part, db_part,
         dx.stride(0), M, dx_m, 1.0 / N, BOX_R=N // BOX_W, BOX_W=BOX_W, STAGES=stages,
         HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps,
-        ATOMIC=atomic, num_warps=warps,
+        num_warps=warps,
     )  # fmt: skip
 
 

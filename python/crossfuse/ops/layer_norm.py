@@ -1043,8 +1043,7 @@ def backward_programs(cfg: LaunchConfig, m: int, esize: int, sms: int) -> int:
     SM, at least one (an SM with one program more than the others would set the time)."""
     tiles = triton.cdiv(m, cfg.block_m)
     per_sm = max(1, min(cfg.programs_per_sm, (3 * m * esize) // (8 * 16 * sms)))
-    most = max(1, min(tiles, per_sm * sms))
-    return triton.cdiv(tiles, triton.cdiv(tiles, most))  # as few as take no longer (the same most tiles each)
+    return max(1, min(tiles, per_sm * sms))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1188,12 +1187,6 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     else:
         max_programs = math.ceil(cfg.programs_per_sm * sms / col_blocks)  # row groups
         programs = max(1, min(triton.cdiv(M, cfg.block_m), max_programs))
-    # the Gluon kernel's programs add their float32 dw and db into one row (atomics) instead of writing a
-    # row each for the reduction, unless torch is asked for deterministic algorithms
-    atomic = smem_rows and (compute_dw or compute_db) and not torch.are_deterministic_algorithms_enabled()
-    grid = programs
-    if atomic:
-        programs, max_programs = 1, 1  # one row of partials
     # the scratch: [dw partials | db partials | the split backward's c1 | c2, or the cooperative
     # kernel's ring of row-sum shares | counters], each 128-byte aligned
     part = _align(programs * N)
@@ -1219,10 +1212,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     first = dict(GDC=gdc)
     then = dict(GDC=True, launch_pdl=True) if gdc else first
     if smem_rows:
-        if atomic:
-            scratch[:total].zero_()
-        _ln_bwd_rows.launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, grid, M - R, compute_dw,
-                            compute_db, cfg.num_warps, cfg.tma_stages, atomic)  # fmt: skip
+        _ln_bwd_rows.launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs, M - R, compute_dw,
+                            compute_db, cfg.num_warps, cfg.tma_stages)  # fmt: skip
     elif whole_rows:
         use_tma = cfg.tma_stages and _tma_usable(x, dy)
 
