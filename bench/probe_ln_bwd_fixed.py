@@ -74,14 +74,8 @@ def main(argv=None) -> int:
     calls[f"reduction of {sms} rows"] = lambda: ln.reduce_partials(part[0], part[1], dw, db, sms, N, sms)
     one = torch.empty(1, device="cuda")
     calls["fill of one element"] = lambda: one.fill_(1.0)
-    for fn in calls.values():
-        fn()
-    torch.cuda.synchronize()
-    times = {name: [] for name in calls}
-    for _ in range(args.rounds):
-        for name, fn in calls.items():
-            times[name].append(timing.time_cuda(fn, config=cfg).p50 * 1e3)
-    med = {name: statistics.median(t) for name, t in times.items()}
+    times = timing.alternate(calls, args.rounds, config=cfg)
+    med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
     for name, t in med.items():
         print(f"  {name:24s} {t:8.1f} us", flush=True)
     for what in ("kernel", "copy"):

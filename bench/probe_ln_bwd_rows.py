@@ -90,10 +90,7 @@ def main(argv=None) -> int:
                 errs[name] = [relerr(g.double(), r) for g, r in zip(got, ref, strict=True)]
             except Exception as exc:  # a variant that does not compile or launch: say so, go on
                 print(f"  {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", flush=True)
-        times = {name: [] for name in errs}
-        for _ in range(args.rounds):
-            for name in errs:
-                times[name].append(timing.time_cuda(calls[name], config=cfg).p50)
+        times = timing.alternate({name: calls[name] for name in errs}, args.rounds, config=cfg)
         for name in errs:
             t = statistics.median(times[name])
             gbs = 3 * m * n * dtype.itemsize / t / 1e6

@@ -51,13 +51,7 @@ def main(argv=None) -> int:
                 print(f"  {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
         x, w, b = inputs["x"], inputs["weight"], inputs["bias"]
         calls["fused (launcher alone)"] = lambda x=x, w=w, b=b, e=inputs["eps"]: ln.layer_norm_fwd(x, w, b, e)
-        for fn in calls.values():
-            fn()
-        torch.cuda.synchronize()
-        times = {name: [] for name in calls}
-        for _ in range(args.rounds):
-            for name, fn in calls.items():
-                times[name].append(timing.time_cuda(fn).p50)
+        times = timing.alternate(calls, args.rounds)
         print(f"\n{dtype_name} {m}x{n}: GB/s of each round's median, then their median", flush=True)
         for name, ts in times.items():
             gbs = [2 * m * n * dtype.itemsize / t / 1e6 for t in ts]

@@ -247,6 +247,18 @@ def test_cpu_timing_quantiles_are_ordered():
     assert 0 < t.p20 <= t.p50 <= t.p80 and t.reps >= timing.QUICK.cpu_min_reps
 
 
+def test_alternate_takes_every_call_in_turn():
+    # one untimed call each first, then rounds that take the calls in order: the order of the calls made
+    # is a, b, then (a's repeats, b's repeats) per round, and each name gets one median per round
+    order = []
+    calls = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    config = timing.TimingConfig(cpu_warmup_s=0.0, cpu_rep_s=0.0, cpu_min_reps=2, cpu_max_reps=2)
+    times = timing.alternate(calls, 3, "cpu", config)
+    assert list(times) == ["a", "b"] and all(len(t) == 3 and all(v >= 0 for v in t) for t in times.values())
+    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
+    assert runs == ["a", "b"] * 4  # the first calls, then three rounds of a's calls then b's
+
+
 def test_cpu_memory_sees_torch_allocations():
     n = 1 << 20
     mem = memory.measure_cpu(lambda: torch.empty(n, dtype=torch.float32))

@@ -148,6 +148,22 @@ def time_call(fn: Callable[[], object], device, config: TimingConfig = DEFAULT) 
     return time_cpu(fn, config)
 
 
+def alternate(calls: dict, rounds: int, device="cuda", config: TimingConfig = DEFAULT) -> dict:
+    """``{name: [median ms of round 0, round 1, ...]}`` of each zero-argument call of ``calls``, timed in
+    ``rounds`` rounds that take every call in turn (a drift of the card's clock or temperature then
+    falls on all of them alike; the probes' and A/B scripts' way of comparing kernels). Each call runs
+    once first, untimed (compilation), and the device is synchronised before the first round."""
+    for fn in calls.values():
+        fn()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(time_call(fn, device, config).p50)
+    return times
+
+
 def method(device) -> str:
     if torch.device(device).type == "cuda":
         return "CUDA events, L2 flushed (256 MiB zero) and launch overhead hidden by a GPU spin"
