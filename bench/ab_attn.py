@@ -4,7 +4,11 @@ its own ``TUNED`` tables, alternated ``--rounds`` times at the session's bf16 sh
 H=32, D=128 with H=16; L = 1024, 4096, 16384; causal and not), medians of
 ``crossfuse.harness.timing.time_cuda`` (the sessions' GPU timer).
 
-    python bench/ab_attn.py OLD_RELU_ATTENTION_PY [--rounds 3] [--kind bwd|fwd] [--tuned TUNED_JSON]
+    python bench/ab_attn.py OLD_RELU_ATTENTION_PY [--rounds 3] [--kind bwd|fwd] [--tuned TUNED_JSON] [--seed]
+
+``--seed`` takes the float32 extras' shapes instead (``bench/extras.py``'s comparison with the seed's
+kernels): float32 (tf32 dots), the seed's [B, L, H, D] layout as [B, H, L, D] views, B=4, H=16, D=64,
+L = 1024, 2048, 4096.
 
 ``--tuned`` applies a sweep's ``tuned.json`` (``bench/tune.py``) to this checkout's tables only, as
 ``CROSSFUSE_TUNED_CONFIGS`` would: with a copy of this checkout's file as OLD, it alternates the sweep's
@@ -41,6 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kind", choices=("bwd", "fwd"), default="bwd")
     ap.add_argument("--tuned", help="a tuned.json whose attention entries the new side's tables take")
+    ap.add_argument("--seed", action="store_true", help="float32 at the seed's layout and shapes")
     args = ap.parse_args(argv)
     import torch
     from crossfuse import _tuning
@@ -57,26 +62,35 @@ def main(argv=None) -> int:
             print(f"  {key}: {c}", flush=True)
     cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=50.0, cuda_min_reps=5, cuda_max_reps=100)
     print("D L causal old_TFLOPs new_TFLOPs new/old", flush=True)
-    for d, h in ((64, 32), (128, 16)):
-        for length in (1024, 4096, 16384):
-            b = TOKENS // length
-            shape = (b, h, length, d)
-            q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            for causal in (False, True):
-                kw = dict(causal=causal, squared=False, scale=1 / math.sqrt(d), relu_scale=1 / length)
-                fns = {name: _call(mod, args.kind, q, k, v, do, kw) for name, mod in versions.items()}
-                outs = [fn() for fn in fns.values()]
-                outs = [o if isinstance(o, tuple) else (o,) for o in outs]
-                err = max((a.float() - c.float()).abs().max().item() for a, c in zip(*outs, strict=True))
-                times = {name: [] for name in fns}
-                for _ in range(args.rounds):
-                    for name, fn in fns.items():
-                        times[name].append(timing.time_cuda(fn, config=cfg).p50)
-                flops = 4 * b * h * length * length * d * (0.5 if causal else 1.0)
-                flops *= 2.5 if args.kind == "bwd" else 1.0
-                o, n = statistics.median(times["old"]), statistics.median(times["new"])
-                print(f"{d} {length} {causal} {flops / o / 1e9:.0f} {flops / n / 1e9:.0f} {o / n:.3f} "
-                      f"(max |new-old| {err:.2e})", flush=True)  # fmt: skip
+    if args.seed:  # (B, H, D, L, dtype)
+        cases = [(4, 16, 64, length, torch.float32) for length in (1024, 2048, 4096)]
+    else:
+        cases = [
+            (TOKENS // n, h, d, n, torch.bfloat16)
+            for d, h in ((64, 32), (128, 16))
+            for n in (1024, 4096, 16384)
+        ]
+    for b, h, d, length, dtype in cases:
+        if args.seed:  # [B, L, H, D] tensors as [B, H, L, D] views
+            q, k, v, do = (torch.randn((b, length, h, d), device="cuda", dtype=dtype).transpose(1, 2)
+                           for _ in range(4))  # fmt: skip
+        else:
+            q, k, v, do = (torch.randn((b, h, length, d), device="cuda", dtype=dtype) for _ in range(4))
+        for causal in (False, True):
+            kw = dict(causal=causal, squared=False, scale=1 / math.sqrt(d), relu_scale=1 / length)
+            fns = {name: _call(mod, args.kind, q, k, v, do, kw) for name, mod in versions.items()}
+            outs = [fn() for fn in fns.values()]
+            outs = [o if isinstance(o, tuple) else (o,) for o in outs]
+            err = max((a.float() - c.float()).abs().max().item() for a, c in zip(*outs, strict=True))
+            times = {name: [] for name in fns}
+            for _ in range(args.rounds):
+                for name, fn in fns.items():
+                    times[name].append(timing.time_cuda(fn, config=cfg).p50)
+            flops = 4 * b * h * length * length * d * (0.5 if causal else 1.0)
+            flops *= 2.5 if args.kind == "bwd" else 1.0
+            o, n = statistics.median(times["old"]), statistics.median(times["new"])
+            print(f"{d} {length} {causal} {flops / o / 1e9:.0f} {flops / n / 1e9:.0f} {o / n:.3f} "
+                  f"(max |new-old| {err:.2e})", flush=True)  # fmt: skip
     return 0
 
 

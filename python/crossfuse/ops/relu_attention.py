@@ -190,6 +190,7 @@ def _relu_attn_fwd_kernel(
     IS_FP64: tl.constexpr,
     UPCAST: tl.constexpr,
     RELU_CVT: tl.constexpr = False,  # bf16, not squared, compiled: see _relu_to_bf16
+    PEEL: tl.constexpr = False,  # non-causal: the first key block in a loop of its own (see _peel)
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
     pid_bh = tl.program_id(1)
@@ -216,7 +217,12 @@ def _relu_attn_fwd_kernel(
         acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, diag, hi, Lk, scale,
                          BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST, RELU_CVT)  # fmt: skip
     else:
-        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, 0, Lk, Lk, scale,
+        first = 0
+        if PEEL:  # see _peel
+            first = tl.minimum(BLOCK_N, Lk)
+            acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, 0, first, Lk, scale,
+                             BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST, RELU_CVT)  # fmt: skip
+        acc = _fwd_range(acc, q, K, V, stride_kl, stride_vl, stride_vd, offs_m, first, Lk, Lk, scale,
                          BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST, RELU_CVT)  # fmt: skip
     if RELU_CVT:
         relu_scale = relu_scale * scale
@@ -331,6 +337,7 @@ def _relu_attn_bwd_dkdv_kernel(
     TRANS_COPIES: tl.constexpr,
     GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
     RELU_CVT: tl.constexpr = False,  # bf16, not squared, compiled: see _relu_to_bf16
+    PEEL: tl.constexpr = False,  # non-causal: the first query block in a loop of its own (see _peel)
 ):  # fmt: skip
     _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
@@ -366,9 +373,15 @@ def _relu_attn_bwd_dkdv_kernel(
                              offs_n, mid, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST,
                              TRANS_COPIES, RELU_CVT)  # fmt: skip
     else:
+        first = 0
+        if PEEL:  # see _peel
+            first = tl.minimum(BLOCK_M, Lq)
+            dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
+                                 offs_n, 0, first, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED,
+                                 UPCAST, TRANS_COPIES, RELU_CVT)  # fmt: skip
         dk, dv = _dkdv_range(dk, dv, k, v, Q, DO, QC, DOC, stride_ql, stride_dol, stride_qcd, stride_docd,
-                             offs_n, 0, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED, UPCAST,
-                             TRANS_COPIES, RELU_CVT)  # fmt: skip
+                             offs_n, first, Lq, Lq, scale, BLOCK_M, HEAD_D, False, not EVEN_M, SQUARED,
+                             UPCAST, TRANS_COPIES, RELU_CVT)  # fmt: skip
     if RELU_CVT:
         relu_scale = relu_scale * scale
     dk_ptrs = DK + offs_n[:, None] * stride_dkl + offs_d[None, :]
@@ -463,6 +476,7 @@ def _relu_attn_bwd_dq_kernel(
     TRANS_COPIES: tl.constexpr,
     GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
     RELU_CVT: tl.constexpr = False,  # as the dK/dV kernel's
+    PEEL: tl.constexpr = False,  # non-causal: the first key block in a loop of its own (see _peel)
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -494,7 +508,13 @@ def _relu_attn_bwd_dq_kernel(
                        BLOCK_N, HEAD_D, True, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES,
                        RELU_CVT)  # fmt: skip
     else:
-        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, Lk, Lk, scale,
+        first = 0
+        if PEEL:  # see _peel
+            first = tl.minimum(BLOCK_N, Lk)
+            dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, 0, first, Lk, scale,
+                           BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES,
+                           RELU_CVT)  # fmt: skip
+        dq = _dq_range(dq, q, do, K, V, KC, stride_kl, stride_vl, stride_kcd, offs_m, first, Lk, Lk, scale,
                        BLOCK_N, HEAD_D, False, not EVEN_N, SQUARED, UPCAST, TRANS_COPIES,
                        RELU_CVT)  # fmt: skip
     if RELU_CVT:
@@ -703,7 +723,8 @@ SHORT_L = 2048
 # at L=4096 in run 1; D=128 in run 7 (at L=4096, "long", and L=1024, "short"), where the run-1 backward
 # stayed (the full sessions measured it faster than the pair of run-7 winners, each of which had been
 # timed with the other kernel at its old default); float32 (tf32 dots, reading the copies of
-# _tf32_copies) at the seed's shapes (B=4, H=16, L=4096 long, L=1024 short) in run 21. (kind, D, element
+# _tf32_copies) at the seed's shapes (B=4, H=16, L=4096 long, L=1024 short) in run 21, the non-causal ones
+# again in run 133 once _peel had removed their serialized products. (kind, D, element
 # bytes, causal, long sequence) -> config (float16
 # shares the 2-byte rows; dkdv and dq are scored as the whole backward, 2.5x the forward's FLOPs, with
 # the other kernel at its default). A missing entry falls back to the other length's entry, then to the
@@ -740,15 +761,15 @@ TUNED: dict[tuple[str, int, int, bool, bool], AttnConfig] = {
     ("fwd", 128, 2, True, True): AttnConfig(64, 64, 4, 3, tma=True),  # 656 TFLOP/s (run 107; 642)
     ("fwd", 128, 2, False, False): AttnConfig(64, 64, 4, 3),  # 610 TFLOP/s (run 107)
     ("fwd", 128, 2, True, False): AttnConfig(64, 64, 4, 3, tma=True),  # 449 TFLOP/s (run 107; the same)
-    ("dkdv", 64, 4, False, True): AttnConfig(16, 128, 8, 3),  # 141 TFLOP/s (run 21)
-    ("dkdv", 64, 4, False, False): AttnConfig(16, 128, 8, 3),  # 101 TFLOP/s (run 21)
+    ("dkdv", 64, 4, False, True): AttnConfig(32, 128, 8, 3),  # 173 TFLOP/s (run 133, with PEEL; 16x128: 162)
+    ("dkdv", 64, 4, False, False): AttnConfig(32, 128, 8, 3),  # 113 TFLOP/s (run 133, with PEEL; 16x128: 110)
     ("dkdv", 64, 4, True, True): AttnConfig(64, 128, 8, 2),  # 149 TFLOP/s (run 21)
     ("dkdv", 64, 4, True, False): AttnConfig(32, 64, 4, 2),  # 70 TFLOP/s (run 21)
     ("dq", 64, 4, False, True): AttnConfig(128, 64, 8, 3),  # 147 TFLOP/s (run 21)
     ("dq", 64, 4, False, False): AttnConfig(128, 64, 8, 3),  # 104 TFLOP/s (run 21)
     ("dq", 64, 4, True, True): AttnConfig(128, 64, 8, 3),  # 149 TFLOP/s (run 21)
     ("dq", 64, 4, True, False): AttnConfig(128, 64, 8, 3),  # 69 TFLOP/s (run 21)
-    ("fwd", 64, 4, False, True): AttnConfig(128, 32, 8, 4),  # 241 TFLOP/s (run 21)
+    ("fwd", 64, 4, False, True): AttnConfig(64, 64, 4, 3),  # 270 TFLOP/s (run 133, with PEEL; 128x32: 255)
     ("fwd", 64, 4, False, False): AttnConfig(128, 32, 8, 4),  # 153 TFLOP/s (run 21)
     ("fwd", 64, 4, True, True): AttnConfig(64, 64, 4, 3),  # 214 TFLOP/s (run 21)
     ("fwd", 64, 4, True, False): AttnConfig(64, 64, 4, 3),  # 97 TFLOP/s (run 21)
@@ -857,7 +878,7 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         *_bhld_strides(out), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
-        UPCAST=interp and q.dtype == torch.bfloat16, RELU_CVT=relu_cvt,
+        UPCAST=interp and q.dtype == torch.bfloat16, RELU_CVT=relu_cvt, PEEL=_peel(q.dtype, causal),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
@@ -900,6 +921,18 @@ def _desc(t: torch.Tensor, rows: int):
 def _l_contiguous(t: torch.Tensor) -> torch.Tensor:
     """A [B, H, L, D] view with unit stride on L: ``t`` itself when it has one, else a copy."""
     return t if t.stride(2) == 1 else t.transpose(2, 3).contiguous().transpose(2, 3)
+
+
+def _peel(dtype: torch.dtype, causal: bool) -> bool:
+    """Whether a kernel's non-causal loop takes its first block in a loop of its own (``PEEL``): float32
+    only. Compiled for sm_90 (Triton 3.6), the float32 kernels' non-causal loops, whose accumulators start
+    at zero before the loop, make ptxas serialize their tf32 ``wgmma`` instructions (warning C7515:
+    "non wgmma instructions defining accumulator registers of a wgmma between start and end of the
+    pipeline stage"); with the first block in a loop of its own, the main loop starts from that loop's
+    result and every float32 kernel compiles without it, as the causal ones (two loops) already did.
+    The 16-bit kernels compile without the warning either way. Correct for any length (either loop may
+    run no step)."""
+    return dtype == torch.float32 and not causal
 
 
 def _tf32_copies(dtype: torch.dtype, interp: bool) -> bool:
@@ -969,7 +1002,7 @@ def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies, RELU_CVT=relu_cvt,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
+        PEEL=_peel(q.dtype, causal), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
     )  # fmt: skip
 
 
@@ -999,7 +1032,7 @@ def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, inter
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies, RELU_CVT=relu_cvt,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
+        PEEL=_peel(q.dtype, causal), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
     )  # fmt: skip
 
 
