@@ -266,6 +266,26 @@ def test_gpu_anchor_like_shapes_bf16(d, gen):
             run_and_compare(q, k, v, causal, False, gen)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("shape", [(2, 3, 100, 64), (1, 2, 1, 16), (1, 1, 130, 256), (2, 1, 0, 32)])
+def test_l_major_copy_equals_torchs(shape, dtype, device, gen, monkeypatch):
+    # the float32 kernels read some inputs through copies with unit stride on L, made by a Triton kernel:
+    # equal to torch's transposed copy element for element, from the seed's layout (a [B, L, H, D]
+    # tensor seen as [B, H, L, D]) and from a strided view, at lengths not multiples of its tile
+    b, h, length, d = shape
+    blhd = randn((b, length, h, d), dtype, device, gen).transpose(1, 2)
+    strided = randn((b, h, length, 2 * d), dtype, device, gen)[..., ::2]
+    for t in (blhd, strided):
+        got = ra._l_contiguous(t)
+        assert got.stride(2) == 1 and got.shape == t.shape
+        assert torch.equal(got, t)
+        assert got.transpose(2, 3).is_contiguous()
+    monkeypatch.setattr(ra, "L_MAJOR_TILE", (32, 16, 4))  # tiles smaller than D: several along D
+    assert torch.equal(ra._l_contiguous(blhd), blhd)
+    unit_l = ra._l_contiguous(blhd)
+    assert ra._l_contiguous(unit_l) is unit_l  # already unit stride on L: no copy
+
+
 @pytest.mark.parametrize("lq, lk", [(70, 70), (17, 100), (100, 17)])
 def test_peeled_first_block_changes_nothing(lq, lk, device, gen, monkeypatch):
     # float32's non-causal loops take their first block in a loop of its own (ra._peel: ptxas serializes
