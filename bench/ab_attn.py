@@ -30,6 +30,22 @@ import sys
 from ab_ln import load_ops_module  # bench/ is this script's folder (sys.path[0]); it sets the path
 
 TOKENS = 16384
+SEED_BHD = (4, 16, 64)  # the seed's float32 shapes (B, H, D; L from 1024 to 4096), its layout [B, L, H, D]
+
+
+def seed_inputs(length: int, count: int) -> list:
+    """``count`` random float32 CUDA tensors at the seed's layout and shapes, as [B, H, L, D] views."""
+    import torch
+
+    b, h, d = SEED_BHD
+    return [torch.randn((b, length, h, d), device="cuda").transpose(1, 2) for _ in range(count)]
+
+
+def timing_config():
+    """The attention A/B scripts' timer settings (the sessions' GPU timer, 50 ms of calls per figure)."""
+    from crossfuse.harness import timing
+
+    return timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=50.0, cuda_min_reps=5, cuda_max_reps=100)
 
 
 def _call(mod, kind, q, k, v, do, kw):
@@ -60,10 +76,10 @@ def main(argv=None) -> int:
         print(f"new: the code's tables with {len(changed)} entries of {args.tuned}:", flush=True)
         for key, c in sorted(changed.items()):
             print(f"  {key}: {c}", flush=True)
-    cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=50.0, cuda_min_reps=5, cuda_max_reps=100)
+    cfg = timing_config()
     print("D L causal old_TFLOPs new_TFLOPs new/old", flush=True)
     if args.seed:  # (B, H, D, L, dtype)
-        cases = [(4, 16, 64, length, torch.float32) for length in (1024, 2048, 4096)]
+        cases = [(*SEED_BHD, length, torch.float32) for length in (1024, 2048, 4096)]
     else:
         cases = [
             (TOKENS // n, h, d, n, torch.bfloat16)
@@ -71,9 +87,8 @@ def main(argv=None) -> int:
             for n in (1024, 4096, 16384)
         ]
     for b, h, d, length, dtype in cases:
-        if args.seed:  # [B, L, H, D] tensors as [B, H, L, D] views
-            q, k, v, do = (torch.randn((b, length, h, d), device="cuda", dtype=dtype).transpose(1, 2)
-                           for _ in range(4))  # fmt: skip
+        if args.seed:
+            q, k, v, do = seed_inputs(length, 4)
         else:
             q, k, v, do = (torch.randn((b, h, length, d), device="cuda", dtype=dtype) for _ in range(4))
         for causal in (False, True):

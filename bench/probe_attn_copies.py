@@ -18,7 +18,7 @@ import math
 import statistics
 import sys
 
-import ab_ln  # noqa: F401  (bench/ is sys.path[0]; it puts python/ on the path)
+from ab_attn import SEED_BHD, seed_inputs, timing_config  # bench/ is sys.path[0]; ab_ln sets the path
 
 
 def main(argv=None) -> int:
@@ -30,10 +30,10 @@ def main(argv=None) -> int:
     from crossfuse.harness import timing
     from crossfuse.ops import relu_attention as ra
 
-    cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=50.0, cuda_min_reps=5, cuda_max_reps=100)
-    b, h, d = 4, 16, 64
+    cfg = timing_config()
+    b, h, d = SEED_BHD
     for length in (int(n) for n in args.lengths.split(",")):
-        q, k, v, do = (torch.randn((b, length, h, d), device="cuda").transpose(1, 2) for _ in range(4))
+        q, k, v, do = seed_inputs(length, 4)
         flat = torch.randn(b * h * length * d, device="cuda")
         kw = dict(squared=False, scale=1 / math.sqrt(d), relu_scale=1 / length)
         vt = ra._l_contiguous(v)

@@ -17,6 +17,7 @@ import math
 import statistics
 import sys
 
+from ab_attn import SEED_BHD, seed_inputs, timing_config
 from ab_ln import load_ops_module  # bench/ is this script's folder (sys.path[0]); it sets the path
 
 TILES = ((64, 64, 4, 3), (128, 32, 8, 4), (128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 4))
@@ -28,16 +29,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lengths", default="1024,4096")
     args = ap.parse_args(argv)
-    import torch
     from crossfuse.harness import timing
     from crossfuse.ops import relu_attention as code
 
     other = load_ops_module(args.other, "_probe_other_relu_attention")
-    cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=50.0, cuda_min_reps=5, cuda_max_reps=100)
-    b, h, d = 4, 16, 64
+    cfg = timing_config()
+    b, h, d = SEED_BHD
     print("L causal tile code_TFLOPs other_TFLOPs other/code", flush=True)
     for length in (int(n) for n in args.lengths.split(",")):
-        q, k, v = (torch.randn((b, length, h, d), device="cuda").transpose(1, 2) for _ in range(3))
+        q, k, v = seed_inputs(length, 3)
         for causal in (False, True):
             kw = dict(causal=causal, squared=False, scale=1 / math.sqrt(d), relu_scale=1 / length)
             flops = 4 * b * h * length * length * d * (0.5 if causal else 1.0)

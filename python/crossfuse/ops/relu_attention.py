@@ -952,12 +952,12 @@ def _l_contiguous(t: torch.Tensor) -> torch.Tensor:
     if t.stride(2) == 1:
         return t
     B, H, L, D = t.shape
-    out = torch.empty((B, H, D, L), dtype=t.dtype, device=t.device)
     block_l, block_d, warps = L_MAJOR_TILE
     block_d = min(block_d, triton.next_power_of_2(D))
     grid = (B * H, triton.cdiv(L, block_l), triton.cdiv(D, block_d))
     if grid[1] > 65535:  # a grid's second axis is at most 65535 programs: torch's copy beyond that
         return t.transpose(2, 3).contiguous().transpose(2, 3)
+    out = torch.empty((B, H, D, L), dtype=t.dtype, device=t.device)
     if out.numel():
         _l_major_copy_kernel[grid](t, out, *t.stride(), H, L, D, BLOCK_L=block_l, BLOCK_D=block_d,
                                    num_warps=warps)  # fmt: skip
