@@ -37,7 +37,6 @@ except ImportError:  # a Triton without Gluon: the launcher never picks this ker
 GLUON_TRITON = (3, 6)  # the Triton minor version this kernel was written and tested for
 BOX_W = 256  # a row is brought in as a [N / BOX_W, BOX_W] box (a copy-engine box is at most 256 wide)
 SMEM_BYTES = 227 * 1024  # shared memory one program may take on sm_90
-TMA_DX = True  # dx written from shared memory by the copy engine (see the kernel)
 
 if gluon is not None:
 
@@ -55,36 +54,22 @@ if gluon is not None:
 
     @gluon.jit
     def _half_dx(xb, dyb, wb, mean, rstd, c1, c2, dw, db, dx_ptrs, dx_ok, layout: gl.constexpr,
-                 HAS_WEIGHT: gl.constexpr, COMPUTE_DW: gl.constexpr, COMPUTE_DB: gl.constexpr,
-                 TMA_DX: gl.constexpr):  # fmt: skip
-        """Half a row's dx, stored (where ``dx_ok``) or, with TMA_DX, written over x in its shared-memory
-        buffer (each thread over the elements it read), and its share added to the half's dw and db."""
+                 HAS_WEIGHT: gl.constexpr, COMPUTE_DW: gl.constexpr, COMPUTE_DB: gl.constexpr):  # fmt: skip
+        """Stores half a row's dx (where ``dx_ok``) and adds its share to the half's dw and db."""
         xhat, dy, g = _half_g(xb, dyb, wb, mean, rstd, layout, HAS_WEIGHT)
         dx = (g - (xhat * c1 + c2)) * rstd
-        if TMA_DX:
-            xb.store(dx.to(xb.dtype))
-        else:
-            gl.store(dx_ptrs, dx.to(dx_ptrs.dtype.element_ty), mask=dx_ok)
+        gl.store(dx_ptrs, dx.to(dx_ptrs.dtype.element_ty), mask=dx_ok)
         if COMPUTE_DW:
             dw += dy * xhat
         if COMPUTE_DB:
             db += dy
         return dw, db
 
-    @gluon.jit
-    def _load_row(Xd, DYd, xs, dys, bars, b, row, BOX_R: gl.constexpr, row_bytes: gl.constexpr, ok):
-        """The copy engine brings row ``row``'s x and dy into buffer ``b`` (where ``ok``)."""
-        fence_async_shared()
-        mbarrier.expect(bars.index(b), row_bytes, pred=ok)
-        tma.async_copy_global_to_shared(Xd, [row * BOX_R, 0], bars.index(b), xs.index(b), pred=ok)
-        tma.async_copy_global_to_shared(DYd, [row * BOX_R, 0], bars.index(b), dys.index(b), pred=ok)
-
     @gluon.jit(do_not_specialize=["M", "DX_M"])  # a new row count reuses the compiled kernel
     def _ln_bwd_rows_kernel(
         DX,  # input gradient, (M, N), row stride stride_dxm
         Xd,  # x as a (M * BOX_R, BOX_W) descriptor, boxes [BOX_R, BOX_W] (one row each)
         DYd,  # dy, likewise
-        DXd,  # dx, likewise; used with TMA_DX only
         W,  # weight, (N,); unused unless HAS_WEIGHT
         Mean,  # (M,) float32
         Rstd,  # (M,) float32
@@ -101,7 +86,6 @@ if gluon is not None:
         COMPUTE_DW: gl.constexpr,
         COMPUTE_DB: gl.constexpr,
         WARPS: gl.constexpr,
-        TMA_DX: gl.constexpr = False,  # dx written back through the copy engine from x's buffer
     ):
         # a row is taken in two halves of HALF box rows, so that a thread holds few elements of each
         # tensor at a time beside its accumulators (at N = 16384 on the table's 16 warps, 32 of dw and 32
@@ -135,7 +119,11 @@ if gluon is not None:
 
         mine = gl.cdiv(M - pid, programs)  # rows pid, pid + programs, ...
         for k in gl.static_range(STAGES - 1):  # the first rows' copies
-            _load_row(Xd, DYd, xs, dys, bars, k, pid + k * programs, BOX_R, row_bytes, k < mine)
+            ok = k < mine
+            first = pid + k * programs
+            mbarrier.expect(bars.index(k), row_bytes, pred=ok)
+            tma.async_copy_global_to_shared(Xd, [first * BOX_R, 0], bars.index(k), xs.index(k), pred=ok)
+            tma.async_copy_global_to_shared(DYd, [first * BOX_R, 0], bars.index(k), dys.index(k), pred=ok)
 
         dw0 = gl.zeros([HALF, BOX_W], gl.float32, layout)
         dw1 = gl.zeros([HALF, BOX_W], gl.float32, layout)
@@ -146,14 +134,16 @@ if gluon is not None:
         for i in range(mine):
             row = pid + i * programs
             # the copy STAGES - 1 rows ahead goes into the buffer the previous row left (every thread
-            # finished reading it at the end of the previous iteration; with TMA_DX, once the copy engine
-            # has read the previous row's dx from it, so the copy is issued after this row's sums)
+            # finished reading it at the end of the previous iteration)
             ahead = i + STAGES - 1
             b_ahead = ahead % STAGES
             ok = ahead < mine
-            if TMA_DX:
-                tma.store_wait(0)  # the previous row's dx has left buffer b_ahead
-            _load_row(Xd, DYd, xs, dys, bars, b_ahead, pid + ahead * programs, BOX_R, row_bytes, ok)
+            fence_async_shared()
+            mbarrier.expect(bars.index(b_ahead), row_bytes, pred=ok)
+            tma.async_copy_global_to_shared(Xd, [(pid + ahead * programs) * BOX_R, 0], bars.index(b_ahead),
+                                            xs.index(b_ahead), pred=ok)  # fmt: skip
+            tma.async_copy_global_to_shared(DYd, [(pid + ahead * programs) * BOX_R, 0], bars.index(b_ahead),
+                                            dys.index(b_ahead), pred=ok)  # fmt: skip
             mean = mean_next
             rstd = rstd_next
             nxt = gl.minimum(row + programs, M - 1)
@@ -176,18 +166,11 @@ if gluon is not None:
             dx_row = DX + row.to(gl.int64) * stride_dxm
             dx_ok = row < DX_M
             dw0, db0 = _half_dx(x0, dy0, w0, mean, rstd, c1, c2, dw0, db0, dx_row + cols0, dx_ok, layout,
-                                HAS_WEIGHT, COMPUTE_DW, COMPUTE_DB, TMA_DX)  # fmt: skip
+                                HAS_WEIGHT, COMPUTE_DW, COMPUTE_DB)  # fmt: skip
             dw1, db1 = _half_dx(x1, dy1, w1, mean, rstd, c1, c2, dw1, db1, dx_row + cols1, dx_ok, layout,
-                                HAS_WEIGHT, COMPUTE_DW, COMPUTE_DB, TMA_DX)  # fmt: skip
-            if TMA_DX:
-                fence_async_shared()  # the threads' dx in buffer buf, visible to the copy engine
+                                HAS_WEIGHT, COMPUTE_DW, COMPUTE_DB)  # fmt: skip
             gl.thread_barrier()  # every thread is done with buffer buf: the next iteration refills it
-            if TMA_DX:
-                if dx_ok:
-                    tma.async_copy_shared_to_global(DXd, [row * BOX_R, 0], xs.index(buf))
 
-        if TMA_DX:
-            tma.store_wait(0)
         for k in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(k))
         N: gl.constexpr = BOX_R * BOX_W
@@ -256,11 +239,10 @@ def launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs: int, dx_m:
     if not 2 <= stages <= stages_that_fit(N, x.element_size(), weight is not None):
         raise ValueError(f"stages must be from 2 to what fits in shared memory, got {stages}")
     _ln_bwd_rows_kernel[(programs,)](
-        dx, _row_boxes(x), _row_boxes(dy), _row_boxes(dx), weight if weight is not None else x, mean, rstd,
-        dw_part, db_part,
+        dx, _row_boxes(x), _row_boxes(dy), weight if weight is not None else x, mean, rstd, dw_part, db_part,
         dx.stride(0), M, dx_m, 1.0 / N, BOX_R=N // BOX_W, BOX_W=BOX_W, STAGES=stages,
         HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps,
-        TMA_DX=TMA_DX, num_warps=warps,
+        num_warps=warps,
     )  # fmt: skip
 
 
