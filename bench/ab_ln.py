@@ -28,6 +28,13 @@ sys.path.insert(0, str(ROOT / "python"))
 SHAPES = [(4096, 1024), (4096, 2048), (4096, 4096), (4096, 8192), (4096, 16384), (65536, 1024), (32768, 4096)]
 
 
+def probe_timing():
+    """The layer-norm probes' timer settings (the sessions' GPU timer, 40 ms of calls per figure)."""
+    from crossfuse.harness import timing
+
+    return timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=40.0, cuda_min_reps=10, cuda_max_reps=200)
+
+
 def load_ops_module(path, name: str):
     """An earlier ``crossfuse/ops/<op>.py`` (``layer_norm.py``, ``relu_attention.py``) imported as
     ``crossfuse.ops.<name>``: it imports its siblings relatively, so it sits in the package for the run

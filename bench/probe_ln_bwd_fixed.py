@@ -20,9 +20,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from ab_ln import probe_timing  # bench/ is this script's folder (sys.path[0]); it sets the path
 
 N = 16384
 
@@ -44,7 +43,7 @@ def main(argv=None) -> int:
     from crossfuse.ops import _ln_bwd_rows as rows
     from crossfuse.ops import layer_norm as ln
 
-    cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=40.0, cuda_min_reps=10, cuda_max_reps=200)
+    cfg = probe_timing()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name()} ({sms} SMs), bf16 N = {N}", flush=True)
     ks = [int(k) for k in args.ks.split(",")]

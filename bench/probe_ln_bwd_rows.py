@@ -15,9 +15,8 @@ import argparse
 import functools
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from ab_ln import probe_timing  # bench/ is this script's folder (sys.path[0]); it sets the path
 
 SHAPES = "4096x16384,8192x16384,4096x8192,16384x8192,4096x4096,32768x4096"
 
@@ -58,7 +57,7 @@ def main(argv=None) -> int:
     from crossfuse.ops import layer_norm as ln
     from crossfuse.tolerances import relerr
 
-    cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=40.0, cuda_min_reps=10, cuda_max_reps=200)
+    cfg = probe_timing()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name()} ({sms} SMs)", flush=True)
     for shape in args.shapes.split(","):

@@ -14,11 +14,11 @@ GB/s (2·M·N·bytes) and the launch configuration used.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from ab_ln import probe_timing  # bench/ is this script's folder (sys.path[0]); it sets the path
 
 ROWS = (3960, 4092, 4096, 4100, 4224, 4356, 8184, 8192)
 
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from crossfuse.harness import timing
     from crossfuse.ops import layer_norm as ln
 
-    cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=40.0, cuda_min_reps=10, cuda_max_reps=200)
+    cfg = probe_timing()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name()} ({sms} SMs), N={args.n}", flush=True)
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
@@ -41,13 +41,8 @@ def main(argv=None) -> int:
         w = torch.randn(n, device="cuda", dtype=dtype)
         b = torch.randn(n, device="cuda", dtype=dtype)
         xs = {m: torch.randn(m, n, device="cuda", dtype=dtype) for m in ROWS}
-        for m in ROWS:
-            ln.layer_norm_fwd(xs[m], w, b, 1e-5)
-        times = {m: [] for m in ROWS}
-        for _ in range(args.rounds):
-            for m in ROWS:
-                fn = lambda x=xs[m], w=w, b=b: ln.layer_norm_fwd(x, w, b, 1e-5)  # noqa: E731
-                times[m].append(timing.time_cuda(fn, config=cfg).p50)
+        calls = {m: functools.partial(ln.layer_norm_fwd, xs[m], w, b, 1e-5) for m in ROWS}
+        times = timing.alternate(calls, args.rounds, config=cfg)
         print(f"{dtype}: M, rows per SM, GB/s, us, config", flush=True)
         for m in ROWS:
             t = statistics.median(times[m])
