@@ -4,11 +4,13 @@ its own ``TUNED`` tables, alternated ``--rounds`` times at the session's bf16 sh
 H=32, D=128 with H=16; L = 1024, 4096, 16384; causal and not), medians of
 ``crossfuse.harness.timing.time_cuda`` (the sessions' GPU timer).
 
-    python bench/ab_attn.py OLD_RELU_ATTENTION_PY [--rounds 3] [--kind bwd|fwd] [--tuned TUNED_JSON] [--seed]
+    python bench/ab_attn.py OLD_RELU_ATTENTION_PY [--rounds 3] [--kind bwd|fwd] [--tuned TUNED_JSON]
+                            [--seed | --heads]
 
 ``--seed`` takes the float32 extras' shapes instead (``bench/extras.py``'s comparison with the seed's
 kernels): float32 (tf32 dots), the seed's [B, L, H, D] layout as [B, H, L, D] views, B=4, H=16, D=64,
-L = 1024, 2048, 4096.
+L = 1024, 2048, 4096. ``--heads`` takes the extras' heads shapes (bf16, B=4, L=4096, D=64 and 128, H=16
+and 64; the issue's per-head criterion compares H=64 with H=16).
 
 ``--tuned`` applies a sweep's ``tuned.json`` (``bench/tune.py``) to this checkout's tables only, as
 ``CROSSFUSE_TUNED_CONFIGS`` would: with a copy of this checkout's file as OLD, it alternates the sweep's
@@ -61,7 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kind", choices=("bwd", "fwd"), default="bwd")
     ap.add_argument("--tuned", help="a tuned.json whose attention entries the new side's tables take")
-    ap.add_argument("--seed", action="store_true", help="float32 at the seed's layout and shapes")
+    shapes = ap.add_mutually_exclusive_group()
+    shapes.add_argument("--seed", action="store_true", help="float32 at the seed's layout and shapes")
+    shapes.add_argument("--heads", action="store_true", help="bf16 B=4 L=4096, H=16 and 64 (the extras')")
     args = ap.parse_args(argv)
     import torch
     from crossfuse import _tuning
@@ -77,9 +81,11 @@ def main(argv=None) -> int:
         for key, c in sorted(changed.items()):
             print(f"  {key}: {c}", flush=True)
     cfg = timing_config()
-    print("D L causal old_TFLOPs new_TFLOPs new/old", flush=True)
+    print("D L causal old_TFLOPs new_TFLOPs new/old" + (" (H in brackets)" if args.heads else ""), flush=True)
     if args.seed:  # (B, H, D, L, dtype)
         cases = [(*SEED_BHD, length, torch.float32) for length in (1024, 2048, 4096)]
+    elif args.heads:
+        cases = [(4, h, d, 4096, torch.bfloat16) for d in (64, 128) for h in (16, 64)]
     else:
         cases = [
             (TOKENS // n, h, d, n, torch.bfloat16)
@@ -104,7 +110,8 @@ def main(argv=None) -> int:
             flops = 4 * b * h * length * length * d * (0.5 if causal else 1.0)
             flops *= 2.5 if args.kind == "bwd" else 1.0
             o, n = statistics.median(times["old"]), statistics.median(times["new"])
-            print(f"{d} {length} {causal} {flops / o / 1e9:.0f} {flops / n / 1e9:.0f} {o / n:.3f} "
+            where = f"{d} {length} (H={h})" if args.heads else f"{d} {length}"
+            print(f"{where} {causal} {flops / o / 1e9:.0f} {flops / n / 1e9:.0f} {o / n:.3f} "
                   f"(max |new-old| {err:.2e})", flush=True)  # fmt: skip
     return 0
 

@@ -276,14 +276,21 @@ def test_l_major_copy_equals_torchs(shape, dtype, device, gen, monkeypatch):
     blhd = randn((b, length, h, d), dtype, device, gen).transpose(1, 2)
     strided = randn((b, h, length, 2 * d), dtype, device, gen)[..., ::2]
     for t in (blhd, strided):
-        got = ra._l_contiguous(t)
+        (got,) = ra._l_contiguous(t)
         assert got.stride(2) == 1 and got.shape == t.shape
         assert torch.equal(got, t)
         assert got.transpose(2, 3).is_contiguous()
+    # several tensors in one launch (the backward's q, dout and k), one already with unit stride on L
+    # (returned as it is) and one of another length (a launch of its own)
+    other = randn((b, h, length + 3, d), dtype, device, gen)
+    (unit_l,) = ra._l_contiguous(blhd)
+    got = ra._l_contiguous(blhd, unit_l, strided, other, blhd)
+    assert got[1] is unit_l
+    for a, t in zip(got, (blhd, unit_l, strided, other, blhd), strict=True):
+        assert a.stride(2) == 1 and torch.equal(a, t)
     monkeypatch.setattr(ra, "L_MAJOR_TILE", (32, 16, 4))  # tiles smaller than D: several along D
-    assert torch.equal(ra._l_contiguous(blhd), blhd)
-    unit_l = ra._l_contiguous(blhd)
-    assert ra._l_contiguous(unit_l) is unit_l  # already unit stride on L: no copy
+    assert torch.equal(ra._l_contiguous(blhd)[0], blhd)
+    assert ra._l_contiguous(unit_l)[0] is unit_l  # already unit stride on L: no copy
 
 
 @pytest.mark.parametrize("lq, lk", [(70, 70), (17, 100), (100, 17)])
@@ -301,6 +308,25 @@ def test_peeled_first_block_changes_nothing(lq, lk, device, gen, monkeypatch):
     plain = (ra.relu_attention_fwd(*args), *ra.relu_attention_bwd(q, k, v, do, *args[3:]))
     for a, b in zip(peeled, plain, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("length", [20, 70, 96, 128])
+def test_folded_causal_blocks_change_nothing(length, device, gen, monkeypatch):
+    # float32's causal kernels give each program two blocks, a heavy one and its light mirror (ra._fold);
+    # each block is computed as before, so the results are the unfolded kernels' bit for bit, with one
+    # block (shorter than a block), an odd count whose middle block has no partner, a tail, an even count
+    assert ra._fold(torch.float32, True)
+    assert not ra._fold(torch.float32, False) and not ra._fold(torch.bfloat16, True)
+    q, k, v = qkv(1, 2, length, length, 32, torch.float32, device, gen)
+    do = randn(q.shape, torch.float32, device, gen)
+    args = (q, k, v, True, False, 1 / math.sqrt(32), 1 / length)
+    folded = (ra.relu_attention_fwd(*args), *ra.relu_attention_bwd(q, k, v, do, *args[3:]))
+    monkeypatch.setattr(ra, "_fold", lambda dtype, causal: False)
+    plain = (ra.relu_attention_fwd(*args), *ra.relu_attention_bwd(q, k, v, do, *args[3:]))
+    for a, b in zip(folded, plain, strict=True):
+        assert torch.equal(a, b)
+    ref = relu_attention_ref(q, k, v, causal=True, scale=1 / math.sqrt(32), relu_scale=1 / length)
+    assert relerr(folded[0], ref) <= tolerance("relu_attention", torch.float32, tf32=q.is_cuda)
 
 
 @pytest.mark.gpu

@@ -168,38 +168,12 @@ def _fwd_range(
 
 
 @triton.jit
-def _relu_attn_fwd_kernel(
-    Q,  # (B, H, Lq, HEAD_D) through strides stride_qb, stride_qh, stride_ql; unit stride on D
-    K,  # (B, H, Lk, HEAD_D)
-    V,  # (B, H, Lk, HEAD_D): unit stride on D, or on L (a transposed copy, for float32: see the launcher)
-    O,  # out, (B, H, Lq, HEAD_D)
-    stride_qb, stride_qh, stride_ql,
-    stride_kb, stride_kh, stride_kl,
-    stride_vb, stride_vh, stride_vl, stride_vd,
-    stride_ob, stride_oh, stride_ol,
-    H, Lq, Lk,
-    scale,
-    relu_scale,
-    HEAD_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    SQUARED: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    IS_FP64: tl.constexpr,
-    UPCAST: tl.constexpr,
-    RELU_CVT: tl.constexpr = False,  # bf16, not squared, compiled: see _relu_to_bf16
-    PEEL: tl.constexpr = False,  # non-causal: the first key block in a loop of its own (see _peel)
-):  # fmt: skip
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
-    Q += b * stride_qb + h * stride_qh
-    K += b * stride_kb + h * stride_kh
-    V += b * stride_vb + h * stride_vh
-    O += b * stride_ob + h * stride_oh
+def _fwd_tile(Q, K, V, O, stride_ql, stride_kl, stride_vl, stride_vd, stride_ol, pid_m, Lq, Lk, scale,
+              relu_scale, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, SQUARED: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+              IS_FP64: tl.constexpr, UPCAST: tl.constexpr, RELU_CVT: tl.constexpr,
+              PEEL: tl.constexpr):  # fmt: skip
+    """Query block ``pid_m`` of one (batch, head): Q, K, V, O point at that pair's rows."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
     q_ptrs = Q + offs_m[:, None] * stride_ql + offs_d[None, :]
@@ -232,6 +206,54 @@ def _relu_attn_fwd_kernel(
         tl.store(o_ptrs, out)
     else:
         tl.store(o_ptrs, out, mask=offs_m[:, None] < Lq)
+
+
+@triton.jit
+def _relu_attn_fwd_kernel(
+    Q,  # (B, H, Lq, HEAD_D) through strides stride_qb, stride_qh, stride_ql; unit stride on D
+    K,  # (B, H, Lk, HEAD_D)
+    V,  # (B, H, Lk, HEAD_D): unit stride on D, or on L (a transposed copy, for float32: see the launcher)
+    O,  # out, (B, H, Lq, HEAD_D)
+    stride_qb, stride_qh, stride_ql,
+    stride_kb, stride_kh, stride_kl,
+    stride_vb, stride_vh, stride_vl, stride_vd,
+    stride_ob, stride_oh, stride_ol,
+    H, Lq, Lk,
+    scale,
+    relu_scale,
+    HEAD_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SQUARED: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    UPCAST: tl.constexpr,
+    RELU_CVT: tl.constexpr = False,  # bf16, not squared, compiled: see _relu_to_bf16
+    PEEL: tl.constexpr = False,  # non-causal: the first key block in a loop of its own (see _peel)
+    FOLD: tl.constexpr = False,  # causal: each program takes query blocks n-1-x and x (see _fold)
+):  # fmt: skip
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    O += b * stride_ob + h * stride_oh
+    if FOLD:
+        last = tl.cdiv(Lq, BLOCK_M) - 1
+        pid_m = last - tl.program_id(0)
+    else:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
+    _fwd_tile(Q, K, V, O, stride_ql, stride_kl, stride_vl, stride_vd, stride_ol, pid_m, Lq, Lk, scale,
+              relu_scale, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, SQUARED, EVEN_M, EVEN_N, IS_FP64, UPCAST,
+              RELU_CVT, PEEL)  # fmt: skip
+    if FOLD:
+        if tl.program_id(0) < pid_m:  # the light block paired with this heavy one (none for the middle)
+            _fwd_tile(Q, K, V, O, stride_ql, stride_kl, stride_vl, stride_vd, stride_ol, tl.program_id(0), Lq,
+                      Lk, scale, relu_scale, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, SQUARED, EVEN_M, EVEN_N,
+                      IS_FP64, UPCAST, RELU_CVT, PEEL)  # fmt: skip
 
 
 @triton.jit
@@ -310,48 +332,12 @@ def _dkdv_range(
 
 
 @triton.jit
-def _relu_attn_bwd_dkdv_kernel(
-    Q, K, V, DO,  # (B, H, L, HEAD_D) each, through strides; unit stride on D
-    DK, DV,  # out, (B, H, Lk, HEAD_D)
-    QC, DOC,  # with TRANS_COPIES: copies of q and dout with unit stride on L (else q, dout again, unused)
-    stride_qb, stride_qh, stride_ql,
-    stride_kb, stride_kh, stride_kl,
-    stride_vb, stride_vh, stride_vl,
-    stride_dob, stride_doh, stride_dol,
-    stride_dkb, stride_dkh, stride_dkl,
-    stride_dvb, stride_dvh, stride_dvl,
-    stride_qcb, stride_qch, stride_qcd,
-    stride_docb, stride_doch, stride_docd,
-    H, Lq, Lk,
-    scale,
-    relu_scale,
-    HEAD_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # query rows per step
-    BLOCK_N: tl.constexpr,  # keys owned by a program
-    CAUSAL: tl.constexpr,
-    SQUARED: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    IS_FP64: tl.constexpr,
-    UPCAST: tl.constexpr,
-    TRANS_COPIES: tl.constexpr,
-    GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
-    RELU_CVT: tl.constexpr = False,  # bf16, not squared, compiled: see _relu_to_bf16
-    PEEL: tl.constexpr = False,  # non-causal: the first query block in a loop of its own (see _peel)
-):  # fmt: skip
-    _gdc.launch_dependents(GDC)
-    pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
-    Q += b * stride_qb + h * stride_qh
-    K += b * stride_kb + h * stride_kh
-    V += b * stride_vb + h * stride_vh
-    DO += b * stride_dob + h * stride_doh
-    DK += b * stride_dkb + h * stride_dkh
-    DV += b * stride_dvb + h * stride_dvh
-    QC += b * stride_qcb + h * stride_qch
-    DOC += b * stride_docb + h * stride_doch
+def _dkdv_tile(Q, K, V, DO, DK, DV, QC, DOC, stride_ql, stride_kl, stride_vl, stride_dol, stride_dkl,
+               stride_dvl, stride_qcd, stride_docd, pid_n, Lq, Lk, scale, relu_scale, HEAD_D: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SQUARED: tl.constexpr,
+               EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, IS_FP64: tl.constexpr, UPCAST: tl.constexpr,
+               TRANS_COPIES: tl.constexpr, RELU_CVT: tl.constexpr, PEEL: tl.constexpr):  # fmt: skip
+    """Key block ``pid_n`` of one (batch, head): the pointers point at that pair's rows."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_D)
     if EVEN_N:
@@ -392,6 +378,63 @@ def _relu_attn_bwd_dkdv_kernel(
     else:
         tl.store(dk_ptrs, (dk * relu_scale).to(DK.dtype.element_ty), mask=offs_n[:, None] < Lk)
         tl.store(dv_ptrs, (dv * relu_scale).to(DV.dtype.element_ty), mask=offs_n[:, None] < Lk)
+
+
+@triton.jit
+def _relu_attn_bwd_dkdv_kernel(
+    Q, K, V, DO,  # (B, H, L, HEAD_D) each, through strides; unit stride on D
+    DK, DV,  # out, (B, H, Lk, HEAD_D)
+    QC, DOC,  # with TRANS_COPIES: copies of q and dout with unit stride on L (else q, dout again, unused)
+    stride_qb, stride_qh, stride_ql,
+    stride_kb, stride_kh, stride_kl,
+    stride_vb, stride_vh, stride_vl,
+    stride_dob, stride_doh, stride_dol,
+    stride_dkb, stride_dkh, stride_dkl,
+    stride_dvb, stride_dvh, stride_dvl,
+    stride_qcb, stride_qch, stride_qcd,
+    stride_docb, stride_doch, stride_docd,
+    H, Lq, Lk,
+    scale,
+    relu_scale,
+    HEAD_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per step
+    BLOCK_N: tl.constexpr,  # keys owned by a program
+    CAUSAL: tl.constexpr,
+    SQUARED: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    UPCAST: tl.constexpr,
+    TRANS_COPIES: tl.constexpr,
+    GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
+    RELU_CVT: tl.constexpr = False,  # bf16, not squared, compiled: see _relu_to_bf16
+    PEEL: tl.constexpr = False,  # non-causal: the first query block in a loop of its own (see _peel)
+    FOLD: tl.constexpr = False,  # causal: each program takes key blocks x and n-1-x (see _fold)
+):  # fmt: skip
+    _gdc.launch_dependents(GDC)
+    pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    DO += b * stride_dob + h * stride_doh
+    DK += b * stride_dkb + h * stride_dkh
+    DV += b * stride_dvb + h * stride_dvh
+    QC += b * stride_qcb + h * stride_qch
+    DOC += b * stride_docb + h * stride_doch
+    _dkdv_tile(Q, K, V, DO, DK, DV, QC, DOC, stride_ql, stride_kl, stride_vl, stride_dol, stride_dkl,
+               stride_dvl, stride_qcd, stride_docd, pid_n, Lq, Lk, scale, relu_scale, HEAD_D, BLOCK_M,
+               BLOCK_N, CAUSAL, SQUARED, EVEN_M, EVEN_N, IS_FP64, UPCAST, TRANS_COPIES, RELU_CVT,
+               PEEL)  # fmt: skip
+    if FOLD:
+        light = tl.cdiv(Lk, BLOCK_N) - 1 - pid_n
+        if light > pid_n:  # the light block paired with this heavy one (none for the middle)
+            _dkdv_tile(Q, K, V, DO, DK, DV, QC, DOC, stride_ql, stride_kl, stride_vl, stride_dol, stride_dkl,
+                       stride_dvl, stride_qcd, stride_docd, light, Lq, Lk, scale, relu_scale, HEAD_D, BLOCK_M,
+                       BLOCK_N, CAUSAL, SQUARED, EVEN_M, EVEN_N, IS_FP64, UPCAST, TRANS_COPIES, RELU_CVT,
+                       PEEL)  # fmt: skip
 
 
 @triton.jit
@@ -451,43 +494,12 @@ def _dq_range(
 
 
 @triton.jit
-def _relu_attn_bwd_dq_kernel(
-    Q, K, V, DO,  # (B, H, L, HEAD_D) each, through strides; unit stride on D
-    DQ,  # out, (B, H, Lq, HEAD_D)
-    KC,  # with TRANS_COPIES: a copy of k with unit stride on L (else k again, unused)
-    stride_qb, stride_qh, stride_ql,
-    stride_kb, stride_kh, stride_kl,
-    stride_vb, stride_vh, stride_vl,
-    stride_dob, stride_doh, stride_dol,
-    stride_dqb, stride_dqh, stride_dql,
-    stride_kcb, stride_kch, stride_kcd,
-    H, Lq, Lk,
-    scale,
-    relu_scale,
-    HEAD_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # queries owned by a program
-    BLOCK_N: tl.constexpr,  # keys per step
-    CAUSAL: tl.constexpr,
-    SQUARED: tl.constexpr,
-    EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr,
-    IS_FP64: tl.constexpr,
-    UPCAST: tl.constexpr,
-    TRANS_COPIES: tl.constexpr,
-    GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
-    RELU_CVT: tl.constexpr = False,  # as the dK/dV kernel's
-    PEEL: tl.constexpr = False,  # non-causal: the first key block in a loop of its own (see _peel)
-):  # fmt: skip
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
-    Q += b * stride_qb + h * stride_qh
-    K += b * stride_kb + h * stride_kh
-    V += b * stride_vb + h * stride_vh
-    DO += b * stride_dob + h * stride_doh
-    DQ += b * stride_dqb + h * stride_dqh
-    KC += b * stride_kcb + h * stride_kch
+def _dq_tile(Q, K, V, DO, DQ, KC, stride_ql, stride_kl, stride_vl, stride_dol, stride_dql, stride_kcd, pid_m,
+             Lq, Lk, scale, relu_scale, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             CAUSAL: tl.constexpr, SQUARED: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+             IS_FP64: tl.constexpr, UPCAST: tl.constexpr, TRANS_COPIES: tl.constexpr, RELU_CVT: tl.constexpr,
+             PEEL: tl.constexpr):  # fmt: skip
+    """Query block ``pid_m`` of one (batch, head): the pointers point at that pair's rows."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
     if EVEN_M:
@@ -524,6 +536,58 @@ def _relu_attn_bwd_dq_kernel(
         tl.store(dq_ptrs, (dq * relu_scale).to(DQ.dtype.element_ty))
     else:
         tl.store(dq_ptrs, (dq * relu_scale).to(DQ.dtype.element_ty), mask=offs_m[:, None] < Lq)
+
+
+@triton.jit
+def _relu_attn_bwd_dq_kernel(
+    Q, K, V, DO,  # (B, H, L, HEAD_D) each, through strides; unit stride on D
+    DQ,  # out, (B, H, Lq, HEAD_D)
+    KC,  # with TRANS_COPIES: a copy of k with unit stride on L (else k again, unused)
+    stride_qb, stride_qh, stride_ql,
+    stride_kb, stride_kh, stride_kl,
+    stride_vb, stride_vh, stride_vl,
+    stride_dob, stride_doh, stride_dol,
+    stride_dqb, stride_dqh, stride_dql,
+    stride_kcb, stride_kch, stride_kcd,
+    H, Lq, Lk,
+    scale,
+    relu_scale,
+    HEAD_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # queries owned by a program
+    BLOCK_N: tl.constexpr,  # keys per step
+    CAUSAL: tl.constexpr,
+    SQUARED: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    UPCAST: tl.constexpr,
+    TRANS_COPIES: tl.constexpr,
+    GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
+    RELU_CVT: tl.constexpr = False,  # as the dK/dV kernel's
+    PEEL: tl.constexpr = False,  # non-causal: the first key block in a loop of its own (see _peel)
+    FOLD: tl.constexpr = False,  # causal: each program takes query blocks n-1-x and x (see _fold)
+):  # fmt: skip
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    DO += b * stride_dob + h * stride_doh
+    DQ += b * stride_dqb + h * stride_dqh
+    KC += b * stride_kcb + h * stride_kch
+    if FOLD:
+        pid_m = tl.cdiv(Lq, BLOCK_M) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
+    _dq_tile(Q, K, V, DO, DQ, KC, stride_ql, stride_kl, stride_vl, stride_dol, stride_dql, stride_kcd, pid_m,
+             Lq, Lk, scale, relu_scale, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, SQUARED, EVEN_M, EVEN_N, IS_FP64,
+             UPCAST, TRANS_COPIES, RELU_CVT, PEEL)  # fmt: skip
+    if FOLD:
+        if tl.program_id(0) < pid_m:  # the light block paired with this heavy one (none for the middle)
+            _dq_tile(Q, K, V, DO, DQ, KC, stride_ql, stride_kl, stride_vl, stride_dol, stride_dql, stride_kcd,
+                     tl.program_id(0), Lq, Lk, scale, relu_scale, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, SQUARED,
+                     EVEN_M, EVEN_N, IS_FP64, UPCAST, TRANS_COPIES, RELU_CVT, PEEL)  # fmt: skip
     _gdc.wait_for_previous(GDC)  # complete after the dK/dV kernel (whose results this one does not read)
 
 
@@ -724,7 +788,8 @@ SHORT_L = 2048
 # stayed (the full sessions measured it faster than the pair of run-7 winners, each of which had been
 # timed with the other kernel at its old default); float32 (tf32 dots, reading the copies of
 # _tf32_copies) at the seed's shapes (B=4, H=16, L=4096 long, L=1024 short) in run 21, the non-causal ones
-# again in run 133 once _peel had removed their serialized products. (kind, D, element
+# again in run 133 once _peel had removed their serialized products, the short causal dK/dV in run 143
+# once _fold gave its programs two blocks each. (kind, D, element
 # bytes, causal, long sequence) -> config (float16
 # shares the 2-byte rows; dkdv and dq are scored as the whole backward, 2.5x the forward's FLOPs, with
 # the other kernel at its default). A missing entry falls back to the other length's entry, then to the
@@ -764,7 +829,7 @@ TUNED: dict[tuple[str, int, int, bool, bool], AttnConfig] = {
     ("dkdv", 64, 4, False, True): AttnConfig(32, 128, 8, 3),  # 173 TFLOP/s (run 133, with PEEL; 16x128: 162)
     ("dkdv", 64, 4, False, False): AttnConfig(32, 128, 8, 3),  # 113 TFLOP/s (run 133, with PEEL; 16x128: 110)
     ("dkdv", 64, 4, True, True): AttnConfig(64, 128, 8, 2),  # 149 TFLOP/s (run 21)
-    ("dkdv", 64, 4, True, False): AttnConfig(32, 64, 4, 2),  # 70 TFLOP/s (run 21)
+    ("dkdv", 64, 4, True, False): AttnConfig(32, 128, 8, 3),  # 99 TFLOP/s (run 143, with FOLD; 32x64: 94)
     ("dq", 64, 4, False, True): AttnConfig(128, 64, 8, 3),  # 147 TFLOP/s (run 21)
     ("dq", 64, 4, False, False): AttnConfig(128, 64, 8, 3),  # 104 TFLOP/s (run 21)
     ("dq", 64, 4, True, True): AttnConfig(128, 64, 8, 3),  # 149 TFLOP/s (run 21)
@@ -813,24 +878,37 @@ def attention_config(
 
 @triton.jit
 def _l_major_copy_kernel(
-    X,  # (B, H, L, D) through strides
-    Y,  # out: (B, H, D, L) contiguous, i.e. X's elements with unit stride on L
-    stride_xb, stride_xh, stride_xl, stride_xd,
+    X0, X1, X2,  # (B, H, L, D) each, through strides: the T tensors copied (the unused ones: X0 again)
+    Y,  # out: (T, B, H, D, L) contiguous, i.e. each X's elements with unit stride on L
+    stride_0b, stride_0h, stride_0l, stride_0d,
+    stride_1b, stride_1h, stride_1l, stride_1d,
+    stride_2b, stride_2h, stride_2l, stride_2d,
     H, L, D,
+    T: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     # a [BLOCK_L, BLOCK_D] tile read along D and written along L: Triton gives the load and the store
-    # each a coalesced layout and moves the tile between them through shared memory
-    pid_bh = tl.program_id(0)
+    # each a coalesced layout and moves the tile between them through shared memory. The grid's first
+    # axis runs over (tensor, batch, head)
+    pid = tl.program_id(0)
+    pairs = tl.num_programs(0) // T
+    t = pid // pairs
+    pid_bh = pid % pairs
+    X, sb, sh, sl, sd = X0, stride_0b, stride_0h, stride_0l, stride_0d
+    if T > 1:
+        if t == 1:
+            X, sb, sh, sl, sd = X1, stride_1b, stride_1h, stride_1l, stride_1d
+    if T > 2:
+        if t == 2:
+            X, sb, sh, sl, sd = X2, stride_2b, stride_2h, stride_2l, stride_2d
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     offs_l = (tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)).to(tl.int64)
     offs_d = (tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
     ok = (offs_l[:, None] < L) & (offs_d[None, :] < D)
-    x = tl.load(X + b * stride_xb + h * stride_xh + offs_l[:, None] * stride_xl + offs_d[None, :] * stride_xd,
-                mask=ok)  # fmt: skip
-    Y += pid_bh.to(tl.int64) * D * L
+    x = tl.load(X + b * sb + h * sh + offs_l[:, None] * sl + offs_d[None, :] * sd, mask=ok)
+    Y += pid.to(tl.int64) * D * L
     tl.store(Y + offs_d[None, :] * L + offs_l[:, None], x, mask=ok)
 
 
@@ -894,15 +972,16 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         )  # fmt: skip
         return out
     if _tf32_copies(q.dtype, interp):
-        v = _l_contiguous(v)  # p @ v sums over keys: see _tf32_copies
+        (v,) = _l_contiguous(v)  # p @ v sums over keys: see _tf32_copies
+    fold = _fold(q.dtype, causal)
     _launch(
-        _relu_attn_fwd_kernel, grid, key,
+        _relu_attn_fwd_kernel, _folded(grid, fold), key,
         q, k, v, out, *_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), v.stride(3),
         *_bhld_strides(out), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, RELU_CVT=relu_cvt, PEEL=_peel(q.dtype, causal),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        FOLD=fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out
 
@@ -944,24 +1023,52 @@ def _desc(t: torch.Tensor, rows: int):
 L_MAJOR_TILE = (64, 64, 4)  # BLOCK_L, BLOCK_D, warps of _l_major_copy_kernel
 
 
-def _l_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """A [B, H, L, D] view with unit stride on L: ``t`` itself when it has one, else a copy ([B, H, D, L]
-    contiguous, seen transposed). The copy is a Triton kernel: torch's ``contiguous()`` of the transposed
-    view moved about 1 TB/s on the H200 at the seed's float32 shapes, a third of a plain copy's rate
-    (run 136), and the copies were then 30% of the float32 forward at L=1024."""
-    if t.stride(2) == 1:
-        return t
-    B, H, L, D = t.shape
+def _l_contiguous(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """[B, H, L, D] views with unit stride on L of ``tensors``: each tensor itself when it has one, else a
+    copy ([B, H, D, L] contiguous, seen transposed). Tensors of one shape are copied by one launch into
+    one buffer (which lives as long as any of its copies). The copy is a Triton kernel: torch's
+    ``contiguous()`` of the transposed view moved about 1 TB/s on the H200 at the seed's float32 shapes,
+    a third of a plain copy's rate (run 136), and the copies were then 30% of the float32 forward at
+    L=1024."""
+    out = list(tensors)
+    todo = [i for i, t in enumerate(tensors) if t.stride(2) != 1]
+    while todo:
+        group = [i for i in todo if tensors[i].shape == tensors[todo[0]].shape][:3]
+        todo = [i for i in todo if i not in group]
+        for i, c in zip(group, _l_major_copies([tensors[i] for i in group]), strict=True):
+            out[i] = c
+    return tuple(out)
+
+
+def _l_major_copies(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One to three tensors of one [B, H, L, D] shape copied with unit stride on L (see _l_contiguous)."""
+    B, H, L, D = ts[0].shape
     block_l, block_d, warps = L_MAJOR_TILE
     block_d = min(block_d, triton.next_power_of_2(D))
-    grid = (B * H, triton.cdiv(L, block_l), triton.cdiv(D, block_d))
+    grid = (len(ts) * B * H, triton.cdiv(L, block_l), triton.cdiv(D, block_d))
     if grid[1] > 65535:  # a grid's second axis is at most 65535 programs: torch's copy beyond that
-        return t.transpose(2, 3).contiguous().transpose(2, 3)
-    out = torch.empty((B, H, D, L), dtype=t.dtype, device=t.device)
+        return [t.transpose(2, 3).contiguous().transpose(2, 3) for t in ts]
+    out = torch.empty((len(ts), B, H, D, L), dtype=ts[0].dtype, device=ts[0].device)
     if out.numel():
-        _l_major_copy_kernel[grid](t, out, *t.stride(), H, L, D, BLOCK_L=block_l, BLOCK_D=block_d,
-                                   num_warps=warps)  # fmt: skip
-    return out.transpose(2, 3)
+        xs = [*ts, ts[0], ts[0]][:3]
+        _l_major_copy_kernel[grid](*xs, out, *(s for x in xs for s in x.stride()), H, L, D, T=len(ts),
+                                   BLOCK_L=block_l, BLOCK_D=block_d, num_warps=warps)  # fmt: skip
+    return [y.transpose(2, 3) for y in out.unbind(0)]
+
+
+def _fold(dtype: torch.dtype, causal: bool) -> bool:
+    """Whether the causal pointer kernels' programs each take two blocks (``FOLD``): the forward's and the
+    dQ kernel's query blocks ``n-1-x`` and ``x``, the dK/dV kernel's key blocks ``x`` and ``n-1-x``, so
+    that every program does the same work (n + 1 blocks' steps) where one block per program does 1 to n
+    and the kernel ends on the heavy blocks that started last. float32 only: at the seed's shapes the
+    forward took 1.02-1.11x (run 141); the bf16 forward moved 0.95-1.02x, within its spread
+    (bench/results/h200/NOTES.md, attention v19)."""
+    return causal and dtype == torch.float32
+
+
+def _folded(grid: tuple[int, int], fold: bool) -> tuple[int, int]:
+    """The (blocks, B*H) grid with two blocks per program along its first axis where ``fold``."""
+    return (triton.cdiv(grid[0], 2), grid[1]) if fold else grid
 
 
 def _peel(dtype: torch.dtype, causal: bool) -> bool:
@@ -1002,14 +1109,18 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     cfg_dkdv = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
     cfg_dq = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
     tma = (cfg_dkdv.tma or cfg_dq.tma) and not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
-    common = (causal, squared, scale, relu_scale, interp, copies)
+    common = (causal, squared, scale, relu_scale, interp)
+    # float32's copies (q and dout for the dK/dV kernel, k for the dQ kernel) in one launch up front, so
+    # that nothing runs between the two kernels (the three copies live together: one more than if k's
+    # came after the dK/dV kernel)
+    qc, doc, kc = _l_contiguous(q, do, k) if copies else (q, do, k)
     # the two kernels are independent (each reads q, k, v and dout only): where the GPU allows, the dQ
     # kernel is a programmatic dependent launch that starts on the SMs the dK/dV kernel's last programs
-    # leave, and waits for that kernel only at its end (_gdc). Not with the float32 copies: k's copy is a
-    # launch between the two
-    gdc = not copies and _gdc.usable(q, interp)
-    _bwd_dkdv(q, k, v, do, dk, dv, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=dict(GDC=gdc))
-    _bwd_dq(q, k, v, do, dq, cfg_dq, tma and cfg_dq.tma, *common,
+    # leave, and waits for that kernel only at its end (_gdc)
+    gdc = _gdc.usable(q, interp)
+    _bwd_dkdv(q, k, v, do, dk, dv, qc, doc, cfg_dkdv, tma and cfg_dkdv.tma, *common, copies,
+              order=dict(GDC=gdc))  # fmt: skip
+    _bwd_dq(q, k, v, do, dq, kc, cfg_dq, tma and cfg_dq.tma, *common, copies,
             order=dict(GDC=True, launch_pdl=True) if gdc else {})  # fmt: skip
     return dq, dk, dv
 
@@ -1018,9 +1129,11 @@ def _qkvdo_strides(q, k, v, do) -> tuple[int, ...]:
     return (*_bhld_strides(q), *_bhld_strides(k), *_bhld_strides(v), *_bhld_strides(do))
 
 
-def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order):
-    """The dK/dV kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`);
-    ``order``: its grid dependency control (``GDC``)."""
+def _bwd_dkdv(q, k, v, do, dk, dv, qc, doc, cfg, tma, causal, squared, scale, relu_scale, interp, copies,
+              order):  # fmt: skip
+    """The dK/dV kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`); with
+    ``copies``, ``qc`` and ``doc`` are q and dout with unit stride on L; ``order``: its grid dependency
+    control (``GDC``)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     grid = (triton.cdiv(Lk, cfg.block_n), B * H)
@@ -1035,22 +1148,22 @@ def _bwd_dkdv(q, k, v, do, dk, dv, cfg, tma, causal, squared, scale, relu_scale,
             RELU_CVT=relu_cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
         )  # fmt: skip
         return
-    qc, doc = (_l_contiguous(q), _l_contiguous(do)) if copies else (q, do)
+    fold = _fold(q.dtype, causal)
     _launch(
-        _relu_attn_bwd_dkdv_kernel, grid, key,
+        _relu_attn_bwd_dkdv_kernel, _folded(grid, fold), key,
         q, k, v, do, dk, dv, qc, doc, *_qkvdo_strides(q, k, v, do), *_bhld_strides(dk), *_bhld_strides(dv),
         *_bh_d_strides(qc), *_bh_d_strides(doc), H, Lq, Lk, scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies, RELU_CVT=relu_cvt,
-        PEEL=_peel(q.dtype, causal), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
+        PEEL=_peel(q.dtype, causal), FOLD=fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
     )  # fmt: skip
 
 
-def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order):
-    """The dQ kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`); the dK/dV
-    kernel's copies are freed by now, so their memory serves k's. ``order``: its grid dependency control
-    (``GDC``, ``launch_pdl``)."""
+def _bwd_dq(q, k, v, do, dq, kc, cfg, tma, causal, squared, scale, relu_scale, interp, copies, order):
+    """The dQ kernel, through tensor descriptors with ``tma`` (see :func:`relu_attention_bwd`); with
+    ``copies``, ``kc`` is k with unit stride on L; ``order``: its grid dependency control (``GDC``,
+    ``launch_pdl``)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
@@ -1065,15 +1178,15 @@ def _bwd_dq(q, k, v, do, dq, cfg, tma, causal, squared, scale, relu_scale, inter
             RELU_CVT=relu_cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
         )  # fmt: skip
         return
-    kc = _l_contiguous(k) if copies else k
+    fold = _fold(q.dtype, causal)
     _launch(
-        _relu_attn_bwd_dq_kernel, grid, key,
+        _relu_attn_bwd_dq_kernel, _folded(grid, fold), key,
         q, k, v, do, dq, kc, *_qkvdo_strides(q, k, v, do), *_bhld_strides(dq), *_bh_d_strides(kc), H, Lq, Lk,
         scale, relu_scale,
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, TRANS_COPIES=copies, RELU_CVT=relu_cvt,
-        PEEL=_peel(q.dtype, causal), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
+        PEEL=_peel(q.dtype, causal), FOLD=fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
     )  # fmt: skip
 
 
