@@ -310,6 +310,33 @@ def test_peeled_first_block_changes_nothing(lq, lk, device, gen, monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("group, first", [(3, 5), (4, 0), (3, 0), (8, 0), (1, 8), (5, 3)])
+def test_grouped_causal_order_changes_nothing(group, first, device, gen, monkeypatch):
+    # the descriptor forward may take its last (batch, head) pairs' blocks as one group, heaviest first
+    # (ra._causal_order, 16-bit D=64 causal rows longer than SHORT_L): every block is computed as before,
+    # in another launch order, so the output is the plain order's bit for bit; 8 pairs, groups of 3 after
+    # 5 pairs one by one, groups that divide the pairs and one that does not, one group of all, single pairs
+    def keys(length, d):  # 4 x 16 pairs: 16 MiB of keys and values is 16 pairs at L=4096, D=64
+        return torch.empty(4, 16, length, d, dtype=torch.bfloat16, device="meta")
+
+    assert ra._causal_order(keys(4096, 64), True) == (16, 48)
+    assert ra._causal_order(keys(4096, 64), False) == ra._causal_order(keys(4096, 128), True) == (1, 0)
+    assert ra._causal_order(keys(1024, 64), True) == (1, 0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v = qkv(2, 4, 100, 100, 64, dtype, device, gen)
+    args = (q, k, v, True, False, 0.125, 0.01)
+    cfg = ra.AttnConfig(32, 16, 4, 1, True)
+    if not ra._tma_usable(ra.is_interpreted(ra._relu_attn_fwd_kernel), q, k, v):
+        pytest.skip("the descriptor kernels need compute capability 9+ on GPUs")
+    monkeypatch.setattr(ra, "_causal_order", lambda k, causal: (group, first))
+    grouped = ra.relu_attention_fwd(*args, config=cfg)
+    monkeypatch.setattr(ra, "_causal_order", lambda k, causal: (1, 0))
+    plain = ra.relu_attention_fwd(*args, config=cfg)
+    assert torch.equal(grouped, plain)
+    ref = relu_attention_ref(q, k, v, causal=True, scale=0.125, relu_scale=0.01)
+    assert relerr(grouped, ref) <= tolerance("relu_attention", dtype, tf32=q.is_cuda)
+
+
 @pytest.mark.parametrize("length", [20, 70, 96, 128])
 def test_folded_causal_blocks_change_nothing(length, device, gen, monkeypatch):
     # float32's causal kernels give each program two blocks, a heavy one and its light mirror (ra._fold);
