@@ -21,10 +21,13 @@ Design: unlike softmax attention there is no running max and no normaliser, so a
 accumulates ``p @ v`` over key blocks in float32 and scales once at the end. Grid = (query blocks,
 batch*heads), heaviest causal blocks first; key/value blocks are streamed; causal blocks above the
 diagonal are never visited (the loop bounds skip them), and only the diagonal blocks pay for the mask.
+So that causal kernels do not end on heavy blocks started last, float32's give each program a heavy
+block and its light mirror (``_fold``), and the 16-bit D=64 forward of long sequences takes its last
+(batch, head) pairs as one group, heaviest blocks first (``_causal_order``).
 The backward runs two kernels: dK/dV (a program owns a key block and streams query blocks) and dQ (a
 program owns a query block and streams key blocks), recomputing the scores: no atomics, deterministic.
-On compute capability 9+ (16-bit inputs) the dQ kernel is a programmatic dependent launch: it starts on
-the SMs the dK/dV kernel's last programs leave and waits for that kernel only at its end (``_gdc``).
+On compute capability 9+ the dQ kernel is a programmatic dependent launch: it starts on the SMs the
+dK/dV kernel's last programs leave and waits for that kernel only at its end (``_gdc``).
 On Hopper and later, where the tuned table says ``tma``, 16-bit tensors with 16-byte-aligned strides go
 through copies of the three kernels that load and store through tensor descriptors (the copy engine, TMA;
 see ``_tma_usable``): same math, tails zero-filled by the hardware instead of masked.
@@ -34,8 +37,8 @@ relu(s) for scale > 0; ds likewise), 1.02-1.23x faster on the H200 than a multip
 per score (bench/results/h200/NOTES.md, attention v16).
 The float32 path uses tf32 tensor cores on GPUs (Triton's default for float32 dots); the products summed
 over the sequence read copies of their operands with unit stride on L (v in the forward; q, dout, k in the
-backward; see ``_tf32_copies``), one pass over each, so float32 needs up to two extra input-sized buffers
-while the backward runs.
+backward, made in one launch before both kernels; see ``_tf32_copies``), one pass over each, so float32
+needs up to three extra input-sized buffers while the backward runs.
 
 Limits: D in {16, 32, 64, 128, 256}; any Lq, Lk >= 1 (tails masked); Lq != Lk only when not causal;
 float32, float16, bfloat16 (float64 only under the interpreter, for gradcheck); layouts ``"bhld"`` ([B, H,
@@ -259,8 +262,7 @@ def _relu_attn_fwd_kernel(
     V += b * stride_vb + h * stride_vh
     O += b * stride_ob + h * stride_oh
     if FOLD:
-        last = tl.cdiv(Lq, BLOCK_M) - 1
-        pid_m = last - tl.program_id(0)
+        pid_m = tl.cdiv(Lq, BLOCK_M) - 1 - tl.program_id(0)
     else:
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal) query blocks first
     _fwd_tile(Q, K, V, O, stride_ql, stride_kl, stride_vl, stride_vd, stride_ol, pid_m, Lq, Lk, scale,
