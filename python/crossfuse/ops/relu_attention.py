@@ -37,8 +37,8 @@ relu(s) for scale > 0; ds likewise), 1.02-1.23x faster on the H200 than a multip
 per score (bench/results/h200/NOTES.md, attention v16).
 The float32 path uses tf32 tensor cores on GPUs (Triton's default for float32 dots); the products summed
 over the sequence read copies of their operands with unit stride on L (v in the forward; q, dout, k in the
-backward, made in one launch before both kernels; see ``_tf32_copies``), one pass over each, so float32
-needs up to three extra input-sized buffers while the backward runs.
+backward, made before both kernels, in one launch where Lq == Lk; see ``_tf32_copies``), one pass over
+each, so float32 needs up to three extra input-sized buffers while the backward runs.
 
 Limits: D in {16, 32, 64, 128, 256}; any Lq, Lk >= 1 (tails masked); Lq != Lk only when not causal;
 float32, float16, bfloat16 (float64 only under the interpreter, for gradcheck); layouts ``"bhld"`` ([B, H,
@@ -1051,19 +1051,24 @@ L_MAJOR_TILE = (64, 64, 4)  # BLOCK_L, BLOCK_D, warps of _l_major_copy_kernel
 
 def _l_contiguous(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """[B, H, L, D] views with unit stride on L of ``tensors``: each tensor itself when it has one, else a
-    copy ([B, H, D, L] contiguous, seen transposed). Tensors of one shape are copied by one launch into
-    one buffer (which lives as long as any of its copies). The copy is a Triton kernel: torch's
-    ``contiguous()`` of the transposed view moved about 1 TB/s on the H200 at the seed's float32 shapes,
-    a third of a plain copy's rate (run 136), and the copies were then 30% of the float32 forward at
-    L=1024."""
+    copy ([B, H, D, L] contiguous, seen transposed). Tensors of one shape, dtype and device are copied
+    three at a time by one launch into one buffer (which lives as long as any of its copies). The copy is a
+    Triton kernel: torch's ``contiguous()`` of the transposed view moved about 1 TB/s on the H200 at the
+    seed's float32 shapes, a third of a plain copy's rate (run 136), and the copies were then 30% of the
+    float32 forward at L=1024."""
     out = list(tensors)
     todo = [i for i, t in enumerate(tensors) if t.stride(2) != 1]
     while todo:
-        group = [i for i in todo if tensors[i].shape == tensors[todo[0]].shape][:3]
+        kind = _copy_kind(tensors[todo[0]])
+        group = [i for i in todo if _copy_kind(tensors[i]) == kind][:3]
         todo = [i for i in todo if i not in group]
         for i, c in zip(group, _l_major_copies([tensors[i] for i in group]), strict=True):
             out[i] = c
     return tuple(out)
+
+
+def _copy_kind(t: torch.Tensor) -> tuple:
+    return t.shape, t.dtype, t.device
 
 
 def _l_major_copies(ts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -1103,7 +1108,8 @@ def _causal_order(k: torch.Tensor, causal: bool) -> tuple[int, int]:
 def _fold(dtype: torch.dtype, causal: bool) -> bool:
     """Whether the causal pointer kernels' programs each take two blocks (``FOLD``): the forward's and the
     dQ kernel's query blocks ``n-1-x`` and ``x``, the dK/dV kernel's key blocks ``x`` and ``n-1-x``, so
-    that every program does the same work (n + 1 blocks' steps) where one block per program does 1 to n
+    that every program does the same work (n + 1 blocks' steps; the middle block of an odd n alone) where
+    one block per program does 1 to n
     and the kernel ends on the heavy blocks that started last. float32 only: at the seed's shapes the
     forward took 1.02-1.11x (run 141); the bf16 forward moved 0.95-1.02x, within its spread
     (bench/results/h200/NOTES.md, attention v19)."""
