@@ -1159,7 +1159,7 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     cfg_dkdv = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
     cfg_dq = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
     tma = (cfg_dkdv.tma or cfg_dq.tma) and not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
-    common = (causal, squared, scale, relu_scale, interp)
+    common = (causal, squared, scale, relu_scale, interp, copies)
     # float32's copies (q and dout for the dK/dV kernel, k for the dQ kernel) in one launch up front, so
     # that nothing runs between the two kernels (the three copies live together: one more than if k's
     # came after the dK/dV kernel)
@@ -1168,9 +1168,8 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     # kernel is a programmatic dependent launch that starts on the SMs the dK/dV kernel's last programs
     # leave, and waits for that kernel only at its end (_gdc)
     gdc = _gdc.usable(q, interp)
-    _bwd_dkdv(q, k, v, do, dk, dv, qc, doc, cfg_dkdv, tma and cfg_dkdv.tma, *common, copies,
-              order=dict(GDC=gdc))  # fmt: skip
-    _bwd_dq(q, k, v, do, dq, kc, cfg_dq, tma and cfg_dq.tma, *common, copies,
+    _bwd_dkdv(q, k, v, do, dk, dv, qc, doc, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=dict(GDC=gdc))
+    _bwd_dq(q, k, v, do, dq, kc, cfg_dq, tma and cfg_dq.tma, *common,
             order=dict(GDC=True, launch_pdl=True) if gdc else {})  # fmt: skip
     return dq, dk, dv
 
