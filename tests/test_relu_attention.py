@@ -391,6 +391,33 @@ def test_dependent_dq_launch_changes_nothing(d, kernels, causal, gen, monkeypatc
             assert torch.equal(a, b)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float32_kernels_chained_after_their_copies_change_nothing(causal, gen, monkeypatch):
+    # float32's kernels read copies with unit stride on L; on compute capability 9+ the forward and the
+    # dK/dV kernel are dependent launches after the copy kernel, waiting for it at their start (and the dQ
+    # kernel, which reads k's copy, starts only after the dK/dV kernel's programs waited): the results
+    # must be those of plain launches, bit for bit, on inputs written just before by another kernel. Each
+    # call takes other inputs, so a kernel reading a copy buffer before its copy completed (the allocator
+    # hands the last call's buffers back) would read the last call's values
+    if not ra._gdc.usable(torch.empty(0, device="cuda"), False):
+        pytest.skip("needs grid dependency control (compute capability 9+, Triton 3.4+)")
+    b, h, length, d = 4, 16, 1000, 64
+    base = [randn((b, length, h, d), torch.float32, "cuda", gen) for _ in range(4)]
+    args = (causal, False, 1 / math.sqrt(d), 1e-3)
+
+    def run(factor):
+        q, k, v, do = (t.mul(factor).transpose(1, 2) for t in base)  # [B, L, H, D] written by a kernel
+        return ra.relu_attention_fwd(q, k, v, *args).clone(), *ra.relu_attention_bwd(q, k, v, do, *args)
+
+    factors = (1.0, -0.5, 2.0, 0.25)
+    chained = [run(f) for f in factors]
+    monkeypatch.setattr(ra._gdc, "usable", lambda t, interpreted: False)
+    for f, got in zip(factors, chained, strict=True):
+        for a, c in zip(got, run(f), strict=True):
+            assert torch.equal(a, c)
+
+
 def test_launch_configs_divide_for_causal_blocks():
     # causal loops need the block sizes to divide each other (fwd/dq: BLOCK_N | BLOCK_M; dkdv: BLOCK_M |
     # BLOCK_N), for every head dim and dtype the heuristic or the tuned table can return

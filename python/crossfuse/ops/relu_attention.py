@@ -253,7 +253,9 @@ def _relu_attn_fwd_kernel(
     RELU_CVT: tl.constexpr = False,  # bf16, not squared, compiled: see _relu_to_bf16
     PEEL: tl.constexpr = False,  # non-causal: the first key block in a loop of its own (see _peel)
     FOLD: tl.constexpr = False,  # causal: each program takes query blocks n-1-x and x (see _fold)
+    WAIT: tl.constexpr = False,  # a dependent launch after v's copy: wait for it first (_gdc)
 ):  # fmt: skip
+    _gdc.wait_for_previous(WAIT)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
@@ -429,7 +431,10 @@ def _relu_attn_bwd_dkdv_kernel(
     RELU_CVT: tl.constexpr = False,  # bf16, not squared, compiled: see _relu_to_bf16
     PEEL: tl.constexpr = False,  # non-causal: the first query block in a loop of its own (see _peel)
     FOLD: tl.constexpr = False,  # causal: each program takes key blocks x and n-1-x (see _fold)
+    WAIT: tl.constexpr = False,  # a dependent launch after the copies: wait for them first (_gdc)
 ):  # fmt: skip
+    # waits before it signals: the dQ kernel, which reads k's copy, then starts after the copies completed
+    _gdc.wait_for_previous(WAIT)
     _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
     pid_bh = tl.program_id(1)
@@ -911,7 +916,9 @@ def _l_major_copy_kernel(
     T: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    GDC: tl.constexpr = False,  # the kernel after it may be a dependent launch that waits for it (_gdc)
 ):  # fmt: skip
+    _gdc.launch_dependents(GDC)
     # a [BLOCK_L, BLOCK_D] tile read along D and written along L: Triton gives the load and the store
     # each a coalesced layout and moves the tile between them through shared memory. The grid's first
     # axis runs over (tensor, batch, head)
@@ -997,8 +1004,13 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
             num_stages=cfg.num_stages,
         )  # fmt: skip
         return out
+    chain = {}
     if _tf32_copies(q.dtype, interp):
-        (v,) = _l_contiguous(v)  # p @ v sums over keys: see _tf32_copies
+        # p @ v sums over keys (see _tf32_copies); where the GPU allows, the kernel is a dependent launch
+        # whose programs take the SMs the copy's last programs leave and wait for the copy at their start
+        gdc = _gdc.usable(q, interp)
+        (v,) = _l_contiguous(v, signal=gdc)
+        chain = dict(WAIT=True, launch_pdl=True) if gdc else {}
     fold = _fold(q.dtype, causal)
     _launch(
         _relu_attn_fwd_kernel, _folded(grid, fold), key,
@@ -1007,7 +1019,7 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
         EVEN_M=Lq % cfg.block_m == 0, EVEN_N=Lk % cfg.block_n == 0, IS_FP64=q.dtype == torch.float64,
         UPCAST=interp and q.dtype == torch.bfloat16, RELU_CVT=relu_cvt, PEEL=_peel(q.dtype, causal),
-        FOLD=fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        FOLD=fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **chain,
     )  # fmt: skip
     return out
 
@@ -1049,20 +1061,21 @@ def _desc(t: torch.Tensor, rows: int):
 L_MAJOR_TILE = (64, 64, 4)  # BLOCK_L, BLOCK_D, warps of _l_major_copy_kernel
 
 
-def _l_contiguous(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _l_contiguous(*tensors: torch.Tensor, signal: bool = False) -> tuple[torch.Tensor, ...]:
     """[B, H, L, D] views with unit stride on L of ``tensors``: each tensor itself when it has one, else a
     copy ([B, H, D, L] contiguous, seen transposed). Tensors of one shape, dtype and device are copied
     three at a time by one launch into one buffer (which lives as long as any of its copies). The copy is a
     Triton kernel: torch's ``contiguous()`` of the transposed view moved about 1 TB/s on the H200 at the
     seed's float32 shapes, a third of a plain copy's rate (run 136), and the copies were then 30% of the
-    float32 forward at L=1024."""
+    float32 forward at L=1024. With ``signal``, the copy kernel lets a dependent launch after it start
+    (:mod:`._gdc`); that kernel must wait for it before reading the copies."""
     out = list(tensors)
     todo = [i for i, t in enumerate(tensors) if t.stride(2) != 1]
     while todo:
         kind = _copy_kind(tensors[todo[0]])
         group = [i for i in todo if _copy_kind(tensors[i]) == kind][:3]
         todo = [i for i in todo if i not in group]
-        for i, c in zip(group, _l_major_copies([tensors[i] for i in group]), strict=True):
+        for i, c in zip(group, _l_major_copies([tensors[i] for i in group], signal), strict=True):
             out[i] = c
     return tuple(out)
 
@@ -1071,7 +1084,7 @@ def _copy_kind(t: torch.Tensor) -> tuple:
     return t.shape, t.dtype, t.device
 
 
-def _l_major_copies(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+def _l_major_copies(ts: list[torch.Tensor], signal: bool = False) -> list[torch.Tensor]:
     """One to three tensors of one [B, H, L, D] shape copied with unit stride on L (see _l_contiguous)."""
     B, H, L, D = ts[0].shape
     block_l, block_d, warps = L_MAJOR_TILE
@@ -1083,7 +1096,7 @@ def _l_major_copies(ts: list[torch.Tensor]) -> list[torch.Tensor]:
     if out.numel():
         xs = [*ts, ts[0], ts[0]][:3]
         _l_major_copy_kernel[grid](*xs, out, *(s for x in xs for s in x.stride()), H, L, D, T=len(ts),
-                                   BLOCK_L=block_l, BLOCK_D=block_d, num_warps=warps)  # fmt: skip
+                                   BLOCK_L=block_l, BLOCK_D=block_d, GDC=signal, num_warps=warps)  # fmt: skip
     return [y.transpose(2, 3) for y in out.unbind(0)]
 
 
@@ -1163,12 +1176,14 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     # float32's copies (q and dout for the dK/dV kernel, k for the dQ kernel) in one launch up front, so
     # that nothing runs between the two kernels (the three copies live together: one more than if k's
     # came after the dK/dV kernel)
-    qc, doc, kc = _l_contiguous(q, do, k) if copies else (q, do, k)
+    gdc = _gdc.usable(q, interp)
+    qc, doc, kc = _l_contiguous(q, do, k, signal=gdc) if copies else (q, do, k)
     # the two kernels are independent (each reads q, k, v and dout only): where the GPU allows, the dQ
     # kernel is a programmatic dependent launch that starts on the SMs the dK/dV kernel's last programs
-    # leave, and waits for that kernel only at its end (_gdc)
-    gdc = _gdc.usable(q, interp)
-    _bwd_dkdv(q, k, v, do, dk, dv, qc, doc, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=dict(GDC=gdc))
+    # leave, and waits for that kernel only at its end (_gdc); after float32's copies, the dK/dV kernel
+    # is one too, waiting for the copies at its start
+    order = dict(GDC=gdc, WAIT=True, launch_pdl=True) if copies and gdc else dict(GDC=gdc)
+    _bwd_dkdv(q, k, v, do, dk, dv, qc, doc, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=order)
     _bwd_dq(q, k, v, do, dq, kc, cfg_dq, tma and cfg_dq.tma, *common,
             order=dict(GDC=True, launch_pdl=True) if gdc else {})  # fmt: skip
     return dq, dk, dv
