@@ -53,20 +53,13 @@ def main(argv=None) -> int:
             kw = dict(causal=causal, squared=False, scale=1 / math.sqrt(d), relu_scale=1 / length)
             for kind in ("fwd", "bwd"):
                 launcher = ra.relu_attention_fwd if kind == "fwd" else ra.relu_attention_bwd
-                ins = {"f32": f32, "bf16": bf16}
-                pick = (lambda t: t[:3]) if kind == "fwd" else (lambda t: t)
-                calls = {name: functools.partial(launcher, *pick(t), **kw) for name, t in ins.items()}
+                ins = {"f32": f32, "bf16": bf16}  # q, k, v (forward) or q, k, v, dout (backward)
+                calls = {
+                    n: functools.partial(launcher, *t[: 3 if kind == "fwd" else 4], **kw)
+                    for n, t in ins.items()
+                }
                 times = timing.alternate(calls, args.rounds, config=cfg)
-                flops = (
-                    4
-                    * b
-                    * h
-                    * length
-                    * length
-                    * d
-                    * (0.5 if causal else 1.0)
-                    * (2.5 if kind == "bwd" else 1.0)
-                )
+                flops = 4 * b * h * length**2 * d * (0.5 if causal else 1.0) * (2.5 if kind == "bwd" else 1.0)
                 r32, r16 = (flops / statistics.median(times[k]) / 1e9 for k in ("f32", "bf16"))
                 print(f"{length} {causal} {kind} {r32:.0f} {r16:.0f} {r32 / r16:.3f} "
                       f"{r32 / product['float32']:.3f}", flush=True)  # fmt: skip
