@@ -38,7 +38,9 @@ per score (bench/results/h200/NOTES.md, attention v16).
 The float32 path uses tf32 tensor cores on GPUs (Triton's default for float32 dots); the products summed
 over the sequence read copies of their operands with unit stride on L (v in the forward; q, dout, k in the
 backward, made before both kernels, in one launch where Lq == Lk; see ``_tf32_copies``), one pass over
-each, so float32 needs up to three extra input-sized buffers while the backward runs.
+each, so float32 needs up to three extra input-sized buffers while the backward runs. On compute
+capability 9+ the kernel after a copy (the forward; the dK/dV kernel) is a dependent launch that waits for
+the copy at its start (attention v22).
 
 Limits: D in {16, 32, 64, 128, 256}; any Lq, Lk >= 1 (tails masked); Lq != Lk only when not causal;
 float32, float16, bfloat16 (float64 only under the interpreter, for gradcheck); layouts ``"bhld"`` ([B, H,
