@@ -51,18 +51,20 @@ def is_interpreted(kernel) -> bool:
     return type(kernel).__name__ == "InterpretedFunction"
 
 
-def check_runnable(t: torch.Tensor, name: str, kernel) -> None:
-    """Raise a ``ValueError`` naming ``name`` when ``kernel`` cannot run on ``t``'s device."""
+def check_runnable(t: torch.Tensor, name: str, interpreted: bool) -> None:
+    """Raise a ``ValueError`` naming ``name`` when the kernels (``interpreted``: built for the interpreter,
+    see :func:`is_interpreted`) cannot run on ``t``'s device. Takes the flag rather than a kernel, so that
+    torch.compile can trace it (it models Triton kernels as objects without a type)."""
     dev = t.device.type
     if dev == "cuda":
-        if is_interpreted(kernel):
+        if interpreted:
             raise ValueError(
                 f"{name} is a CUDA tensor but Triton was imported in interpreter mode "
                 "(TRITON_INTERPRET=1); unset it to run the compiled kernels on the GPU"
             )
         return
     if dev == "cpu":
-        if not is_interpreted(kernel):
+        if not interpreted:
             raise ValueError(
                 f"{name} is a CPU tensor: crossfuse's Triton kernels run on CUDA tensors, or on CPU "
                 "tensors under Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"

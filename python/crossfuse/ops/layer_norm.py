@@ -59,6 +59,8 @@ Design:
   reads, so no launch gap sits between them; the results are those of plain launches, bit for bit.
 * Statistics and accumulation are float32 for float32/float16/bfloat16 inputs, and float64 for
   float64 inputs (so ``torch.autograd.gradcheck`` can check the kernels).
+* Under torch.compile the autograd function calls the launchers through custom operators
+  (``torch.ops.crossfuse.layer_norm_fwd``/``_bwd``, see ``_library``), which the tracer does not enter.
 * The number of rows M is never a compile-time constant or specialised on (``do_not_specialize``),
   so a new batch size reuses the compiled kernels; tile shapes depend on N, the dtype and the row
   regime (few or many rows, ``MANY_ROWS``), so a kernel compiles at most once per regime (and N).
@@ -84,7 +86,7 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
 from .. import _tuning
 from .._backend import check_runnable, compute_capability_major, device_parallelism, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
-from . import _gdc, _ln_bwd_rows
+from . import _gdc, _library, _ln_bwd_rows
 from ._gdc import launch_dependents as _launch_dependents
 from ._gdc import wait_for_previous as _wait_for_previous
 
@@ -1294,6 +1296,37 @@ def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int, order:
 
 
 # ----------------------------------------------------------------------------------------------------
+# the launchers as custom operators, for torch.compile (see _library)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _fwd_fake(x, weight, bias, eps):
+    M, N = x.shape
+    stats = _stats_dtype(x.dtype)
+    return x.new_empty((M, N)), x.new_empty((M,), dtype=stats), x.new_empty((M,), dtype=stats)
+
+
+def _bwd_fake(dy, x, weight, mean, rstd, compute_dw, compute_db):
+    N = x.shape[1]
+    param_dtype = weight.dtype if weight is not None else x.dtype
+    dw = x.new_empty((N,), dtype=param_dtype) if compute_dw else None
+    db = x.new_empty((N,), dtype=param_dtype) if compute_db else None
+    return x.new_empty(x.shape), dw, db
+
+
+_FWD_OP = _library.operator(
+    "layer_norm_fwd", "(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+    lambda x, weight, bias, eps: layer_norm_fwd(_rows(x, x.shape[1]), weight, bias, eps), _fwd_fake,
+)  # fmt: skip
+_BWD_OP = _library.operator(
+    "layer_norm_bwd",
+    "(Tensor dy, Tensor x, Tensor? weight, Tensor mean, Tensor rstd, bool compute_dw, bool compute_db) "
+    "-> (Tensor, Tensor?, Tensor?)",
+    lambda dy, x, *rest: layer_norm_bwd(_rows(dy, dy.shape[1]), _rows(x, x.shape[1]), *rest), _bwd_fake,
+)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------
 # autograd.Function and the functional entry point
 # ----------------------------------------------------------------------------------------------------
 
@@ -1310,7 +1343,7 @@ class LayerNormFunction(torch.autograd.Function):
         x2 = _rows(x, n)
         w = weight.reshape(-1) if weight is not None else None
         b = bias.reshape(-1) if bias is not None else None
-        y, mean, rstd = layer_norm_fwd(x2, w, b, eps)
+        y, mean, rstd = (_FWD_OP if _library.tracing() else layer_norm_fwd)(x2, w, b, eps)
         ctx.save_for_backward(x2, w, mean, rstd)
         ctx.x_shape = x.shape
         ctx.params = [(p.shape, p.dtype) if p is not None else None for p in (weight, bias)]
@@ -1320,11 +1353,16 @@ class LayerNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x2, w, mean, rstd = ctx.saved_tensors
         need_dw, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        dx, dw, db = layer_norm_bwd(_rows(dy, x2.shape[1]), x2, w, mean, rstd, need_dw, need_db)
+        bwd = _BWD_OP if _library.tracing() else layer_norm_bwd
+        dx, dw, db = bwd(_rows(dy, x2.shape[1]), x2, w, mean, rstd, need_dw, need_db)
         grads = []
         for g, p in zip((dw, db), ctx.params, strict=True):
             grads.append(None if g is None else g.view(p[0]).to(p[1]))
         return dx.view(ctx.x_shape), None, grads[0], grads[1], None
+
+
+# whether the kernels were built for the interpreter: fixed at import, so a constant to torch.compile
+_INTERPRETED = is_interpreted(_ln_fwd_kernel)
 
 
 def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> int:
@@ -1361,7 +1399,7 @@ def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> int:
             )
         check_same_device(p, name, x, "x")
     check_positive_float(eps, "eps")
-    check_runnable(x, "x", _ln_fwd_kernel)
+    check_runnable(x, "x", _INTERPRETED)
     return n
 
 
@@ -1379,4 +1417,6 @@ def layer_norm(
     ``x``, ``weight`` and ``bias``. See the module docstring for limits.
     """
     n = _check_layer_norm_args(x, normalized_shape, weight, bias, eps)
+    if _library.tracing():  # one tensor as weight and bias: see distinct
+        x, weight, bias = _library.distinct(x, weight, bias)
     return LayerNormFunction.apply(x, n, weight, bias, float(eps))

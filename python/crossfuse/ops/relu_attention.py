@@ -41,6 +41,8 @@ backward, made before both kernels, in one launch where Lq == Lk; see ``_tf32_co
 each, so float32 needs up to three extra input-sized buffers while the backward runs. On compute
 capability 9+ the kernel after a copy (the forward; the dK/dV kernel) is a dependent launch that waits for
 the copy at its start (attention v22).
+Under torch.compile the autograd function calls the launchers through custom operators
+(``torch.ops.crossfuse.relu_attention_fwd``/``_bwd``, see ``_library``), which the tracer does not enter.
 
 Limits: D in {16, 32, 64, 128, 256}; any Lq, Lk >= 1 (tails masked); Lq != Lk only when not causal;
 float32, float16, bfloat16 (float64 only under the interpreter, for gradcheck); layouts ``"bhld"`` ([B, H,
@@ -66,7 +68,7 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
 from .. import _tuning
 from .._backend import check_runnable, compute_capability_major, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor, dtype_name
-from . import _gdc
+from . import _gdc, _library
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LAYOUTS = ("bhld", "blhd")
@@ -1278,26 +1280,63 @@ def _empty_like_layout(t: torch.Tensor, shape_bhld, layout: str) -> torch.Tensor
     return torch.empty((B, L, H, D), dtype=t.dtype, device=t.device).transpose(1, 2)
 
 
+def _attention_fwd(qb, kb, vb, causal: bool, squared: bool, scale: float, relu_scale: float, layout: str):
+    """The forward on [B, H, L, D] views (unit stride on D), its output a new tensor in ``layout``."""
+    out = _empty_like_layout(qb, qb.shape, layout)
+    relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale, out=out)
+    return _to_bhld(out, layout)
+
+
+def _attention_bwd(qb, kb, vb, dob, causal: bool, squared: bool, scale: float, relu_scale: float,
+                   layout: str):  # fmt: skip
+    """The backward on [B, H, L, D] views (unit stride on D): dq, dk, dv as new tensors in ``layout``."""
+    dq, dk, dv = (_empty_like_layout(t, t.shape, layout) for t in (qb, kb, vb))
+    relu_attention_bwd(qb, kb, vb, dob, causal, squared, scale, relu_scale, dq, dk, dv)
+    return _to_bhld(dq, layout), _to_bhld(dk, layout), _to_bhld(dv, layout)
+
+
+def _layout_fake(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A new tensor in ``layout`` shaped like the [B, H, L, D] view ``t`` (what the launchers return)."""
+    return t.new_empty(_to_bhld(t, layout).shape)
+
+
+# the launchers as custom operators, for torch.compile (see _library)
+_FLAGS = "bool causal, bool squared, float scale, float relu_scale, str layout"
+_FWD_OP = _library.operator(
+    "relu_attention_fwd", f"(Tensor q, Tensor k, Tensor v, {_FLAGS}) -> Tensor",
+    lambda q, k, v, *flags: _attention_fwd(*(_unit_d(t) for t in (q, k, v)), *flags),
+    lambda q, k, v, causal, squared, scale, relu_scale, layout: _layout_fake(q, layout),
+)  # fmt: skip
+_BWD_OP = _library.operator(
+    "relu_attention_bwd",
+    f"(Tensor q, Tensor k, Tensor v, Tensor dout, {_FLAGS}) -> (Tensor, Tensor, Tensor)",
+    lambda q, k, v, dout, *flags: _attention_bwd(*(_unit_d(t) for t in (q, k, v, dout)), *flags),
+    lambda q, k, v, dout, causal, squared, scale, relu_scale, layout: tuple(
+        _layout_fake(t, layout) for t in (q, k, v)
+    ),
+)  # fmt: skip
+
+
 class ReLUAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, squared, scale, relu_scale, layout):
         qb, kb, vb = (_unit_d(_to_bhld(t, layout)) for t in (q, k, v))
-        out = _empty_like_layout(q, qb.shape, layout)
-        relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale, out=out)
+        fwd = _FWD_OP if _library.tracing() else _attention_fwd
+        out = fwd(qb, kb, vb, causal, squared, scale, relu_scale, layout)
         ctx.save_for_backward(qb, kb, vb)
         ctx.args = (causal, squared, scale, relu_scale, layout)
-        return _to_bhld(out, layout)
+        return out
 
     @staticmethod
     def backward(ctx, dout):
         qb, kb, vb = ctx.saved_tensors
-        causal, squared, scale, relu_scale, layout = ctx.args
-        dob = _unit_d(_to_bhld(dout, layout))
-        dq = _empty_like_layout(qb, qb.shape, layout)
-        dk = _empty_like_layout(kb, kb.shape, layout)
-        dv = _empty_like_layout(vb, vb.shape, layout)
-        relu_attention_bwd(qb, kb, vb, dob, causal, squared, scale, relu_scale, dq, dk, dv)
-        return _to_bhld(dq, layout), _to_bhld(dk, layout), _to_bhld(dv, layout), None, None, None, None, None
+        dob = _unit_d(_to_bhld(dout, ctx.args[-1]))
+        bwd = _BWD_OP if _library.tracing() else _attention_bwd
+        return *bwd(qb, kb, vb, dob, *ctx.args), None, None, None, None, None
+
+
+# whether the kernels were built for the interpreter: fixed at import, so a constant to torch.compile
+_INTERPRETED = is_interpreted(_relu_attn_fwd_kernel)
 
 
 def _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout):
@@ -1339,7 +1378,7 @@ def _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout):
         check_positive_float(scale, "scale", allow_zero=False)
     if relu_scale is not None:
         check_positive_float(relu_scale, "relu_scale")
-    check_runnable(q, "q", _relu_attn_fwd_kernel)
+    check_runnable(q, "q", _INTERPRETED)
     return D, Lk
 
 
@@ -1362,4 +1401,6 @@ def relu_attention(
     D, Lk = _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     relu_scale = 1.0 / Lk if relu_scale is None else float(relu_scale)
+    if _library.tracing():  # q, k, v given as one tensor (self-attention on shared inputs): see distinct
+        q, k, v = _library.distinct(q, k, v)
     return ReLUAttentionFunction.apply(q, k, v, causal, squared, scale, relu_scale, layout)
