@@ -29,7 +29,7 @@ lint: $(BIN)/.installed
 	$(BIN)/fatou format --check julia bench/julia bridge
 
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --maxprocesses 4
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache
