@@ -178,3 +178,15 @@ def test_compiled_into_cuda_graphs(gen):
     for _ in range(3):  # warm-up, recording, then a replay
         assert_same_run(fn, compiled, (randn((2, 96, 64), "cuda", gen), w, b), gen, exact=False)
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+def test_autocast_leaves_the_ops_in_their_inputs_dtypes(device, gen):
+    """The ops are not autocast ops (as the README says): under ``torch.autocast`` they run in their
+    inputs' dtypes and give what they give outside it."""
+    x, w = randn((4, 64), device, gen), randn((64,), device, gen)
+    q = randn((1, 2, 24, 16), device, gen)
+    outside = crossfuse.layer_norm(x, (64,), w), crossfuse.relu_attention(q, q, q)
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        inside = crossfuse.layer_norm(x, (64,), w), crossfuse.relu_attention(q, q, q)
+    for a, b in zip(inside, outside, strict=True):
+        assert a.dtype == torch.float32 and torch.equal(a, b)
