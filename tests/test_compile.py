@@ -80,9 +80,15 @@ def test_compiled_relu_attention_equals_eager(layout, causal, squared, device, b
     def fn(q, k, v):
         return crossfuse.relu_attention(q, k, v, causal=causal, squared=squared, layout=layout)
 
-    shape = (1, 2, 40, 16) if layout == "bhld" else (1, 40, 2, 16)
-    inputs = [randn(shape, device, gen) for _ in range(3)]
-    assert_same_run(fn, torch.compile(fn, fullgraph=True, backend=backend), inputs, gen)
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=counter)
+    graphs = []
+    for length in (40, 24):
+        shape = (1, 2, length, 16) if layout == "bhld" else (1, length, 2, 16)
+        assert_same_run(fn, compiled, [randn(shape, device, gen) for _ in range(3)], gen)
+        graphs.append(counter.frame_count)
+    # no recompilation for another length: relu_scale's default 1/Lk is taken inside the operator
+    assert graphs[1] == graphs[0] > 0
 
 
 def test_compiled_modules_match_eager(device, backend, gen):

@@ -1280,17 +1280,22 @@ def _empty_like_layout(t: torch.Tensor, shape_bhld, layout: str) -> torch.Tensor
     return torch.empty((B, L, H, D), dtype=t.dtype, device=t.device).transpose(1, 2)
 
 
-def _attention_fwd(qb, kb, vb, causal: bool, squared: bool, scale: float, relu_scale: float, layout: str):
-    """The forward on [B, H, L, D] views (unit stride on D), its output a new tensor in ``layout``."""
+def _attention_fwd(qb, kb, vb, causal: bool, squared: bool, scale: float, relu_scale: float | None,
+                   layout: str):  # fmt: skip
+    """The forward on [B, H, L, D] views (unit stride on D), its output a new tensor in ``layout``;
+    ``relu_scale`` None: 1/Lk, taken here from the keys (so torch.compile need not guard on Lk)."""
     out = _empty_like_layout(qb, qb.shape, layout)
+    relu_scale = 1.0 / kb.shape[2] if relu_scale is None else relu_scale
     relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale, out=out)
     return _to_bhld(out, layout)
 
 
-def _attention_bwd(qb, kb, vb, dob, causal: bool, squared: bool, scale: float, relu_scale: float,
+def _attention_bwd(qb, kb, vb, dob, causal: bool, squared: bool, scale: float, relu_scale: float | None,
                    layout: str):  # fmt: skip
-    """The backward on [B, H, L, D] views (unit stride on D): dq, dk, dv as new tensors in ``layout``."""
+    """The backward on [B, H, L, D] views (unit stride on D): dq, dk, dv as new tensors in ``layout``
+    (``relu_scale`` as in :func:`_attention_fwd`)."""
     dq, dk, dv = (_empty_like_layout(t, t.shape, layout) for t in (qb, kb, vb))
+    relu_scale = 1.0 / kb.shape[2] if relu_scale is None else relu_scale
     relu_attention_bwd(qb, kb, vb, dob, causal, squared, scale, relu_scale, dq, dk, dv)
     return _to_bhld(dq, layout), _to_bhld(dk, layout), _to_bhld(dv, layout)
 
@@ -1301,7 +1306,7 @@ def _layout_fake(t: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 # the launchers as custom operators, for torch.compile (see _library)
-_FLAGS = "bool causal, bool squared, float scale, float relu_scale, str layout"
+_FLAGS = "bool causal, bool squared, float scale, float? relu_scale, str layout"
 _FWD_OP = _library.operator(
     "relu_attention_fwd", f"(Tensor q, Tensor k, Tensor v, {_FLAGS}) -> Tensor",
     lambda q, k, v, *flags: _attention_fwd(*(_unit_d(t) for t in (q, k, v)), *flags),
@@ -1398,9 +1403,9 @@ def relu_attention(
     ``relu_scale`` to ``1/Lk``. ``layout`` is ``"bhld"`` ([B, H, L, D]) or ``"blhd"`` ([B, L, H, D]);
     the output has the same layout. Differentiable in q, k and v. See the module docstring.
     """
-    D, Lk = _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout)
+    D, _ = _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    relu_scale = 1.0 / Lk if relu_scale is None else float(relu_scale)
+    relu_scale = None if relu_scale is None else float(relu_scale)  # None: 1/Lk (see _attention_fwd)
     if _library.tracing():  # q, k, v given as one tensor (self-attention on shared inputs): see distinct
         q, k, v = _library.distinct(q, k, v)
     return ReLUAttentionFunction.apply(q, k, v, causal, squared, scale, relu_scale, layout)
