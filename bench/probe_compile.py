@@ -81,9 +81,10 @@ def measure(name: str, make, rounds: int, cfg) -> dict:
     dy = torch.randn_like(fn(*inputs))
 
     def step(f):
-        return lambda: (f(*inputs), *torch.autograd.grad(f(*inputs), [*inputs, *params], dy))
+        out = f(*inputs)
+        return out, *torch.autograd.grad(out, [*inputs, *params], dy)
 
-    results = [step(f)() for f in (fn, compiled)]
+    results = [step(f) for f in (fn, compiled)]
     diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(*results, strict=True))
 
     def train(f):

@@ -9,6 +9,9 @@ inductor, torch.compile's default.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import crossfuse
 import pytest
 import torch
@@ -119,27 +122,46 @@ def test_compiled_modules_match_eager(device, backend, gen):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_operators_pass_opcheck(device, gen):
-    """torch.library.opcheck: each operator's schema, fake implementation and dispatch (eager, fake
-    tensors, AOTAutograd) agree with the real launcher."""
-    x, w = randn((5, 48), device, gen), randn((48,), device, gen)
-    _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
+@pytest.mark.parametrize(
+    "x_dtype,w_dtype,with_bias,grads",
+    [
+        (torch.float32, torch.float32, False, (True, False)),
+        (torch.bfloat16, torch.float32, True, (True, True)),  # dw, db in the weight's dtype
+        (torch.float64, torch.float64, True, (False, True)),  # float64 statistics
+    ],
+    ids=["float32", "bf16 x, float32 weight", "float64"],
+)
+def test_layer_norm_operators_pass_opcheck(x_dtype, w_dtype, with_bias, grads, device, gen):
+    """torch.library.opcheck: the operators' schemas, fake implementations (shapes, strides, dtypes) and
+    dispatch (eager, fake tensors, AOTAutograd) agree with the real launchers."""
+    x, w = randn((5, 48), device, gen, x_dtype), randn((48,), device, gen, w_dtype)
+    b = randn((48,), device, gen, w_dtype) if with_bias else None
+    _, mean, rstd = ln_mod.layer_norm_fwd(x, w, b, 1e-5)
     ops = torch.ops.crossfuse
-    torch.library.opcheck(ops.layer_norm_fwd.default, (x, w, None, 1e-5))
-    dy = randn((5, 48), device, gen)
-    torch.library.opcheck(ops.layer_norm_bwd.default, (dy, x, w, mean, rstd, True, False))
-    for layout in ("bhld", "blhd"):
-        q, k, v, do = (ra._to_bhld(randn((1, 24, 2, 16), device, gen), "blhd") for _ in range(4))
-        if layout == "bhld":
-            q, k, v, do = (t.contiguous() for t in (q, k, v, do))
-        flags = (True, False, 0.25, 1 / 24, layout)
-        torch.library.opcheck(ops.relu_attention_fwd.default, (q, k, v, *flags))
-        torch.library.opcheck(ops.relu_attention_bwd.default, (q, k, v, do, *flags))
+    torch.library.opcheck(ops.layer_norm_fwd.default, (x, w, b, 1e-5))
+    dy = randn((5, 48), device, gen, x_dtype)
+    torch.library.opcheck(ops.layer_norm_bwd.default, (dy, x, w, mean, rstd, *grads))
 
 
-def test_exported_program_calls_the_operators(device, gen):
-    """torch.export (non-strict, its default) records the ops as the crossfuse operators, and the
-    exported program gives eager's output."""
+@pytest.mark.parametrize("layout", ["bhld", "blhd"])
+@pytest.mark.parametrize(
+    "dtype,relu_scale", [(torch.float32, None), (torch.bfloat16, 1 / 24), (torch.float64, None)],
+    ids=["float32, relu_scale 1/Lk", "bfloat16", "float64"],
+)  # fmt: skip
+def test_attention_operators_pass_opcheck(dtype, relu_scale, layout, device, gen):
+    if dtype == torch.float64 and device == "cuda":
+        pytest.skip("Triton's dot has no float64 on GPUs: float64 attention runs under the interpreter")
+    q, k, v, do = (ra._to_bhld(randn((1, 24, 2, 16), device, gen, dtype), "blhd") for _ in range(4))
+    if layout == "bhld":
+        q, k, v, do = (t.contiguous() for t in (q, k, v, do))
+    flags = (True, False, 0.25, relu_scale, layout)
+    torch.library.opcheck(torch.ops.crossfuse.relu_attention_fwd.default, (q, k, v, *flags))
+    torch.library.opcheck(torch.ops.crossfuse.relu_attention_bwd.default, (q, k, v, do, *flags))
+
+
+def test_exported_program_calls_the_operators(device, gen, tmp_path):
+    """torch.export (non-strict, its default) records the ops as the crossfuse operators; the exported
+    program, and the same program saved and loaded in a fresh process, give eager's output."""
 
     class NormAttention(torch.nn.Module):
         def forward(self, x, w):
@@ -150,7 +172,22 @@ def test_exported_program_calls_the_operators(device, gen):
     program = torch.export.export(NormAttention(), (x, w), strict=False)
     called = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
     assert {"crossfuse.layer_norm_fwd.default", "crossfuse.relu_attention_fwd.default"} <= called, called
-    assert torch.equal(program.module()(x, w), NormAttention()(x, w))
+    want = NormAttention()(x, w)
+    assert torch.equal(program.module()(x, w), want)
+    # saved, then loaded and run by a fresh process after a plain `import crossfuse` (which defines the
+    # operators without importing the op modules)
+    torch.export.save(program, tmp_path / "program.pt2")
+    torch.save((x.cpu(), w.cpu(), want.cpu()), tmp_path / "io.pt")
+    code = (
+        "import sys, torch, crossfuse\n"  # TRITON_INTERPRET (set off the GPU by conftest) inherited
+        "x, w, want = torch.load(sys.argv[1])\n"
+        f"got = torch.export.load(sys.argv[2]).module()(x.to({device!r}), w.to({device!r}))\n"
+        "assert torch.equal(got.cpu(), want), 'the loaded program differs'\n"
+        "print('ok')"
+    )
+    args = [sys.executable, "-c", code, str(tmp_path / "io.pt"), str(tmp_path / "program.pt2")]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
 
 
 def test_one_tensor_in_two_places(device, backend, gen):

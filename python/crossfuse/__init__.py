@@ -2,12 +2,15 @@
 
 ``crossfuse.layer_norm`` and ``crossfuse.relu_attention`` import Triton on first use (not at
 ``import crossfuse``), so a program can still choose Triton's interpreter (``TRITON_INTERPRET=1``)
-after importing this package.
+after importing this package. ``import crossfuse`` imports torch and defines the custom operators
+``torch.ops.crossfuse.*`` (``crossfuse.ops._library``), so that saved ``torch.export`` programs load.
 """
 
 from __future__ import annotations
 
 import importlib
+
+from .ops import _library  # noqa: F401  torch.ops.crossfuse.* for torch.compile and torch.export (no Triton)
 
 __version__ = "0.1.0"
 

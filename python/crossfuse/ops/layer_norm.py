@@ -89,6 +89,7 @@ from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, 
 from . import _gdc, _library, _ln_bwd_rows
 from ._gdc import launch_dependents as _launch_dependents
 from ._gdc import wait_for_previous as _wait_for_previous
+from ._library import stats_dtype as _stats_dtype
 
 FUSED_MAX_N = 16384  # largest row kept whole in registers
 # the split backward's row-sums kernel: columns per chunk (8 warps, N a compile-time constant up to
@@ -1087,10 +1088,6 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConfig | None = None):
     """Forward on a 2-D ``x`` with unit column stride. Returns ``(y, mean, rstd)``; ``y`` contiguous.
     ``config`` overrides :func:`launch_config` (for tuning)."""
@@ -1296,34 +1293,18 @@ def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int, order:
 
 
 # ----------------------------------------------------------------------------------------------------
-# the launchers as custom operators, for torch.compile (see _library)
+# the implementations of the custom operators torch.compile sees (crossfuse.ops._library)
 # ----------------------------------------------------------------------------------------------------
 
 
-def _fwd_fake(x, weight, bias, eps):
-    M, N = x.shape
-    stats = _stats_dtype(x.dtype)
-    return x.new_empty((M, N)), x.new_empty((M,), dtype=stats), x.new_empty((M,), dtype=stats)
+def _operator_fwd(x, weight, bias, eps):
+    # rows with unit column stride, as the launchers need: the autograd function passes such rows, a
+    # direct call of torch.ops.crossfuse.layer_norm_fwd may not
+    return layer_norm_fwd(_rows(x, x.shape[1]), weight, bias, eps)
 
 
-def _bwd_fake(dy, x, weight, mean, rstd, compute_dw, compute_db):
-    N = x.shape[1]
-    param_dtype = weight.dtype if weight is not None else x.dtype
-    dw = x.new_empty((N,), dtype=param_dtype) if compute_dw else None
-    db = x.new_empty((N,), dtype=param_dtype) if compute_db else None
-    return x.new_empty(x.shape), dw, db
-
-
-_FWD_OP = _library.operator(
-    "layer_norm_fwd", "(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
-    lambda x, weight, bias, eps: layer_norm_fwd(_rows(x, x.shape[1]), weight, bias, eps), _fwd_fake,
-)  # fmt: skip
-_BWD_OP = _library.operator(
-    "layer_norm_bwd",
-    "(Tensor dy, Tensor x, Tensor? weight, Tensor mean, Tensor rstd, bool compute_dw, bool compute_db) "
-    "-> (Tensor, Tensor?, Tensor?)",
-    lambda dy, x, *rest: layer_norm_bwd(_rows(dy, dy.shape[1]), _rows(x, x.shape[1]), *rest), _bwd_fake,
-)  # fmt: skip
+def _operator_bwd(dy, x, *rest):
+    return layer_norm_bwd(_rows(dy, dy.shape[1]), _rows(x, x.shape[1]), *rest)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1343,7 +1324,7 @@ class LayerNormFunction(torch.autograd.Function):
         x2 = _rows(x, n)
         w = weight.reshape(-1) if weight is not None else None
         b = bias.reshape(-1) if bias is not None else None
-        y, mean, rstd = (_FWD_OP if _library.tracing() else layer_norm_fwd)(x2, w, b, eps)
+        y, mean, rstd = (_library.LAYER_NORM_FWD if _library.tracing() else layer_norm_fwd)(x2, w, b, eps)
         ctx.save_for_backward(x2, w, mean, rstd)
         ctx.x_shape = x.shape
         ctx.params = [(p.shape, p.dtype) if p is not None else None for p in (weight, bias)]
@@ -1353,7 +1334,7 @@ class LayerNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x2, w, mean, rstd = ctx.saved_tensors
         need_dw, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        bwd = _BWD_OP if _library.tracing() else layer_norm_bwd
+        bwd = _library.LAYER_NORM_BWD if _library.tracing() else layer_norm_bwd
         dx, dw, db = bwd(_rows(dy, x2.shape[1]), x2, w, mean, rstd, need_dw, need_db)
         grads = []
         for g, p in zip((dw, db), ctx.params, strict=True):

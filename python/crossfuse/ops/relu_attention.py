@@ -1285,8 +1285,7 @@ def _attention_fwd(qb, kb, vb, causal: bool, squared: bool, scale: float, relu_s
     """The forward on [B, H, L, D] views (unit stride on D), its output a new tensor in ``layout``;
     ``relu_scale`` None: 1/Lk, taken here from the keys (so torch.compile need not guard on Lk)."""
     out = _empty_like_layout(qb, qb.shape, layout)
-    relu_scale = 1.0 / kb.shape[2] if relu_scale is None else relu_scale
-    relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale, out=out)
+    relu_attention_fwd(qb, kb, vb, causal, squared, scale, _relu_scale(relu_scale, kb), out=out)
     return _to_bhld(out, layout)
 
 
@@ -1295,38 +1294,29 @@ def _attention_bwd(qb, kb, vb, dob, causal: bool, squared: bool, scale: float, r
     """The backward on [B, H, L, D] views (unit stride on D): dq, dk, dv as new tensors in ``layout``
     (``relu_scale`` as in :func:`_attention_fwd`)."""
     dq, dk, dv = (_empty_like_layout(t, t.shape, layout) for t in (qb, kb, vb))
-    relu_scale = 1.0 / kb.shape[2] if relu_scale is None else relu_scale
-    relu_attention_bwd(qb, kb, vb, dob, causal, squared, scale, relu_scale, dq, dk, dv)
+    relu_attention_bwd(qb, kb, vb, dob, causal, squared, scale, _relu_scale(relu_scale, kb), dq, dk, dv)
     return _to_bhld(dq, layout), _to_bhld(dk, layout), _to_bhld(dv, layout)
 
 
-def _layout_fake(t: torch.Tensor, layout: str) -> torch.Tensor:
-    """A new tensor in ``layout`` shaped like the [B, H, L, D] view ``t`` (what the launchers return)."""
-    return t.new_empty(_to_bhld(t, layout).shape)
+def _relu_scale(relu_scale: float | None, kb: torch.Tensor) -> float:
+    return 1.0 / kb.shape[2] if relu_scale is None else relu_scale
 
 
-# the launchers as custom operators, for torch.compile (see _library)
-_FLAGS = "bool causal, bool squared, float scale, float? relu_scale, str layout"
-_FWD_OP = _library.operator(
-    "relu_attention_fwd", f"(Tensor q, Tensor k, Tensor v, {_FLAGS}) -> Tensor",
-    lambda q, k, v, *flags: _attention_fwd(*(_unit_d(t) for t in (q, k, v)), *flags),
-    lambda q, k, v, causal, squared, scale, relu_scale, layout: _layout_fake(q, layout),
-)  # fmt: skip
-_BWD_OP = _library.operator(
-    "relu_attention_bwd",
-    f"(Tensor q, Tensor k, Tensor v, Tensor dout, {_FLAGS}) -> (Tensor, Tensor, Tensor)",
-    lambda q, k, v, dout, *flags: _attention_bwd(*(_unit_d(t) for t in (q, k, v, dout)), *flags),
-    lambda q, k, v, dout, causal, squared, scale, relu_scale, layout: tuple(
-        _layout_fake(t, layout) for t in (q, k, v)
-    ),
-)  # fmt: skip
+# the implementations of the custom operators torch.compile sees (crossfuse.ops._library): unit stride
+# on D, as the launchers need (the autograd function passes such views, a direct call may not)
+def _operator_fwd(q, k, v, *flags):
+    return _attention_fwd(*(_unit_d(t) for t in (q, k, v)), *flags)
+
+
+def _operator_bwd(q, k, v, dout, *flags):
+    return _attention_bwd(*(_unit_d(t) for t in (q, k, v, dout)), *flags)
 
 
 class ReLUAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, squared, scale, relu_scale, layout):
         qb, kb, vb = (_unit_d(_to_bhld(t, layout)) for t in (q, k, v))
-        fwd = _FWD_OP if _library.tracing() else _attention_fwd
+        fwd = _library.RELU_ATTENTION_FWD if _library.tracing() else _attention_fwd
         out = fwd(qb, kb, vb, causal, squared, scale, relu_scale, layout)
         ctx.save_for_backward(qb, kb, vb)
         ctx.args = (causal, squared, scale, relu_scale, layout)
@@ -1336,7 +1326,7 @@ class ReLUAttentionFunction(torch.autograd.Function):
     def backward(ctx, dout):
         qb, kb, vb = ctx.saved_tensors
         dob = _unit_d(_to_bhld(dout, ctx.args[-1]))
-        bwd = _BWD_OP if _library.tracing() else _attention_bwd
+        bwd = _library.RELU_ATTENTION_BWD if _library.tracing() else _attention_bwd
         return *bwd(qb, kb, vb, dob, *ctx.args), None, None, None, None, None
 
 
@@ -1384,7 +1374,7 @@ def _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout):
     if relu_scale is not None:
         check_positive_float(relu_scale, "relu_scale")
     check_runnable(q, "q", _INTERPRETED)
-    return D, Lk
+    return D
 
 
 def relu_attention(
@@ -1403,7 +1393,7 @@ def relu_attention(
     ``relu_scale`` to ``1/Lk``. ``layout`` is ``"bhld"`` ([B, H, L, D]) or ``"blhd"`` ([B, L, H, D]);
     the output has the same layout. Differentiable in q, k and v. See the module docstring.
     """
-    D, _ = _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout)
+    D = _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     relu_scale = None if relu_scale is None else float(relu_scale)  # None: 1/Lk (see _attention_fwd)
     if _library.tracing():  # q, k, v given as one tensor (self-attention on shared inputs): see distinct
