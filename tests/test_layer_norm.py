@@ -664,9 +664,10 @@ def test_backward_is_deterministic_and_repeatable(device, gen):
         (1000, 528, 528, torch.float32, torch.float32),  # 8-column blocks, masked last block, one step
         (16384, 300, 528, torch.float32, torch.bfloat16),  # 64-column blocks of 64 rows: 3 steps
         (4096, 77, 132, torch.float64, torch.float64),  # float64 partials (float64 inputs)
+        (300, 77, 132, torch.float64, torch.bfloat16),  # float64 inputs, a bfloat16 weight
         (4096, 1, 132, torch.float32, torch.float16),  # one partial row
     ],
-    ids=["N=100 P=3000", "N=1000 P=528", "N=16384 P=300", "float64", "P=1"],
+    ids=["N=100 P=3000", "N=1000 P=528", "N=16384 P=300", "float64", "float64 into bfloat16", "P=1"],
 )
 @pytest.mark.parametrize("which", ["dw and db", "dw", "db"])
 def test_dwdb_reduction_sums_every_partial_row(n, p, max_p, acc, out_dtype, which, device, gen):

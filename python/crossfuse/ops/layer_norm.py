@@ -867,9 +867,18 @@ def _dwdb_reduce_kernel(
         if COMPUTE_DB:
             acc_db += db0 + db1
     if COMPUTE_DW:
-        tl.store(DW + cols, tl.sum(acc_dw, axis=0).to(DW.dtype.element_ty), mask=col_ok)
+        tl.store(DW + cols, _to_param_dtype(tl.sum(acc_dw, axis=0), DW), mask=col_ok)
     if COMPUTE_DB:
-        tl.store(DB + cols, tl.sum(acc_db, axis=0).to(DB.dtype.element_ty), mask=col_ok)
+        tl.store(DB + cols, _to_param_dtype(tl.sum(acc_db, axis=0), DB), mask=col_ok)
+
+
+@triton.jit
+def _to_param_dtype(v, OUT):
+    """``v`` in ``OUT``'s element type; bfloat16 through float32 (float64 sums of float64 inputs with a
+    bfloat16 weight: Triton's interpreter turns a direct float64 -> bfloat16 cast into garbage)."""
+    if OUT.dtype.element_ty == tl.bfloat16:
+        v = v.to(tl.float32)
+    return v.to(OUT.dtype.element_ty)
 
 
 def reduce_tile(n: int, acc_size: int, max_p: int) -> tuple[int, int, int]:
