@@ -1,4 +1,5 @@
 """Triton kernels, one op per file: kernels, launchers, autograd.Function, functional entry point.
 
-Importing a submodule imports Triton, which reads ``TRITON_INTERPRET`` at that moment.
+Importing an op's submodule imports Triton, which reads ``TRITON_INTERPRET`` at that moment;
+``_library`` (the custom operators, imported by ``import crossfuse``) does not.
 """
