@@ -276,6 +276,24 @@ def test_cpu_tensor_without_interpreter_is_a_clear_error():
     assert "TRITON_INTERPRET=1" in out.stdout
 
 
+@pytest.mark.parametrize(
+    "version, ok",
+    [("3.6.0", False), ("3.2.0", False), ("3.7.0", True), ("3.10.1", True), ("3.8.0+git1a", True)],
+)
+def test_an_interpreter_too_old_for_the_kernels_is_a_clear_error(version, ok):
+    # Triton 3.2 to 3.6's interpreters stop inside the kernels (a tl.range over program ids): the CPU path
+    # says so, naming the argument and the version to install, instead
+    from crossfuse import _backend
+
+    problem = _backend.interpreter_problem(version)
+    assert (problem is None) == ok
+    if not ok:
+        assert version in problem and "triton>=3.7" in problem
+        with pytest.raises(ValueError, match=r"x is a CPU tensor, for Triton's interpreter: .*triton>=3\.7"):
+            _backend.check_runnable(torch.ones(2), "x", True, problem)
+    _backend.check_runnable(torch.ones(2), "x", True, None)  # a recent interpreter: no error
+
+
 # ----------------------------------------------------------------------------------------------------
 # GPU only
 # ----------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import re
 
 import torch
 
@@ -51,10 +52,30 @@ def is_interpreted(kernel) -> bool:
     return type(kernel).__name__ == "InterpretedFunction"
 
 
-def check_runnable(t: torch.Tensor, name: str, interpreted: bool) -> None:
+# the oldest Triton whose interpreter runs the kernels (3.2 to 3.6 fail on a tl.range over program ids)
+MIN_INTERPRETER_TRITON = (3, 7)
+
+
+def interpreter_problem(version: str | None = None) -> str | None:
+    """Why Triton ``version`` (default: the installed one)'s interpreter cannot run crossfuse's kernels,
+    or ``None`` when it can."""
+    if version is None:
+        import triton
+
+        version = triton.__version__
+    major_minor = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if major_minor >= MIN_INTERPRETER_TRITON:
+        return None
+    need = ".".join(map(str, MIN_INTERPRETER_TRITON))
+    return (f"Triton's interpreter runs crossfuse's kernels from Triton {need} on (installed: {version}); "
+            f"pip install -U 'triton>={need}'")  # fmt: skip
+
+
+def check_runnable(t: torch.Tensor, name: str, interpreted: bool, problem: str | None = None) -> None:
     """Raise a ``ValueError`` naming ``name`` when the kernels (``interpreted``: built for the interpreter,
-    see :func:`is_interpreted`) cannot run on ``t``'s device. Takes the flag rather than a kernel, so that
-    torch.compile can trace it (it models Triton kernels as objects without a type)."""
+    see :func:`is_interpreted`; ``problem``: :func:`interpreter_problem`'s answer for them) cannot run on
+    ``t``'s device. Takes flags rather than a kernel, so that torch.compile can trace it (it models
+    Triton kernels as objects without a type)."""
     dev = t.device.type
     if dev == "cuda":
         if interpreted:
@@ -69,6 +90,8 @@ def check_runnable(t: torch.Tensor, name: str, interpreted: bool) -> None:
                 f"{name} is a CPU tensor: crossfuse's Triton kernels run on CUDA tensors, or on CPU "
                 "tensors under Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"
             )
+        if problem:
+            raise ValueError(f"{name} is a CPU tensor, for Triton's interpreter: {problem}")
         return
     raise ValueError(
         f"{name} is on device {t.device}; crossfuse's Triton kernels support cuda (and cpu "

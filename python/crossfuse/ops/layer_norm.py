@@ -84,7 +84,13 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
 
 from .. import _tuning
-from .._backend import check_runnable, compute_capability_major, device_parallelism, is_interpreted
+from .._backend import (
+    check_runnable,
+    compute_capability_major,
+    device_parallelism,
+    interpreter_problem,
+    is_interpreted,
+)
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
 from . import _gdc, _library, _ln_bwd_rows
 from ._gdc import launch_dependents as _launch_dependents
@@ -1343,8 +1349,12 @@ class LayerNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x2, w, mean, rstd = ctx.saved_tensors
         need_dw, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        bwd = _library.LAYER_NORM_BWD if _library.tracing() else layer_norm_bwd
-        dx, dw, db = bwd(_rows(dy, x2.shape[1]), x2, w, mean, rstd, need_dw, need_db)
+        # while tracing, the operator fixes the strides (torch 2.6 refused .stride() in a traced backward)
+        if _library.tracing():
+            dy2 = dy.reshape(-1, x2.shape[1])
+            dx, dw, db = _library.LAYER_NORM_BWD(dy2, x2, w, mean, rstd, need_dw, need_db)
+        else:
+            dx, dw, db = layer_norm_bwd(_rows(dy, x2.shape[1]), x2, w, mean, rstd, need_dw, need_db)
         grads = []
         for g, p in zip((dw, db), ctx.params, strict=True):
             grads.append(None if g is None else g.view(p[0]).to(p[1]))
@@ -1353,6 +1363,7 @@ class LayerNormFunction(torch.autograd.Function):
 
 # whether the kernels were built for the interpreter: fixed at import, so a constant to torch.compile
 _INTERPRETED = is_interpreted(_ln_fwd_kernel)
+_INTERPRETER_PROBLEM = interpreter_problem() if _INTERPRETED else None
 
 
 def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> int:
@@ -1389,7 +1400,7 @@ def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> int:
             )
         check_same_device(p, name, x, "x")
     check_positive_float(eps, "eps")
-    check_runnable(x, "x", _INTERPRETED)
+    check_runnable(x, "x", _INTERPRETED, _INTERPRETER_PROBLEM)
     return n
 
 

@@ -66,7 +66,7 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
 
 from .. import _tuning
-from .._backend import check_runnable, compute_capability_major, is_interpreted
+from .._backend import check_runnable, compute_capability_major, interpreter_problem, is_interpreted
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor, dtype_name
 from . import _gdc, _library
 
@@ -1325,13 +1325,18 @@ class ReLUAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         qb, kb, vb = ctx.saved_tensors
-        dob = _unit_d(_to_bhld(dout, ctx.args[-1]))
-        bwd = _library.RELU_ATTENTION_BWD if _library.tracing() else _attention_bwd
-        return *bwd(qb, kb, vb, dob, *ctx.args), None, None, None, None, None
+        dob = _to_bhld(dout, ctx.args[-1])
+        # while tracing, the operator fixes the strides (torch 2.6 refused .stride() in a traced backward)
+        if _library.tracing():
+            grads = _library.RELU_ATTENTION_BWD(qb, kb, vb, dob, *ctx.args)
+        else:
+            grads = _attention_bwd(qb, kb, vb, _unit_d(dob), *ctx.args)
+        return *grads, None, None, None, None, None
 
 
 # whether the kernels were built for the interpreter: fixed at import, so a constant to torch.compile
 _INTERPRETED = is_interpreted(_relu_attn_fwd_kernel)
+_INTERPRETER_PROBLEM = interpreter_problem() if _INTERPRETED else None
 
 
 def _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout):
@@ -1373,7 +1378,7 @@ def _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout):
         check_positive_float(scale, "scale", allow_zero=False)
     if relu_scale is not None:
         check_positive_float(relu_scale, "relu_scale")
-    check_runnable(q, "q", _INTERPRETED)
+    check_runnable(q, "q", _INTERPRETED, _INTERPRETER_PROBLEM)
     return D
 
 
