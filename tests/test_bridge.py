@@ -9,6 +9,7 @@ imports juliacall.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -389,6 +390,23 @@ def test_julia_entries_raise_and_skip_with_the_reason_when_off(julia_off, key):
         impl.measure((4, 8), torch.float32, "cpu", "fwd", {})
     res = run_case(impl, (4, 8), torch.float32)
     assert (res.status, res.reason) == ("skip", julia_off)
+
+
+def test_julia_failing_to_start_is_a_skip_not_an_error(isolated):
+    """Julia found (so the entry looks available) but failing at its first call, e.g. CrossFuse not
+    resolvable: ``crossfuse check`` shows that case as skipped with the reason, not as the entry's
+    error."""
+    reason = "juliapkg could not resolve CrossFuse (simulated)"
+
+    def fails(**_):
+        raise crossfuse_julia.JuliaUnavailable(reason)
+
+    impl = dataclasses.replace(
+        julia_entries()[0], fn=fails, vjp=lambda *_: fails(), check_available=lambda _device: None
+    )
+    for grads in (True, False):
+        res = run_case(impl, (4, 8), torch.float32, grads=grads)
+        assert (res.status, res.reason) == ("skip", reason)
 
 
 def test_julia_entries_skip_fast_when_julia_is_absent(isolated):

@@ -141,7 +141,9 @@ def test_layer_norm_operators_pass_opcheck(x_dtype, w_dtype, with_bias, grads, d
     b = randn((48,), device, gen, w_dtype) if with_bias else None
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, b, 1e-5)
     ops = torch.ops.crossfuse
-    torch.library.opcheck(ops.layer_norm_fwd.default, (x, w, b, 1e-5))
+    torch.library.opcheck(ops.layer_norm_fwd.default, (x, x.shape[-1], w, b, 1e-5))
+    x3 = randn((2, 3, 48), device, gen, x_dtype)  # any leading shape: y comes in x's shape
+    torch.library.opcheck(ops.layer_norm_fwd.default, (x3, 48, w, b, 1e-5))
     dy = randn((5, 48), device, gen, x_dtype)
     torch.library.opcheck(ops.layer_norm_bwd.default, (dy, x, w, mean, rstd, *grads))
 

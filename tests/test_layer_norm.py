@@ -130,6 +130,60 @@ def test_non_contiguous_columns(device, gen):
     check_against_reference(x, None, randn((50,), torch.float32, device, gen), gen=gen)
 
 
+@pytest.mark.parametrize("which", ["weight", "bias"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t: t.repeat_interleave(2)[::2],  # every other element of a longer vector
+        lambda t: torch.stack([t, t * 0, t * 0], dim=1)[:, 0],  # a column of a matrix
+        lambda t: t[:1].reshape(()).expand(t.shape[0]),  # one scalar expanded (stride 0)
+    ],
+    ids=["every other element", "matrix column", "expanded scalar"],
+)
+def test_strided_weight_and_bias(make, which, device, gen):
+    # the kernels read weight[col] at unit stride: a strided parameter is made contiguous first (it was
+    # once read as if it had unit stride: wrong y and dx, no error)
+    x = randn((12, 40), torch.float32, device, gen)
+    p = make(randn((40,), torch.float32, device, gen, mean=1.0))
+    assert p.stride(0) != 1
+    weight, bias = (p, None) if which == "weight" else (None, p)
+    check_against_reference(x, weight, bias, gen=gen)
+    # the parameter's gradient arrives through its strided view
+    leaf = randn((40,), torch.float32, device, gen, mean=1.0).requires_grad_(True)
+    view = make(leaf)
+    args = (view, None) if which == "weight" else (None, view)
+    crossfuse.layer_norm(x, (40,), *args).square().sum().backward()
+    ref_leaf = leaf.detach().double().requires_grad_(True)
+    ref_args = (make(ref_leaf), None) if which == "weight" else (None, make(ref_leaf))
+    layer_norm_ref(x.double(), *ref_args, 1e-5).square().sum().backward()
+    assert relerr(leaf.grad, ref_leaf.grad) <= tolerance("layer_norm", torch.float32, "reduced", 12)
+
+
+@pytest.mark.parametrize("shape", [(6, 16), (2, 3, 16)], ids=["2-D", "3-D"])
+def test_output_can_be_changed_in_place(shape, device, gen):
+    # like torch's layer norm: y is no view of an internal tensor, so an in-place op after it (ReLU with
+    # inplace=True, y.mul_) is allowed, and the gradient is right
+    x = randn(shape, torch.float32, device, gen).requires_grad_(True)
+    w = randn((16,), torch.float32, device, gen, mean=1.0)
+    y = crossfuse.layer_norm(x, (16,), w)
+    assert y._base is None and y.is_contiguous()
+    torch.nn.functional.relu(y.mul_(2.0), inplace=True).sum().backward()
+    x_ref = x.detach().double().requires_grad_(True)
+    torch.relu(layer_norm_ref(x_ref, w.double(), None, 1e-5)).mul(2.0).sum().backward()
+    assert relerr(x.grad, x_ref.grad) <= tolerance("layer_norm", torch.float32, "bwd", 6)
+
+
+def test_differentiating_the_gradient_is_a_clear_error(device, gen):
+    # the backward is hand-written and not itself differentiable: create_graph=True must not give a
+    # gradient that silently drops the second-order term
+    x = randn((4, 8), torch.float32, device, gen).requires_grad_(True)
+    w = randn((8,), torch.float32, device, gen, mean=1.0).requires_grad_(True)
+    y = crossfuse.layer_norm(x, (8,), w)
+    (gx,) = torch.autograd.grad(y.pow(3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (y.sum() + gx.square().sum()).backward()
+
+
 def test_equal_values_in_a_row(device, gen):
     # zero variance: rstd = 1/sqrt(eps), xhat = 0, so y == bias and every value stays finite; the
     # corrected mean makes x - mean exactly 0 (a plain sum/N mean would leave rounding * 316)
@@ -241,15 +295,27 @@ def test_module_is_a_drop_in_for_torch(device, gen):
         (lambda d: (torch.ones(4, 8, device=d), "8", None, None), TypeError, "normalized_shape must be"),
         (lambda d: (torch.ones(4, 8, device=d), (8,), torch.ones(8, dtype=torch.int64, device=d), None),
          TypeError, "weight has dtype int64"),
+        (lambda d: (torch.ones(4, 8, device=d), (8.7,), None, None), TypeError, "normalized_shape must be"),
+        (lambda d: (torch.ones(4, 8, device=d).to_sparse(), (8,), None, None), TypeError,
+         "x is a torch.sparse_coo tensor"),
     ],
     ids=["integer x", "weight shape", "bias shape", "normalized_shape", "normalized_shape too long",
-         "N over limit", "not a tensor", "normalized_shape type", "integer weight"],
+         "N over limit", "not a tensor", "normalized_shape type", "integer weight",
+         "fractional normalized_shape", "sparse x"],
 )  # fmt: skip
 def test_bad_input_names_the_argument(make, exc, words, device):
     x, shape, w, b = make(device)
     with pytest.raises(exc, match=None) as info:
         crossfuse.layer_norm(x, shape, w, b)
     assert words in str(info.value)
+
+
+def test_numpy_scalars_are_accepted(device, gen):
+    # as by torch's layer norm: numpy's ints and floats for normalized_shape and eps
+    np = pytest.importorskip("numpy")
+    x = randn((4, 8), torch.float32, device, gen)
+    y = crossfuse.layer_norm(x, np.int64(8), eps=np.float32(1e-3))
+    assert relerr(y, layer_norm_ref(x.double(), None, None, float(np.float32(1e-3)))) <= 1e-6
 
 
 def test_negative_eps_is_rejected(device):

@@ -70,3 +70,29 @@ def test_one_feature_gives_zeros_and_finite_gradients(gen):
         assert torch.equal(y, torch.zeros_like(y)), fn.__name__
         (g,) = torch.autograd.grad(y, x, torch.randn_like(y))
         assert torch.isfinite(g).all(), fn.__name__
+
+
+@pytest.mark.parametrize("fn", [ref.normal_new, ref.normal_newer, ref.layer_norm],
+                         ids=["normal_new", "normal_newer", "layer_norm"])  # fmt: skip
+def test_backwards_leave_the_incoming_gradient_alone(fn, gen):
+    # the hand-written backwards work in place on temporaries of their own: the gradient they are given
+    # (shared with other branches of the graph, or an expanded tensor from .sum()) stays as it was
+    x = randn((4, 10), gen, dtype=torch.float32).requires_grad_(True)
+    a = randn((4, 10), gen, dtype=torch.float32).requires_grad_(True)
+    c = randn((4, 10), gen, dtype=torch.float32)
+    ((a * 3 + fn(x)) * c).sum().backward()  # dy of fn is c, also a's gradient path
+    assert torch.equal(a.grad, 3 * c)
+    fn(x).sum().backward()  # dy an expanded (stride 0) tensor
+    g = randn((4, 10), gen, dtype=torch.float32)
+    g0 = g.clone()
+    fn(x).backward(g)
+    assert torch.equal(g, g0)
+
+
+@pytest.mark.parametrize("fn", [ref.normal_new, ref.layer_norm], ids=["normal_new", "layer_norm"])
+def test_differentiating_the_gradient_is_a_clear_error(fn, gen):
+    x = randn((4, 10), gen).requires_grad_(True)
+    y = fn(x)
+    (gx,) = torch.autograd.grad(y.pow(3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (y.sum() + gx.square().sum()).backward()

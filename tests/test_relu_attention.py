@@ -186,6 +186,70 @@ def test_saves_tensors_for_backward(device, gen):
     assert len(saved) == 3 and all(s.shape == (1, 1, 8, 16) for s in saved)
 
 
+@pytest.mark.parametrize("layout", ra.LAYOUTS)
+def test_output_can_be_changed_in_place(layout, device, gen):
+    # the output is the new tensor itself, in its layout, not a view (torch forbids in-place changes to
+    # views made inside an autograd.Function): out.add_ then backward works, as with SDPA
+    q, k, v = (t.requires_grad_(True) for t in qkv(1, 2, 8, 8, 16, torch.float32, device, gen))
+    if layout == "blhd":
+        q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
+    out = crossfuse.relu_attention(q, k, v, layout=layout)
+    assert out._base is None and out.is_contiguous()
+    out.add_(1.0).sum().backward()
+    assert all(t.grad is not None and t.grad.isfinite().all() for t in (q, k, v))
+
+
+def test_differentiating_the_gradient_is_a_clear_error(device, gen):
+    q, k, v = (t.requires_grad_(True) for t in qkv(1, 1, 8, 8, 16, torch.float32, device, gen))
+    out = crossfuse.relu_attention(q, k, v)
+    (gq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (out.sum() + gq.square().sum()).backward()
+
+
+@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
+@pytest.mark.parametrize("where", ["query", "key"])
+def test_nan_propagates_as_in_torch(where, squared, device, gen):
+    # relu(NaN) is NaN in torch: a NaN query row gives a NaN output row, a NaN key every output row
+    # (Triton's tl.maximum returned 0 for NaN, so the NaN vanished and a diverging run looked healthy)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # on GPUs: the bf16 cvt.relu path too
+    q, k, v = qkv(1, 1, 6, 6, 16, dtype, device, gen)
+    (q if where == "query" else k)[0, 0, 2, 3] = float("nan")
+    out = crossfuse.relu_attention(q, k, v, squared=squared)
+    ref = relu_attention_naive(q.double(), k.double(), v.double(), squared=squared)
+    assert torch.equal(out.isnan(), ref.isnan()) and ref.isnan().any()
+
+
+def test_more_batch_and_heads_than_a_grid_axis_holds(device, gen, monkeypatch):
+    # the kernels put B * H on the grid's second axis (CUDA: at most 65535); more pairs run as batch
+    # slices: here the limit is lowered to 5, so B=4, H=2 runs as four slices of one batch each (two
+    # pairs), results as the float64 reference's, in both layouts
+    monkeypatch.setattr(ra, "MAX_GRID_1", 5)
+    for layout in ra.LAYOUTS:
+        q, k, v = qkv(4, 2, 12, 12, 16, torch.float32, device, gen)
+        if layout == "blhd":
+            q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        run_and_compare(q, k, v, True, False, gen, layout=layout)
+    assert [(b.start, b.stop) for b in ra._batch_slices(4, 2)] == [(0, 2), (2, 4)]
+    assert [(b.start, b.stop) for b in ra._batch_slices(3, 7)] == [(0, 1), (1, 2), (2, 3)]
+
+
+@pytest.mark.gpu
+def test_more_batch_and_heads_than_cuda_grid_axis_holds(gen):
+    # 65536 (batch, head) pairs: one more than CUDA allows on a grid's second axis
+    q, k, v = qkv(16384, 4, 16, 16, 16, torch.bfloat16, "cuda", gen)
+    assert q.shape[0] * q.shape[1] > ra.MAX_GRID_1
+    run_and_compare(q, k, v, False, False, gen)
+
+
+def test_numpy_scalars_are_accepted(device, gen):
+    np = pytest.importorskip("numpy")
+    q, k, v = qkv(1, 1, 8, 8, 16, torch.float32, device, gen)
+    out = crossfuse.relu_attention(q, k, v, causal=np.bool_(True), scale=np.float32(0.25))
+    ref = relu_attention_ref(q, k, v, causal=True, scale=0.25)
+    assert relerr(out, ref) <= tolerance("relu_attention", torch.float32, tf32=q.is_cuda)
+
+
 def test_module(device, gen):
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
     mod = crossfuse.nn.ReLUAttention(64, 2, causal=True, device=device)
@@ -231,9 +295,12 @@ def _t(*shape, dtype=torch.float32, device="cpu"):
         (lambda d: (_t(1, 2, 8, 16, device=d),) * 3 + ({"scale": 0.0},), ValueError, "scale must be"),
         (lambda d: (_t(1, 2, 8, 16, device=d), _t(1, 2, 0, 16, device=d), _t(1, 2, 0, 16, device=d), {}),
          ValueError, "at least one key"),
+        (lambda d: (_t(1, 2, 8, 16, device=d),) * 3 + ({"causal": 1},), TypeError, "causal must be a bool"),
+        (lambda d: (_t(1, 2, 8, 16, device=d).to_sparse(),) * 3 + ({},), TypeError,
+         "q is a torch.sparse_coo"),
     ],
     ids=["heads mismatch", "v length", "unsupported D", "mixed dtypes", "causal Lq != Lk", "3-D", "layout",
-         "integer dtype", "zero scale", "no keys"],
+         "integer dtype", "zero scale", "no keys", "int causal", "sparse q"],
 )  # fmt: skip
 def test_bad_input_names_the_argument(make, exc, words, device):
     q, k, v, kw = make(device)
@@ -533,8 +600,8 @@ def test_tensor_descriptor_kernels(length, layout, causal, squared, device, gen)
     shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
     q, k, v, do = (randn(shape, dtype, device, gen) for _ in range(4))
     qb, kb, vb, dob = (ra._to_bhld(t, layout) for t in (q, k, v, do))
-    dq, dk, dv = (ra._empty_like_layout(t, t.shape, layout) for t in (qb, kb, vb))
-    out = ra._empty_like_layout(qb, qb.shape, layout)
+    dq, dk, dv = (ra._to_bhld(ra._empty_in_layout(t, t.shape, layout), layout) for t in (qb, kb, vb))
+    out = ra._to_bhld(ra._empty_in_layout(qb, qb.shape, layout), layout)
     assert ra._tma_usable(device == "cpu", qb, kb, vb, dob, dq, dk, dv, out)  # else it would test nothing
     scale, relu_scale = 1 / math.sqrt(d), 1 / length
     refs = [t.double().requires_grad_(True) for t in (qb, kb, vb)]

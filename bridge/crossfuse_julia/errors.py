@@ -14,7 +14,12 @@ HOW_TO_GET_JULIA = (
 
 
 class JuliaUnavailable(RuntimeError):
-    """Julia cannot be used in this process; ``reason`` says why, the message also says how to fix it."""
+    """Julia cannot be used in this process; ``reason`` says why, the message also says how to fix it.
+
+    ``unavailable = True`` tells ``crossfuse check`` that a case raising it is a skip (with ``reason``),
+    not an implementation's error: Julia found but failing to start is known only at the first call."""
+
+    unavailable = True
 
     def __init__(self, reason: str):
         self.reason = reason

@@ -18,14 +18,16 @@ Layer normalisation over `dims = 1` in the NeuralAttentionlib form (op `layer_no
     μ  = s₁ / N,          σ = sqrt(max(s₂ / N - μ², 0))   # N = size(x, 1); biased std
     y  = α .* (x .- μ) ./ max.(σ, epsilon) .+ β
 
-`epsilon` (default [`MAXSTD_DEFAULT_EPS`](@ref) `= 1e-5`, converted to `eltype(x)`) is a floor on
-the standard deviation, `max(σ, ϵ)`, **not** added to the variance as in `sqrt(σ² + ϵ)`: this is a
-different op from [`layernorm`](@ref). It must be positive. `s₂ / N - μ²` is evaluated as
+`epsilon` (default [`MAXSTD_DEFAULT_EPS`](@ref) `= 1e-5`) is a floor on the standard deviation,
+`max(σ, ϵ)`, **not** added to the variance as in `sqrt(σ² + ϵ)`: this is a different op from
+[`layernorm`](@ref). It must be positive. `s₂ / N - μ²` is evaluated as
 `fma(μ, -μ, s₂ / N)` and clamped at zero, because rounding can make it slightly negative.
 
 `alpha` and `beta` are each `nothing` (meaning 1 and 0), a number, or a vector of length
 `size(x, 1)`. `x` is an array of floats with the features along its first dimension; any
-further dimensions are independent slices.
+further dimensions are independent slices. `y` has `eltype(x)`. The statistics, `epsilon` and
+`n` below are in `eltype(x)`, or in `Float32` for `Float16` input (whose sums overflow at 65504,
+and for which `1 / 1e-5` is already out of range).
 
 The single pass reads `x` once for the statistics, but `s₂ / N - μ²` cancels: in `Float32`, data
 whose mean is large next to its spread (`1e4 .+ randn`) loses most digits of `σ` (see the tests).
@@ -51,8 +53,9 @@ function layer_norm(epsilon::Real, alpha, beta, x::AbstractArray{<:AbstractFloat
     _check_affine(alpha, x, :alpha)
     _check_affine(beta, x, :beta)
     μ, σ₀ = _maxstd_stats(x)
-    rσ = _inv_clamped_std(σ₀, _eps_like(x, epsilon))
-    return muladd.(_one_if_nothing(alpha, x), (x .- μ) .* rσ, _zero_if_nothing(beta, x))
+    rσ = _inv_clamped_std(σ₀, _stat_eps(x, epsilon))
+    T = eltype(x)
+    return T.(muladd.(_one_if_nothing(alpha, x), (x .- μ) .* rσ, _zero_if_nothing(beta, x)))
 end
 
 #####
@@ -68,15 +71,34 @@ function _pair_std(s::Tuple, invN)
     return sqrt(max(fma(μ, -μ, s[2] * invN), zero(μ)))
 end
 
+# The type of the statistics (μ, σ, 1 / max(σ, ϵ)) and of `n`: at least Float32, as on the Python
+# side. In Float16 the sums overflow at 65504, and 1 / ϵ for the default ϵ = 1e-5 is already past
+# Float16's largest value (a constant column would give 0 * Inf = NaN). The output is then
+# converted back to `eltype(x)`; for Float32 and Float64 nothing changes.
+_stat_type(::Type{T}) where {T <: AbstractFloat} = promote_type(T, Float32)
+_stat_eps(x::AbstractArray, epsilon::Real) = convert(_stat_type(eltype(x)), epsilon)
+
+@non_differentiable _stat_eps(::Any, ::Any)
+
+_widened_value_and_square(v::T) where {T} = _value_and_square(convert(_stat_type(T), v))
+
 # Column statistics in one pass: the mean μ and the biased standard deviation σ₀, each of size
-# (1, size(x)[2:end]...). (0, 0) is a true identity of `_add_pair`, as a GPU `init` must be.
+# (1, size(x)[2:end]...), in `_stat_type(T)`. (0, 0) is a true identity of `_add_pair`, as a GPU
+# `init` must be.
 function _maxstd_stats(x::AbstractArray{T}) where {T <: AbstractFloat}
+    S = _stat_type(T)
     invN = _inv_rows(x)
-    s = mapreduce(_value_and_square, _add_pair, x; dims = 1, init = (zero(T), zero(T)))
+    s = mapreduce(
+        _widened_value_and_square,
+        _add_pair,
+        x;
+        dims = 1,
+        init = (zero(S), zero(S)),
+    )
     return _pair_mean.(s, invN), _pair_std.(s, invN)
 end
 
-_inv_rows(x::AbstractArray{T}) where {T} = convert(T, 1 // size(x, 1))
+_inv_rows(x::AbstractArray{T}) where {T} = convert(_stat_type(T), 1 // size(x, 1))
 _inv_clamped_std(σ₀, ϵ) = inv.(max.(σ₀, ϵ))
 
 _one_if_nothing(::Nothing, x) = one(eltype(x))
@@ -107,9 +129,12 @@ end
 #   ∂n_i/∂x_j = (δ_ij - 1/N) / σ - n_i c n_j / (N σ),
 # and with g = Ȳ α, ∂x_j = Σ_i g_i ∂n_i/∂x_j = (g_j - Σg / N - c n_j Σ(g n) / N) / σ:
 # the usual layer-norm gradient when σ₀ > ϵ, and (g - mean(g)) / ϵ where the floor is active.
-# One full-size temporary: it holds g, then g n, then ∂x (g is recomputed from Ȳ and α).
+# One full-size temporary: it holds g, then g n, then ∂x (g is recomputed from Ȳ and α). It is
+# allocated here, not taken from `Ȳ .* α`: for a `sum` loss Zygote passes Ȳ as a FillArrays `Fill`,
+# and `Fill .* α` with a number α is another `Fill`, which cannot be written into.
 function _maxstd_dx(Ȳ, α, n, σ₀, rσ, ϵ, invN)
-    tmp = Ȳ .* α
+    tmp = similar(n, promote_type(eltype(Ȳ), eltype(n)))
+    tmp .= Ȳ .* α
     sum_g = sum(tmp; dims = 1)
     tmp .*= n
     sum_gn = ifelse.(σ₀ .> ϵ, sum(tmp; dims = 1), zero(eltype(tmp)))
@@ -130,16 +155,16 @@ function ChainRulesCore.rrule(
     epsilon::Real,
     alpha,
     beta,
-    x::AbstractArray{<:AbstractFloat},
-)
+    x::AbstractArray{T},
+) where {T <: AbstractFloat}
     _check_affine(alpha, x, :alpha)
     _check_affine(beta, x, :beta)
-    ϵ = _eps_like(x, epsilon)
+    ϵ = _stat_eps(x, epsilon)
     μ, σ₀ = _maxstd_stats(x)
     rσ = _inv_clamped_std(σ₀, ϵ)
     n = (x .- μ) .* rσ
     α = _one_if_nothing(alpha, x)
-    y = muladd.(α, n, _zero_if_nothing(beta, x))
+    y = T.(muladd.(α, n, _zero_if_nothing(beta, x)))
     N = size(x, 1)
     invN = _inv_rows(x)
     project_alpha = ProjectTo(alpha)

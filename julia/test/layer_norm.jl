@@ -72,9 +72,67 @@
         _, ∂α, ∂β, ∂x = back(dy)
         _, back_z = Zygote.pullback(layer_norm, α, β, x)
         zα, zβ, zx = back_z(dy)
-        @test zα ≈ ChainRulesCore.unthunk(∂α)
-        @test zβ ≈ ChainRulesCore.unthunk(∂β)
-        @test zx ≈ ChainRulesCore.unthunk(∂x)
+        # Equal bit for bit: the same code computed both. Through the rules for `sum`, `abs2` and
+        # broadcasting instead, Zygote would round differently, and these would fail.
+        @test zα == ChainRulesCore.unthunk(∂α)
+        @test zβ == ChainRulesCore.unthunk(∂β)
+        @test zx == ChainRulesCore.unthunk(∂x)
+    end
+
+    @testset "a sum loss (Zygote's Fill cotangent), alpha = $(repr(a))" for a in (
+            nothing,
+            2.0,
+        )
+        # Zygote's own rule for `sum` passes a FillArrays `Fill` as Ȳ, and Fill .* a number is a
+        # Fill: the pullback must not write into it. The sum of each normalised column is 0 whatever
+        # x is, so the gradient is 0 up to rounding.
+        x = 3 .* randn(6, 4) .+ 1
+        g = Zygote.gradient(x -> sum(layer_norm(a, nothing, x)), x)[1]
+        @test g isa Matrix{Float64}
+        @test maximum(abs, g) ≤ 1.0e-10
+    end
+
+    @testset "y has eltype(x), whatever the types of alpha and beta" begin
+        x32 = randn(Float32, 7, 4)
+        @test eltype(layer_norm(1.0, 0.0, x32)) == Float32
+        @test eltype(layer_norm(randn(7), randn(7), x32)) == Float32
+        y, back = rrule(layer_norm, 1.0, nothing, x32)
+        @test eltype(y) == Float32
+        @test eltype(ChainRulesCore.unthunk(back(randn(Float32, 7, 4))[4])) == Float32
+    end
+
+    @testset "Float16: statistics in Float32, output in Float16" begin
+        x = Float16.(3 .* randn(7, 4) .+ 1)
+        α = Float16.(randn(7))
+        β = Float16.(randn(7))
+        y = layer_norm(α, β, x)
+        @test eltype(y) == Float16
+        @test maxerr(y, ref_maxstd(1.0e-5, α, β, x)) ≤ 2.0e-2
+        # The gradients against the Float64 rule on the same numbers.
+        dy = Float16.(randn(7, 4))
+        _, back16 = rrule(layer_norm, α, β, x)
+        _, back64 = rrule(layer_norm, Float64.(α), Float64.(β), Float64.(x))
+        for (g, c) in zip(back16(dy)[2:4], back64(Float64.(dy))[2:4])
+            g16 = ChainRulesCore.unthunk(g)
+            cc = ChainRulesCore.unthunk(c)
+            @test eltype(g16) == Float16
+            @test maxerr(g16, cc) ≤ 2.0e-2 * maximum(abs, cc)
+        end
+        # Constant columns (N a power of 2, so μ == x exactly): σ = 0 < ϵ, and n = 0 / ϵ = 0. In
+        # Float16 arithmetic 1 / ϵ overflowed to Inf and gave 0 * Inf = NaN.
+        xe = Float16.(repeat([0.1 -3.0 7.5], 8, 1))
+        # (Its ∂x, (g - mean(g)) / ϵ, is ~1e5: past Float16's range, as the true value is.)
+        @test all(iszero, layer_norm(nothing, nothing, xe))
+        # One feature: y == β exactly.
+        x1 = Float16.(randn(1, 5))
+        @test layer_norm(nothing, Float16[0.25], x1) == fill(Float16(0.25), 1, 5)
+        # Long columns: Σx² ≈ 8192 * 20 is past Float16's largest value (65504).
+        xl = Float16.(4 .* randn(8192, 2) .+ 2)
+        @test maxerr(
+            layer_norm(nothing, nothing, xl),
+            ref_maxstd(1.0e-5, nothing, nothing, xl),
+        ) ≤
+            1.0e-2
     end
 
     @testset "edge cases" begin

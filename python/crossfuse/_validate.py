@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -11,10 +13,18 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def type_name(value) -> str:
+    """``float``, ``numpy.float32``: the module too where it is not a builtin."""
+    t = type(value)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
 def check_tensor(t, name: str, dtypes=KERNEL_DTYPES) -> torch.Tensor:
-    """``t`` must be a tensor whose dtype is one of ``dtypes``."""
+    """``t`` must be a dense (strided) tensor whose dtype is one of ``dtypes``."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type_name(t)}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} is a {t.layout} tensor; the kernels take dense tensors (call .to_dense())")
     if t.dtype not in dtypes:
         allowed = ", ".join(dtype_name(d) for d in dtypes)
         raise TypeError(f"{name} has dtype {dtype_name(t.dtype)}; expected one of {allowed}")
@@ -28,9 +38,21 @@ def check_same_device(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: s
         )
 
 
+def _is_bool(value) -> bool:
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ == "bool")
+
+
+def check_bool(value, name: str) -> bool:
+    """A bool, numpy's included (``numpy.bool_``); not an int."""
+    if _is_bool(value):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type_name(value)}")
+
+
 def check_positive_float(value, name: str, allow_zero: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    """A real number (numpy's scalars included, bools not), finite and > 0 (or >= 0)."""
+    if _is_bool(value) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type_name(value)}")
     value = float(value)
     if not (value > 0 or (allow_zero and value == 0)) or value != value or value == float("inf"):
         bound = ">= 0" if allow_zero else "> 0"

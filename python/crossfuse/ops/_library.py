@@ -40,10 +40,10 @@ def stats_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _ln_fwd_fake(x, weight, bias, eps):
-    M, N = x.shape
+def _ln_fwd_fake(x, n, weight, bias, eps):
+    M = x.numel() // n
     stats = stats_dtype(x.dtype)
-    return x.new_empty((M, N)), x.new_empty((M,), dtype=stats), x.new_empty((M,), dtype=stats)
+    return x.new_empty(x.shape), x.new_empty((M,), dtype=stats), x.new_empty((M,), dtype=stats)
 
 
 def _ln_bwd_fake(dy, x, weight, mean, rstd, compute_dw, compute_db):
@@ -68,7 +68,10 @@ def _attn_bwd_fake(q, k, v, dout, causal, squared, scale, relu_scale, layout):
 
 
 LAYER_NORM_FWD = _operator(
-    "layer_norm_fwd", "(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+    # x of any shape, normalised over rows of its last n elements; y in x's shape (never a view of an
+    # (M, n) tensor: in-place ops after the layer norm work under torch.compile too)
+    "layer_norm_fwd",
+    "(Tensor x, int n, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
     _calls("layer_norm", "_operator_fwd"), _ln_fwd_fake,
 )  # fmt: skip
 LAYER_NORM_BWD = _operator(

@@ -72,11 +72,14 @@ strided (any row stride, unit column stride) and are read without a copy when ``
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -1103,11 +1106,20 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConfig | None = None):
-    """Forward on a 2-D ``x`` with unit column stride. Returns ``(y, mean, rstd)``; ``y`` contiguous.
-    ``config`` overrides :func:`launch_config` (for tuning)."""
+def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
+    """A weight or bias as the kernels read it: ``p + col``, so unit stride (a copy of a strided or
+    expanded one)."""
+    return None if p is None else p.contiguous()
+
+
+def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConfig | None = None,
+                   out: torch.Tensor | None = None):  # fmt: skip
+    """Forward on a 2-D ``x`` with unit column stride. Returns ``(y, mean, rstd)``; ``y`` contiguous, or
+    ``out`` where given (an (M, N) tensor with unit column stride). ``config`` overrides
+    :func:`launch_config` (for tuning)."""
     M, N = x.shape
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
+    weight, bias = _unit_stride(weight), _unit_stride(bias)
     mean = torch.empty((M,), dtype=_stats_dtype(x.dtype), device=x.device)
     rstd = torch.empty((M,), dtype=_stats_dtype(x.dtype), device=x.device)
     if M == 0:
@@ -1175,6 +1187,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     (few rows), the partials get a buffer of their own."""
     M, N = x.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    weight = _unit_stride(weight)
     acc = _stats_dtype(x.dtype)
     param_dtype = weight.dtype if weight is not None else x.dtype
     dw = torch.empty((N,), dtype=param_dtype, device=x.device) if compute_dw else None
@@ -1312,10 +1325,16 @@ def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int, order:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _operator_fwd(x, weight, bias, eps):
-    # rows with unit column stride, as the launchers need: the autograd function passes such rows, a
-    # direct call of torch.ops.crossfuse.layer_norm_fwd may not
-    return layer_norm_fwd(_rows(x, x.shape[1]), weight, bias, eps)
+def _forward(x, x2, weight, bias, eps):
+    """The forward on ``x`` of any shape, whose rows are ``x2`` (``_rows(x, n)``): ``y`` in x's shape,
+    allocated as such (no view of an (M, n) tensor, so that in-place ops on it work), ``mean``, ``rstd``."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _, mean, rstd = layer_norm_fwd(x2, weight, bias, eps, out=y.view(x2.shape))
+    return y, mean, rstd
+
+
+def _operator_fwd(x, n, weight, bias, eps):
+    return _forward(x, _rows(x, n), weight, bias, eps)
 
 
 def _operator_bwd(dy, x, *rest):
@@ -1337,15 +1356,20 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, n, weight, bias, eps):
         x2 = _rows(x, n)
-        w = weight.reshape(-1) if weight is not None else None
-        b = bias.reshape(-1) if bias is not None else None
-        y, mean, rstd = (_library.LAYER_NORM_FWD if _library.tracing() else layer_norm_fwd)(x2, w, b, eps)
+        # the kernels read weight[col]: unit stride (a weight or bias may be a slice or an expanded scalar)
+        w = weight.reshape(-1).contiguous() if weight is not None else None
+        b = bias.reshape(-1).contiguous() if bias is not None else None
+        if _library.tracing():
+            y, mean, rstd = _library.LAYER_NORM_FWD(x, n, w, b, eps)
+        else:
+            y, mean, rstd = _forward(x, x2, w, b, eps)
         ctx.save_for_backward(x2, w, mean, rstd)
         ctx.x_shape = x.shape
         ctx.params = [(p.shape, p.dtype) if p is not None else None for p in (weight, bias)]
-        return y.view(x.shape)
+        return y
 
     @staticmethod
+    @once_differentiable  # no double backward: differentiating the gradients raises, never silently drops
     def backward(ctx, dy):
         x2, w, mean, rstd = ctx.saved_tensors
         need_dw, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
@@ -1368,12 +1392,13 @@ _INTERPRETER_PROBLEM = interpreter_problem() if _INTERPRETED else None
 
 def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> int:
     check_tensor(x, "x", SUPPORTED_DTYPES)
-    if isinstance(normalized_shape, int):
+    if isinstance(normalized_shape, numbers.Integral):
         normalized_shape = (normalized_shape,)
     try:
         if isinstance(normalized_shape, (str, bytes)):
             raise TypeError
-        normalized_shape = tuple(int(d) for d in normalized_shape)
+        # operator.index: ints (numpy's too), not floats such as 8.7, which int() would truncate
+        normalized_shape = tuple(operator.index(d) for d in normalized_shape)
     except (TypeError, ValueError):
         raise TypeError(
             f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"

@@ -58,6 +58,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 from triton.runtime.errors import OutOfResources
 
 try:
@@ -67,7 +68,14 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
 
 from .. import _tuning
 from .._backend import check_runnable, compute_capability_major, interpreter_problem, is_interpreted
-from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor, dtype_name
+from .._validate import (
+    KERNEL_DTYPES,
+    check_bool,
+    check_positive_float,
+    check_same_device,
+    check_tensor,
+    dtype_name,
+)
 from . import _gdc, _library
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -100,8 +108,9 @@ def _dot_acc(a, b, acc, UPCAST: tl.constexpr):
 
 @triton.jit
 def _act(s, scale, SQUARED: tl.constexpr):
-    """``p`` from the scores ``s``: relu(s * scale), squared with SQUARED."""
-    a = tl.maximum(s * scale, 0.0)
+    """``p`` from the scores ``s``: relu(s * scale), squared with SQUARED. NaN stays NaN, as in torch.relu
+    (``tl.maximum`` would return 0 for it: a NaN query or key would vanish from the output)."""
+    a = tl.maximum(s * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
     if SQUARED:
         return a * a
     else:
@@ -328,11 +337,11 @@ def _dkdv_range(
             dst = tl.where(st > 0.0, dpt, 0.0)
             pt = _relu_to_bf16(st)
         elif SQUARED:  # _act and _dscores written out: the helpers would reorder the compiled instructions
-            at = tl.maximum(st * scale, 0.0)
+            at = tl.maximum(st * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
             dst = dpt * (2.0 * scale) * at
             pt = at * at
         else:
-            at = tl.maximum(st * scale, 0.0)
+            at = tl.maximum(st * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
             dst = tl.where(st > 0.0, dpt * scale, 0.0)
             pt = at
         if CAUSAL_MASK:
@@ -698,11 +707,11 @@ def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, BLOCK_M:
             dst = tl.where(st > 0.0, dpt, 0.0)
             pt = _relu_to_bf16(st)
         elif SQUARED:
-            at = tl.maximum(st * scale, 0.0)
+            at = tl.maximum(st * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
             dst = dpt * (2.0 * scale) * at
             pt = at * at
         else:
-            at = tl.maximum(st * scale, 0.0)
+            at = tl.maximum(st * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
             dst = tl.where(st > 0.0, dpt * scale, 0.0)
             pt = at
         if CAUSAL_MASK:
@@ -975,6 +984,16 @@ def _launch(kernel, grid, key: tuple, *args, **options) -> None:
             _STAGES_THAT_FIT[slot] = stages
 
 
+# CUDA's limit on a grid's second axis, where every attention kernel puts the (batch, head) pairs
+MAX_GRID_1 = 65535
+
+
+def _batch_slices(B: int, H: int) -> list[slice]:
+    """Slices of the batch whose (batch, head) pairs fit on a grid's second axis (H <= MAX_GRID_1)."""
+    step = max(1, MAX_GRID_1 // H)
+    return [slice(b, min(b + step, B)) for b in range(0, B, step)]
+
+
 def _bhld_strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
@@ -993,6 +1012,10 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
     Lk = k.shape[2]
     if out is None:
         out = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
+    if B * H > MAX_GRID_1:  # more (batch, head) pairs than a grid's second axis holds: batch slices
+        for b in _batch_slices(B, H):
+            relu_attention_fwd(q[b], k[b], v[b], causal, squared, scale, relu_scale, out[b], config)
+        return out
     interp = is_interpreted(_relu_attn_fwd_kernel)
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
@@ -1171,6 +1194,11 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     dq = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device) if dq is None else dq
     dk = torch.empty((B, H, Lk, D), dtype=k.dtype, device=k.device) if dk is None else dk
     dv = torch.empty((B, H, Lk, D), dtype=v.dtype, device=v.device) if dv is None else dv
+    if B * H > MAX_GRID_1:  # as in relu_attention_fwd
+        for b in _batch_slices(B, H):
+            relu_attention_bwd(q[b], k[b], v[b], do[b], causal, squared, scale, relu_scale,
+                               dq[b], dk[b], dv[b], configs, trans_copies)  # fmt: skip
+        return dq, dk, dv
     interp = is_interpreted(_relu_attn_bwd_dkdv_kernel)
     copies = _tf32_copies(q.dtype, interp) if trans_copies is None else trans_copies
     cfg_dkdv = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
@@ -1272,30 +1300,31 @@ def _unit_d(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
-def _empty_like_layout(t: torch.Tensor, shape_bhld, layout: str) -> torch.Tensor:
-    """A new contiguous tensor in ``layout`` and its [B, H, L, D] view."""
+def _empty_in_layout(t: torch.Tensor, shape_bhld, layout: str) -> torch.Tensor:
+    """A new contiguous tensor in ``layout`` (of [B, H, L, D] view ``_to_bhld(_, layout)``)."""
     B, H, L, D = shape_bhld
-    if layout == "bhld":
-        return torch.empty((B, H, L, D), dtype=t.dtype, device=t.device)
-    return torch.empty((B, L, H, D), dtype=t.dtype, device=t.device).transpose(1, 2)
+    shape = (B, H, L, D) if layout == "bhld" else (B, L, H, D)
+    return torch.empty(shape, dtype=t.dtype, device=t.device)
 
 
 def _attention_fwd(qb, kb, vb, causal: bool, squared: bool, scale: float, relu_scale: float | None,
                    layout: str):  # fmt: skip
     """The forward on [B, H, L, D] views (unit stride on D), its output a new tensor in ``layout``;
     ``relu_scale`` None: 1/Lk, taken here from the keys (so torch.compile need not guard on Lk)."""
-    out = _empty_like_layout(qb, qb.shape, layout)
-    relu_attention_fwd(qb, kb, vb, causal, squared, scale, _relu_scale(relu_scale, kb), out=out)
-    return _to_bhld(out, layout)
+    out = _empty_in_layout(qb, qb.shape, layout)  # returned as it is, no view: in-place ops on it work
+    relu_scale = _relu_scale(relu_scale, kb)
+    relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale, out=_to_bhld(out, layout))
+    return out
 
 
 def _attention_bwd(qb, kb, vb, dob, causal: bool, squared: bool, scale: float, relu_scale: float | None,
                    layout: str):  # fmt: skip
     """The backward on [B, H, L, D] views (unit stride on D): dq, dk, dv as new tensors in ``layout``
     (``relu_scale`` as in :func:`_attention_fwd`)."""
-    dq, dk, dv = (_empty_like_layout(t, t.shape, layout) for t in (qb, kb, vb))
-    relu_attention_bwd(qb, kb, vb, dob, causal, squared, scale, _relu_scale(relu_scale, kb), dq, dk, dv)
-    return _to_bhld(dq, layout), _to_bhld(dk, layout), _to_bhld(dv, layout)
+    dq, dk, dv = (_empty_in_layout(t, t.shape, layout) for t in (qb, kb, vb))
+    relu_attention_bwd(qb, kb, vb, dob, causal, squared, scale, _relu_scale(relu_scale, kb),
+                       *(_to_bhld(g, layout) for g in (dq, dk, dv)))  # fmt: skip
+    return dq, dk, dv
 
 
 def _relu_scale(relu_scale: float | None, kb: torch.Tensor) -> float:
@@ -1323,6 +1352,7 @@ class ReLUAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # no double backward: differentiating the gradients raises, never silently drops
     def backward(ctx, dout):
         qb, kb, vb = ctx.saved_tensors
         dob = _to_bhld(dout, ctx.args[-1])
@@ -1369,11 +1399,12 @@ def _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout):
         raise ValueError(f"head dim D={D} is not supported; q, k, v need D in {HEAD_DIMS}")
     if Lk < 1:
         raise ValueError(f"k and v need at least one key (Lk={Lk})")
+    if H > MAX_GRID_1:
+        raise ValueError(f"at most {MAX_GRID_1} heads are supported (a grid axis holds them), got H={H}")
     if causal and Lq != Lk:
         raise ValueError(f"causal=True needs equal query and key lengths, got Lq={Lq}, Lk={Lk}")
     for name, flag in (("causal", causal), ("squared", squared)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        check_bool(flag, name)
     if scale is not None:
         check_positive_float(scale, "scale", allow_zero=False)
     if relu_scale is not None:
@@ -1399,6 +1430,7 @@ def relu_attention(
     the output has the same layout. Differentiable in q, k and v. See the module docstring.
     """
     D = _check_attention_args(q, k, v, causal, squared, scale, relu_scale, layout)
+    causal, squared = bool(causal), bool(squared)  # numpy's bools too
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     relu_scale = None if relu_scale is None else float(relu_scale)  # None: 1/Lk (see _attention_fwd)
     if _library.tracing():  # q, k, v given as one tensor (self-attention on shared inputs): see distinct

@@ -18,6 +18,7 @@ Float64 references for all three: :func:`normalise_ref`, :func:`layer_norm_ref`,
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 
 def _default_eps(x: torch.Tensor, eps: float | None) -> float:
@@ -113,6 +114,7 @@ class _NormaliseFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # a hand-written first derivative: differentiating it again raises
     def backward(ctx, dy):
         x, y, mean, istd = ctx.saved_tensors
         inv_n = 1.0 / x.shape[-1]
@@ -199,6 +201,7 @@ class _LayerNormMaxStdFunction(torch.autograd.Function):
         return y.to(x.dtype)
 
     @staticmethod
+    @once_differentiable  # a hand-written first derivative: differentiating it again raises
     def backward(ctx, dy):
         n, sigma, alpha = ctx.saved_tensors
         acc = n.dtype
@@ -207,7 +210,8 @@ class _LayerNormMaxStdFunction(torch.autograd.Function):
         dbeta = dy.sum(lead, dtype=acc).to(ctx.beta_dtype) if ctx.needs_input_grad[2] else None
         dx = None
         if ctx.needs_input_grad[0]:
-            g = dy.to(acc) if alpha is None else dy * alpha.to(acc)  # the one (M, N) temporary
+            # the one (M, N) temporary, changed in place below: a copy even where dy has acc's dtype
+            g = dy.to(acc, copy=True) if alpha is None else dy * alpha.to(acc)
             g_mean = g.mean(-1, keepdim=True)
             gn_mean = torch.linalg.vecdot(g, n, dim=-1).unsqueeze(-1) / n.shape[-1]
             gn_mean = torch.where(sigma > ctx.eps, gn_mean, 0.0)  # max(std, eps) is flat below eps
