@@ -10,9 +10,14 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= out
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean FORCE
 
-$(BIN)/.installed: pyproject.toml
+# the torch spec the venv was set up with: another one (TORCH_SPEC=... make run) sets it up again
+$(BIN)/.torch-spec: FORCE
+	@mkdir -p $(BIN)
+	@echo '$(TORCH_SPEC)' | cmp -s - $@ || echo '$(TORCH_SPEC)' > $@
+
+$(BIN)/.installed: pyproject.toml $(BIN)/.torch-spec
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
@@ -21,7 +26,7 @@ $(BIN)/.installed: pyproject.toml
 run: $(BIN)/.installed
 	$(BIN)/crossfuse info
 	$(BIN)/crossfuse check
-	$(BIN)/crossfuse bench layer_norm --quick --out $(OUT)/quick
+	$(BIN)/crossfuse bench layer_norm --quick --out $(OUT)/quick --replace
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check python bridge tests bench

@@ -68,6 +68,9 @@ def main(argv=None) -> int:
     ap.add_argument("old", help="an earlier crossfuse/ops/layer_norm.py")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/ab_ln.py")
     import torch
     from crossfuse.harness import timing
     from crossfuse.ops import layer_norm as new

@@ -1,4 +1,5 @@
-"""One GPU session: every suite, the copy ceiling and the attention profile, in one call of ~6 minutes.
+"""One GPU session: every suite, the copy ceiling and the attention profile, in one call of at most
+~6 minutes (a budget of 330 s by default, plus start-up).
 
     PYTHONUNBUFFERED=1 python bench/gpu_session.py OUT [--budget-s 330] [--stages a,b] [--quick]
 
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
-from crossfuse import _backend  # noqa: E402
+from crossfuse import _backend, registry  # noqa: E402
 
 _backend.enable_interpreter_if_no_gpu()  # before anything imports triton
 
@@ -38,6 +39,15 @@ import torch  # noqa: E402
 from crossfuse.harness import plots, profile, report, runner, suite, timing  # noqa: E402
 from crossfuse.harness.progress import Progress  # noqa: E402
 from crossfuse.harness.schema import CsvWriter, read_csv, versions  # noqa: E402
+
+# This script needs no installation, so the crossfuse_julia plugin may not be registered: then the
+# checkout's bridge/ registers the Julia entries, which become skip rows with their reason where Julia
+# cannot run (without them the report would have no Julia rows and not say why).
+if not registry.implementations(side="julia"):
+    sys.path.insert(0, str(ROOT / "bridge"))
+    from crossfuse_julia.registry import register as _register_julia
+
+    _register_julia(registry)
 
 T0 = time.monotonic()
 

@@ -26,6 +26,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lengths", default="1024,4096")
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_attn_copies.py")
     import torch
     from crossfuse.harness import timing
     from crossfuse.ops import relu_attention as ra

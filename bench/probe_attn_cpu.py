@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=200)
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_attn_cpu.py")
     import crossfuse
     import torch
     import triton

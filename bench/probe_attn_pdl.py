@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="4x32x4096x64,4x16x4096x128")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_attn_pdl.py")
     import crossfuse
     import torch
     import torch.nn.functional as F

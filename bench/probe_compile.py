@@ -103,6 +103,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, help="a folder for compile.csv")
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_compile.py")
     cfg = timing_config()
     print("case eager_ms compiled_ms eager/compiled max|compiled-eager| (output, gradients)", flush=True)
     rows = [measure(name, make, args.rounds, cfg) for name, make in cases()]

@@ -38,6 +38,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="1,2,4,8,16,31")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_ln_bwd_fixed.py")
     import torch
     from crossfuse.harness import timing
     from crossfuse.ops import _ln_bwd_rows as rows

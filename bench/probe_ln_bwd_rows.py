@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_ln_bwd_rows.py")
     import torch
     from crossfuse.harness import timing
     from crossfuse.ops import _ln_bwd_rows as rows

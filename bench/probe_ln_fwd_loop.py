@@ -121,6 +121,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", default="4,8,16")
     ap.add_argument("--ours", default="", help="also our chunked forward at CHUNK:WARPS,...")
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_ln_fwd_loop.py")
     import torch
     from crossfuse import registry
     from crossfuse.harness import timing

@@ -34,6 +34,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--launches", action="store_true", help="also every one-tile launch (N <= 4096)")
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_ln_fwd_peers.py")
     import torch
     from crossfuse import registry
     from crossfuse.harness import timing

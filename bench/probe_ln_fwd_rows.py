@@ -29,6 +29,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_ln_fwd_rows.py")
     import torch
     from crossfuse.harness import timing
     from crossfuse.ops import layer_norm as ln

@@ -27,6 +27,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default=ROWS)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_ln_fwd_session.py")
     import torch
     from crossfuse import registry
     from crossfuse.harness import timing

@@ -30,6 +30,9 @@ def main(argv=None) -> int:
         help="N at runtime (0) and/or as a compile-time constant (1, the kernel's N_C), e.g. 01",
     )
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/probe_ln_rowsums.py")
     args.const_n = [c == "1" for c in args.const_n]
     import torch
     from crossfuse.harness import timing

@@ -26,6 +26,9 @@ def main(argv=None) -> int:
     ap.add_argument("--module", help="an earlier crossfuse/ops/layer_norm.py to profile instead")
     ap.add_argument("--shapes", help="MxN,... (default: the anchor shapes)")
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/profile_ln_bwd.py")
     import torch
     from crossfuse.harness.timing import l2_flush_buffer
     from crossfuse.ops import layer_norm as ln

@@ -17,6 +17,9 @@ from crossfuse.ops import layer_norm as ln
 
 
 def main() -> None:
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/timing_check.py")
     print(f"{'call':34s} {'do_bench GB/s':>14s} {'time_cuda GB/s':>15s}")
     for n in (4096, 8192, 16384):
         check_row(4096, n)

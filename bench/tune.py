@@ -468,6 +468,9 @@ def main(argv=None) -> int:
         help="stop timing after this many seconds (from the start); the rest is marked 'budget'",
     )
     args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
+    require_cuda("bench/tune.py")
     only = set(args.only.split(",")) if args.only else {"ln", "attn"}
     if only - set(groups):
         ap.error(f"unknown --only groups {sorted(only - set(groups))}; known: {', '.join(groups)}")

@@ -82,6 +82,66 @@ def test_bench_quick_writes_csv_and_markdown_then_report(tmp_path, capsys):
     assert "copy ceiling" in (out / "report.md").read_text()
 
 
+def test_a_second_run_of_a_suite_into_one_csv_needs_append_or_replace(tmp_path, capsys):
+    # two runs' rows of one suite in one CSV would be mixed by the report: refused unless asked for
+    out = tmp_path / "res"
+    args = ["bench", "layer_norm", "--quick", "--device", "cpu", "--op", "layer_norm", "--dtype", "float32",
+            "--impl", "python/torch", "--out", str(out)]  # fmt: skip
+    assert cli.main(args) == 0
+    first = schema.read_csv(out / "results.csv")
+    capsys.readouterr()
+    assert cli.main(args) == 2
+    assert "already holds 7 rows of suite 'layer_norm'" in capsys.readouterr().err
+    assert schema.read_csv(out / "results.csv").equals(first)  # untouched
+    assert cli.main([*args, "--append"]) == 0
+    both = schema.read_csv(out / "results.csv")
+    assert len(both) == 2 * len(first)
+    assert cli.main(["report", str(out / "results.csv"), "--no-plots"]) == 0
+    assert "12 rows repeat a measurement" in (out / "report.md").read_text()  # 2 runs x 2 shapes x 3 modes
+    assert cli.main([*args, "--replace"]) == 0
+    kept = [p for p in out.iterdir() if p.name.startswith("results.") and p.name != "results.csv"]
+    assert len(kept) == 1 and schema.read_csv(kept[0]).equals(both)
+    assert len(schema.read_csv(out / "results.csv")) == len(first)
+    assert cli.main([*args, "--append", "--replace"]) == 2
+
+
+def test_bench_filters_budget_and_paths_that_cannot_work_exit_2(tmp_path, capsys):
+    base = ["bench", "layer_norm", "--quick", "--device", "cpu"]
+    assert cli.main([*base, "--op", "relu_attention", "--out", str(tmp_path / "a")]) == 2
+    assert "no point of suite 'layer_norm' matches the filters" in capsys.readouterr().err
+    assert cli.main([*base, "--impl", "no_such_impl", "--out", str(tmp_path / "b")]) == 2
+    assert cli.main([*base, "--budget-s", "-5", "--out", str(tmp_path / "c")]) == 2
+    assert "--budget-s must be" in capsys.readouterr().err
+    assert not any((tmp_path / d).exists() for d in "abc")  # nothing written
+    a_file = tmp_path / "afile"
+    a_file.write_text("not a folder")
+    assert cli.main([*base, "--op", "layer_norm", "--impl", "python/torch", "--out", str(a_file)]) == 2
+    assert "crossfuse bench: error:" in capsys.readouterr().err
+    suites = tmp_path / "broken_suites.py"
+    suites.write_text("SUITES = {\n")
+    assert cli.main([*base, "--suites", str(suites)]) == 2
+    assert "not valid Python" in capsys.readouterr().err
+    assert cli.main(["profile", "attention", "--device", "cpu", "--dtype", "bf16,fp32"]) == 2
+    assert "one dtype" in capsys.readouterr().err
+
+
+def test_report_rewrites_its_own_file_but_not_another(tmp_path, capsys):
+    out = tmp_path / "res"
+    args = ["bench", "layer_norm", "--quick", "--device", "cpu", "--op", "layer_norm", "--dtype", "float32",
+            "--impl", "python/torch", "--out", str(out)]  # fmt: skip
+    assert cli.main(args) == 0
+    csv = str(out / "results.csv")
+    assert cli.main(["report", csv, "--no-plots"]) == 0
+    assert cli.main(["report", csv, "--no-plots"]) == 0  # its own report.md: rewritten
+    (out / "report.md").write_text("## crossfuse GPU session\n\n(a profile section)\n")
+    capsys.readouterr()
+    assert cli.main(["report", csv, "--no-plots"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert "(a profile section)" in (out / "report.md").read_text()
+    assert cli.main(["report", csv, "--no-plots", "--force"]) == 0
+    assert "(a profile section)" not in (out / "report.md").read_text()
+
+
 def test_bench_interrupted_keeps_rows_and_exits_130(tmp_path):
     out = tmp_path / "res"
     fake = registry.Implementation("layer_norm", "test_interrupt", "python", _interrupt)

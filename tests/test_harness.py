@@ -331,6 +331,32 @@ def test_interpreted_triton_is_not_timed_but_has_relerr():
     assert rows[0].relerr < 1e-5 and rows[1].relerr < 1e-5
 
 
+def test_interpreted_triton_that_raises_is_an_error_row():
+    # the one interpreted run is all there is of a Triton kernel on the CPU: when it raises, the rows say
+    # error (was "not timed", counted as no error)
+    if not _backend.interpreter_requested():
+        pytest.skip("the Triton interpreter is off here (a GPU machine): Triton runs on cuda only")
+    s = tiny_suite(ops=("relu_attention",), shape=(1, 1, 16, 48))  # head dim 48: not supported
+    rows = runner.Runner("cpu", quick=True).run(s, impls=["python/triton"])
+    assert rows and all(r.status == "error" for r in rows)
+    assert "head dim D=48 is not supported" in rows[0].note
+
+
+def test_report_flags_figures_above_the_copy_ceiling_and_repeated_runs():
+    rows = [
+        row(op="copy", impl="torch_copy", peer=False, shape="1024", gbps=2.0),
+        row(impl="torch", gbps=28.0),
+        row(impl="torch", gbps=1.0),  # a second run of the same measurement
+        row(impl="torch", gbps=2.0),
+    ]
+    md = report.render(rows)
+    assert "| 4096x1024 | 2 | 100% (torch) |" in md  # the median of 28, 1 and 2
+    assert "3 rows repeat a measurement" in md
+    md = report.render(rows[:2])
+    assert "1400% ⚠ (torch)" in md and "above the copy ceiling" in md
+    assert "repeat a measurement" not in md and "Julia: no rows" in md
+
+
 def test_side_measure_and_vjp_are_used():
     def measure(shape, dtype, device, mode, options):
         return {"ms_p20": 1.0, "ms_p50": 2.0, "ms_p80": 3.0, "alloc_bytes": 10, "versions": "julia=1.11"}

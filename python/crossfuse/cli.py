@@ -4,12 +4,14 @@
                       [--dtype DTYPE ...] [--side python|julia] [--seed N]
     crossfuse bench   SUITE [--device cpu|cuda] [--dtype DTYPE ...] [--quick] [--out DIR]
                       [--op OP ...] [--impl PATTERN ...] [--suites FILE] [--budget-s S]
-    crossfuse report  CSV [--out DIR] [--no-plots]
+                      [--append | --replace]
+    crossfuse report  CSV [--out DIR] [--no-plots] [--force]
     crossfuse profile attention [--device cpu|cuda] [--shape BxHxLxD] [--dtype DTYPE] [--causal] [--out DIR]
     crossfuse info
 
 Exit codes: 0 success; 1 ``check`` found a failure or an error; 2 bad input (unknown suite, device,
-dtype, op, a missing CSV); 130 interrupted (rows measured so far stay in the CSV).
+dtype, op, filters that select nothing, a missing CSV, an output path that cannot be written); 130
+interrupted (rows measured so far stay in the CSV).
 
 Triton reads ``TRITON_INTERPRET`` when it is first imported: this module switches the interpreter on
 (when no GPU is present) before anything imports Triton.
@@ -209,8 +211,15 @@ def cmd_bench(args) -> int:
     device = _device(args.device)
     dtypes, ops, impls = _dtypes(args.dtype), _ops(args.op), _patterns(args.impl)
     s = suites[args.suite]
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise UsageError(f"--budget-s must be a number of seconds > 0, got {args.budget_s}")
+    if args.append and args.replace:
+        raise UsageError("--append and --replace exclude each other")
+    if not runner.Runner(device, None, quick=args.quick).plan(s, dtypes, ops, impls):
+        raise UsageError(f"no point of suite {s.name!r} matches the filters (--op, --dtype, --impl)")
     out = Path(args.out)
     csv_path = out / "results.csv"
+    _make_room(csv_path, s.name, args.append, args.replace)
     try:
         writer = CsvWriter(csv_path)
     except ValueError as exc:
@@ -236,7 +245,8 @@ def cmd_bench(args) -> int:
                 print(f"\ninterrupted: {writer.count} rows kept in {csv_path}", file=sys.stderr)
                 return 130
     name = f"{s.name}{'-quick' if args.quick else ''}-{device}"
-    md = report.render(rows, title=f"{name}: {s.description}", source=str(csv_path))
+    what = "its quick shapes (tiny, for a smoke test)" if args.quick else s.description
+    md = report.render(rows, title=f"{name}: {what}", source=str(csv_path))
     md_path = out / f"{name}.md"
     md_path.write_text(md)
     print(md)
@@ -248,9 +258,37 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _make_room(csv_path: Path, suite_name: str, append: bool, replace: bool) -> None:
+    """Refuse to mix a second run of a suite into a CSV that holds one (the report would mix the runs'
+    measurements) unless ``append``; with ``replace`` the old CSV is kept under a new name first."""
+    from .harness.schema import read_csv
+
+    if not csv_path.exists() or csv_path.stat().st_size == 0:
+        return
+    if replace:
+        kept = csv_path.with_name(f"results.{time.strftime('%Y%m%d-%H%M%S')}.csv")
+        csv_path.rename(kept)
+        print(f"crossfuse bench: the earlier {csv_path} is kept as {kept}", file=sys.stderr)
+        return
+    try:
+        earlier = int((read_csv(csv_path)["suite"] == suite_name).sum())
+    except ValueError:
+        return  # CsvWriter names the problem (another header)
+    if earlier and not append:
+        raise UsageError(
+            f"{csv_path} already holds {earlier} rows of suite {suite_name!r} from an earlier run: pass "
+            "--replace to start it anew (the old file is kept under a dated name), --append to add this "
+            "run's rows (the report then shows the median of the repeated measurements), or another --out"
+        )
+
+
 # ----------------------------------------------------------------------------------------------------
 # report, profile, info
 # ----------------------------------------------------------------------------------------------------
+
+
+# the first line of a report.md that `crossfuse report` wrote (and may rewrite without --force)
+REPORT_MARK = "<!-- written by `crossfuse report`"
 
 
 def cmd_report(args) -> int:
@@ -262,12 +300,22 @@ def cmd_report(args) -> int:
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     out = Path(args.out) if args.out else Path(args.csv).parent
+    md_path = out / "report.md"
+    if md_path.exists() and not args.force:
+        with open(md_path, encoding="utf-8", errors="replace") as f:
+            ours = f.readline().startswith(REPORT_MARK)
+        if not ours:
+            raise UsageError(
+                f"{md_path} exists and was not written by `crossfuse report` (a GPU session's report, "
+                "with its profile section, or your own file): pass --force to overwrite it, or --out"
+            )
     out.mkdir(parents=True, exist_ok=True)
-    md = report.render(df, source=str(args.csv))
+    md = f"{REPORT_MARK} from {args.csv}; running it again rewrites this file -->\n"
+    md += report.render(df, source=str(args.csv))
     written = [] if args.no_plots else plots.write_plots(df, out)
     if written:
         md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in written) + "\n"
-    (out / "report.md").write_text(md)
+    md_path.write_text(md)
     print(md)
     print(f"wrote {out / 'report.md'}" + "".join(f", {p}" for p in written), file=sys.stderr)
     return 0
@@ -285,6 +333,8 @@ def cmd_profile(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     dtypes = _dtypes([args.dtype] if args.dtype else None)
+    if dtypes is not None and len(dtypes) != 1:
+        raise UsageError(f"--dtype takes one dtype for a profile, got {args.dtype!r}")
     out = Path(args.out)
     res = profile.profile_attention(device, shape, dtypes[0] if dtypes else None, args.causal, out)
     (out / "profile.md").write_text(res.markdown)
@@ -376,12 +426,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--suites", help="suite file (default: bench/suites.py of this checkout)")
     b.add_argument("--budget-s", type=float, help="stop measuring after this many seconds (skip rows after)")
+    b.add_argument(
+        "--append", action="store_true", help="add to an OUT/results.csv that already holds this suite's rows"
+    )
+    b.add_argument(
+        "--replace", action="store_true", help="start OUT/results.csv anew (the old one kept, renamed)"
+    )
     b.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("report", help="markdown tables and plots from a result CSV")
     r.add_argument("csv", help="a result CSV written by `crossfuse bench`")
     r.add_argument("--out", help="output folder (default: the CSV's folder)")
     r.add_argument("--no-plots", action="store_true", help="markdown only")
+    r.add_argument("--force", action="store_true", help="overwrite any report.md there")
     r.set_defaults(func=cmd_report)
 
     pr = sub.add_parser("profile", help="PyTorch profiler tables, Chrome trace and timeline")
@@ -406,7 +463,7 @@ def main(argv=None) -> int:
         return int(exc.code) if isinstance(exc.code, int) else 2
     try:
         return args.func(args)
-    except UsageError as exc:
+    except (UsageError, OSError) as exc:  # OSError: an output folder or file that cannot be written
         print(f"crossfuse {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -45,8 +45,9 @@ def _style(peer: bool) -> dict:
 def _lines(ax, g: pd.DataFrame, x: str, y: str, title: str, ylabel: str, ceiling: float | None = None):
     """One panel: a line per implementation label of ``g`` (peers dashed), ``x`` on a log2 axis."""
     for label, gi in g.groupby("label", sort=False):
-        gi = gi.sort_values(x)
-        ax.plot(gi[x], gi[y], label=label, **_style(bool(gi["peer"].iloc[0])))
+        peer = bool(gi["peer"].iloc[0])
+        line = gi.groupby(x, sort=True)[y].median()  # one point per x (repeated runs: their median)
+        ax.plot(line.index, line.values, label=label, **_style(peer))
     if ceiling:
         ax.axhline(ceiling, color="grey", linestyle=":", linewidth=1, label="copy ceiling")
     ax.set_xscale("log", base=2)
@@ -136,7 +137,9 @@ def plot_memory(df, path) -> Path | None:
         modes = [m for m in MODES if m in set(g["mode"])]
         width = 0.8 / max(1, len(modes))
         for j, mode in enumerate(modes):
-            gm = g[g["mode"] == mode].drop_duplicates("label", keep="last").set_index("label").reindex(impls)
+            # repeated runs (crossfuse bench --append): their median, as the report's tables
+            gm = g[g["mode"] == mode].groupby("label", sort=False)[["alloc_bytes", "peak_bytes"]].median()
+            gm = gm.reindex(impls)
             xs = [i + (j - (len(modes) - 1) / 2) * width for i in range(len(impls))]
             ax.bar(xs, gm["alloc_bytes"] / ref, width, color=colors[mode], label=f"{mode} allocated")
             ax.bar(

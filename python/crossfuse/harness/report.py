@@ -48,7 +48,8 @@ def with_labels(df: pd.DataFrame) -> pd.DataFrame:
 def pivot(df: pd.DataFrame, metric: str, index: str = "shape", columns: str = "label") -> pd.DataFrame:
     """``metric`` per ``index`` × ``columns``, in order of first appearance (NaN where not measured)."""
     ok = df[df["status"] == "ok"]
-    table = ok.pivot_table(index=index, columns=columns, values=metric, aggfunc="max")
+    # one row per cell, unless a CSV holds repeated runs (``crossfuse bench --append``): their median
+    table = ok.pivot_table(index=index, columns=columns, values=metric, aggfunc="median")
     rows = [r for r in _ordered(df[index]) if r in table.index] or list(table.index)
     cols = _ordered(df[columns])
     return table.reindex(index=rows + [r for r in _ordered(df[index]) if r not in rows], columns=cols)
@@ -74,6 +75,12 @@ def peer_ratio(table: pd.DataFrame, peers: Sequence[str]) -> pd.DataFrame:
 def peers_of(df: pd.DataFrame) -> set[str]:
     """Labels (see :func:`with_labels`) of the peer implementations in ``df``."""
     return set(with_labels(df).loc[df["peer"], "label"])
+
+
+# a figure this far above the copy ceiling is flagged as a measurement problem
+OVER_CEILING = 1.05
+# what identifies one measurement: a row repeating these is a second run of it
+MEASUREMENT_KEYS = ["suite", "op", "impl", "side", "device", "dtype", "shape", "causal", "mode"]
 
 
 def copy_ceiling(df: pd.DataFrame, device: str) -> float | None:
@@ -181,7 +188,7 @@ def throughput_section(df: pd.DataFrame) -> str:
         header = ["shape", *table.columns, *ratio.columns]
         if ceiling:
             header.append("best % of copy")
-        rows = []
+        rows, flagged = [], False
         for shape in table.index:
             cells = [shape]
             for impl in table.columns:
@@ -191,12 +198,22 @@ def throughput_section(df: pd.DataFrame) -> str:
                 cells.append(fmt_ratio(ratio.at[shape, c]))
             if ceiling:
                 r = table.loc[shape].dropna()
-                cells.append(f"{100 * r.max() / ceiling:.0f}% ({r.idxmax()})" if len(r) else "")
+                over = len(r) and r.max() > OVER_CEILING * ceiling
+                mark = " ⚠" if over else ""
+                cells.append(f"{100 * r.max() / ceiling:.0f}%{mark} ({r.idxmax()})" if len(r) else "")
+                flagged = flagged or over
             rows.append(cells)
         title = f"### {_group_title(k)} — {UNIT[metric]} (median)"
         if ceiling:
             title += f"; copy ceiling {ceiling:.0f} GB/s"
-        out.append(title + "\n\n" + markdown_table(header, rows))
+        table_md = title + "\n\n" + markdown_table(header, rows)
+        if flagged:
+            table_md += (
+                "\n\n⚠ above the copy ceiling: no kernel moves bytes faster than a copy, so one of the "
+                "two timings is off; on a CPU, other load on the machine or torch's thread pool (a "
+                "descheduled thread) can stretch single calls by milliseconds"
+            )
+        out.append(table_md)
     return "\n\n".join(out)
 
 
@@ -216,13 +233,13 @@ def memory_section(df: pd.DataFrame) -> str:
             cells = [label + (" (peer)" if gi["peer"].iloc[0] else "")]
             for x in modes:
                 r = gi[gi["mode"] == x]
-                if not len(r) or pd.isna(r["alloc_bytes"].iloc[0]):
+                if not len(r) or r["alloc_bytes"].isna().all():
                     miss = r["status"].iloc[0] if len(r) else ""
                     cells += [miss, miss]
-                else:
+                else:  # repeated runs (crossfuse bench --append): their median, as the other tables
                     cells += [
-                        fmt_bytes(r["alloc_bytes"].iloc[0], ref),
-                        fmt_bytes(r["peak_bytes"].iloc[0], ref),
+                        fmt_bytes(r["alloc_bytes"].median(), ref),
+                        fmt_bytes(r["peak_bytes"].median(), ref),
                     ]
             rows.append(cells)
         title = f"### memory · {op} · {device} · {dtype} · {shape} (input {ref / 2**20:.1f} MiB)"
@@ -310,6 +327,15 @@ def render(df_or_rows, title: str = "crossfuse benchmark results", source: str |
     ts = df["timestamp"][df["timestamp"] != ""]
     if len(ts):
         meta.append(f"measured {ts.min()} – {ts.max()}")
+    measured = df[(df["status"] == "ok") & (df["op"] != "copy")]
+    repeats = int(measured.duplicated(MEASUREMENT_KEYS, keep=False).sum())
+    if repeats:
+        meta.append(
+            f"{repeats} rows repeat a measurement (runs appended to one CSV): the tables show the median "
+            "of each measurement's runs"
+        )
+    if not (df["side"] == "julia").any():
+        meta.append("Julia: no rows (the Julia side was not asked, or crossfuse_julia was not registered)")
     parts.append("\n".join(f"- {m}" for m in meta))
     for dev in _ordered(df["device"]):
         c = copy_ceiling(df, dev)

@@ -48,6 +48,9 @@ INTERPRETED_RELERR_MAX_WORK = 1 << 17
 ATTENTION_RELERR_MAX_SCORES = 1 << 28
 NOTE_MAX = 300
 
+# the start of the note of a point whose implementation raised in the relerr check
+RELERR_RAISED = "relerr check raised"
+
 
 class _Lazy:
     """Calls ``make`` on the first ``get()`` and keeps the result (or re-raises its exception)."""
@@ -279,10 +282,10 @@ class Runner:
 
         if impl.interpreted(self.device):
             why = "runs only under the Triton interpreter on the CPU: a time would measure the interpreter"
+            # the one interpreted run raised: the implementation failed here, an error row, not a time
+            status = "error" if rnote.startswith(RELERR_RAISED) else "not timed"
             for mode in p.modes:
-                yield self._row(
-                    suite, p, impl, mode, relerr=errs.get(mode), status="not timed", note=note(why)
-                )
+                yield self._row(suite, p, impl, mode, relerr=errs.get(mode), status=status, note=note(why))
             return
 
         if impl.measure is not None:
@@ -375,7 +378,7 @@ class Runner:
         except Exception as exc:  # the implementation's own failure: the timing will say so too
             msg = _message(exc)
             free_memory(self.device)
-            return {}, f"relerr check raised {msg}"
+            return {}, f"{RELERR_RAISED} {msg}"
         if data.ref_error is None:
             try:
                 data.reference(grads)

@@ -172,7 +172,10 @@ def load_suites(path: str | os.PathLike | None = None) -> dict[str, Suite]:
     file = find_suites_file(path)
     spec = importlib.util.spec_from_file_location("_crossfuse_bench_suites", file)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise ValueError(f"{file}: not valid Python: {exc}") from None
     data = getattr(module, "SUITES", None)
     if not isinstance(data, dict):
         raise ValueError(f"{file} defines no SUITES dict")
