@@ -102,6 +102,9 @@ def test_a_second_run_of_a_suite_into_one_csv_needs_append_or_replace(tmp_path, 
     kept = [p for p in out.iterdir() if p.name.startswith("results.") and p.name != "results.csv"]
     assert len(kept) == 1 and schema.read_csv(kept[0]).equals(both)
     assert len(schema.read_csv(out / "results.csv")) == len(first)
+    assert cli.main([*args, "--replace"]) == 0  # within the same second: kept under another name
+    kept = [p for p in out.iterdir() if p.name.startswith("results.") and p.name != "results.csv"]
+    assert len(kept) == 2 and any(schema.read_csv(k).equals(both) for k in kept)
     assert cli.main([*args, "--append", "--replace"]) == 2
 
 
@@ -121,6 +124,9 @@ def test_bench_filters_budget_and_paths_that_cannot_work_exit_2(tmp_path, capsys
     suites.write_text("SUITES = {\n")
     assert cli.main([*base, "--suites", str(suites)]) == 2
     assert "not valid Python" in capsys.readouterr().err
+    suites.write_text("SUITES = {undefined_name: 1}\n")
+    assert cli.main([*base, "--suites", str(suites)]) == 2
+    assert "running it raised NameError" in capsys.readouterr().err
     assert cli.main(["profile", "attention", "--device", "cpu", "--dtype", "bf16,fp32"]) == 2
     assert "one dtype" in capsys.readouterr().err
 

@@ -141,9 +141,9 @@ def test_layer_norm_operators_pass_opcheck(x_dtype, w_dtype, with_bias, grads, d
     b = randn((48,), device, gen, w_dtype) if with_bias else None
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, b, 1e-5)
     ops = torch.ops.crossfuse
-    torch.library.opcheck(ops.layer_norm_fwd.default, (x, x.shape[-1], w, b, 1e-5))
-    x3 = randn((2, 3, 48), device, gen, x_dtype)  # any leading shape: y comes in x's shape
-    torch.library.opcheck(ops.layer_norm_fwd.default, (x3, 48, w, b, 1e-5))
+    torch.library.opcheck(ops.layer_norm_fwd.default, (x, w, b, 1e-5))  # kept for saved programs
+    for shape in ([5, 48], [5, 1, 48]):  # y allocated in the input's shape, rows in
+        torch.library.opcheck(ops.layer_norm_fwd_shaped.default, (x, shape, w, b, 1e-5))
     dy = randn((5, 48), device, gen, x_dtype)
     torch.library.opcheck(ops.layer_norm_bwd.default, (dy, x, w, mean, rstd, *grads))
 
@@ -176,7 +176,8 @@ def test_exported_program_calls_the_operators(device, gen, tmp_path):
     x, w = randn((2, 20, 16), device, gen), randn((16,), device, gen)
     program = torch.export.export(NormAttention(), (x, w), strict=False)
     called = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
-    assert {"crossfuse.layer_norm_fwd.default", "crossfuse.relu_attention_fwd.default"} <= called, called
+    want_ops = {"crossfuse.layer_norm_fwd_shaped.default", "crossfuse.relu_attention_fwd.default"}
+    assert want_ops <= called, called
     want = NormAttention()(x, w)
     assert torch.equal(program.module()(x, w), want)
     # saved, then loaded and run by a fresh process after a plain `import crossfuse` (which defines the

@@ -243,6 +243,13 @@ def test_more_batch_and_heads_than_cuda_grid_axis_holds(gen):
 
 
 def test_numpy_scalars_are_accepted(device, gen):
+    from crossfuse._validate import check_bool
+
+    # numpy 1 names its bool type bool_ (numpy 2: bool); a stand-in for it, whichever numpy is installed
+    numpy1_bool = type("bool_", (), {"__module__": "numpy", "__bool__": lambda self: True})()
+    assert check_bool(numpy1_bool, "causal") is True
+    with pytest.raises(TypeError, match="causal must be a bool, got int"):
+        check_bool(1, "causal")
     np = pytest.importorskip("numpy")
     q, k, v = qkv(1, 1, 8, 8, 16, torch.float32, device, gen)
     out = crossfuse.relu_attention(q, k, v, causal=np.bool_(True), scale=np.float32(0.25))

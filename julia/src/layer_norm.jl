@@ -80,7 +80,8 @@ _stat_eps(x::AbstractArray, epsilon::Real) = convert(_stat_type(eltype(x)), epsi
 
 @non_differentiable _stat_eps(::Any, ::Any)
 
-_widened_value_and_square(v::T) where {T} = _value_and_square(convert(_stat_type(T), v))
+_widen(v::T) where {T} = convert(_stat_type(T), v)
+_widened_value_and_square(v) = _value_and_square(_widen(v))
 
 # Column statistics in one pass: the mean μ and the biased standard deviation σ₀, each of size
 # (1, size(x)[2:end]...), in `_stat_type(T)`. (0, 0) is a true identity of `_add_pair`, as a GPU
@@ -142,9 +143,10 @@ function _maxstd_dx(Ȳ, α, n, σ₀, rσ, ϵ, invN)
     return tmp
 end
 
-# ∂α or ∂β from g = Ȳ .* n or g = Ȳ: everything but the first dimension summed away.
-_affine_grad(::Number, g, N) = sum(g)
-_affine_grad(::AbstractVector, g, N) = vec(sum(reshape(g, N, :); dims = 2))
+# ∂α or ∂β from g = Ȳ .* n or g = Ȳ: everything but the first dimension summed away, each term
+# widened to the statistics' type (a Float16 Ȳ summed in Float16 would overflow past 65504).
+_affine_grad(::Number, g, N) = sum(_widen, g)
+_affine_grad(::AbstractVector, g, N) = vec(sum(_widen, reshape(g, N, :); dims = 2))
 
 #####
 ##### Rules

@@ -126,6 +126,12 @@
         # One feature: y == β exactly.
         x1 = Float16.(randn(1, 5))
         @test layer_norm(nothing, Float16[0.25], x1) == fill(Float16(0.25), 1, 5)
+        # ∂β summed in Float32: dy = 1 over 70000 columns sums past Float16's range, which a
+        # Float32 β holds.
+        xw = Float16.(randn(2, 70000))
+        _, backw = rrule(layer_norm, nothing, randn(Float32, 2), xw)
+        @test ChainRulesCore.unthunk(backw(ones(Float16, 2, 70000))[3]) ==
+            fill(70000.0f0, 2)
         # Long columns: Σx² ≈ 8192 * 20 is past Float16's largest value (65504).
         xl = Float16.(4 .* randn(8192, 2) .+ 2)
         @test maxerr(

@@ -99,7 +99,6 @@ def check_runnable(t: torch.Tensor, name: str, interpreted: bool, problem: str |
     )
 
 
-@functools.cache
 def require_cuda(script: str) -> None:
     """For the GPU-only scripts under bench/: exit with one line (status 1) where torch sees no CUDA GPU,
     before anything is measured or written."""
@@ -107,6 +106,7 @@ def require_cuda(script: str) -> None:
         raise SystemExit(f"{script}: needs a CUDA GPU (torch {torch.__version__} sees none); nothing was run")
 
 
+@functools.cache
 def num_sms(device_index: int) -> int:
     """Streaming multiprocessors of a CUDA device (cached: the query costs microseconds)."""
     return torch.cuda.get_device_properties(device_index).multi_processor_count

@@ -39,7 +39,9 @@ def check_same_device(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: s
 
 
 def _is_bool(value) -> bool:
-    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ == "bool")
+    """Python's bool or numpy's (``numpy.bool`` in numpy 2, ``numpy.bool_`` in numpy 1)."""
+    t = type(value)
+    return isinstance(value, bool) or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"))
 
 
 def check_bool(value, name: str) -> bool:

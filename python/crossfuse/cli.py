@@ -266,7 +266,11 @@ def _make_room(csv_path: Path, suite_name: str, append: bool, replace: bool) -> 
     if not csv_path.exists() or csv_path.stat().st_size == 0:
         return
     if replace:
-        kept = csv_path.with_name(f"results.{time.strftime('%Y%m%d-%H%M%S')}.csv")
+        stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
+        kept = csv_path.with_name(f"results.{stamp}.csv")
+        while kept.exists():  # two replaces within a second: never over an earlier kept file
+            n += 1
+            kept = csv_path.with_name(f"results.{stamp}-{n}.csv")
         csv_path.rename(kept)
         print(f"crossfuse bench: the earlier {csv_path} is kept as {kept}", file=sys.stderr)
         return
@@ -277,8 +281,9 @@ def _make_room(csv_path: Path, suite_name: str, append: bool, replace: bool) -> 
     if earlier and not append:
         raise UsageError(
             f"{csv_path} already holds {earlier} rows of suite {suite_name!r} from an earlier run: pass "
-            "--replace to start it anew (the old file is kept under a dated name), --append to add this "
-            "run's rows (the report then shows the median of the repeated measurements), or another --out"
+            "--replace to start the CSV anew (the whole file, other suites' rows too, is kept under a dated "
+            "name), --append to add this run's rows (the report then shows the median of the repeated "
+            "measurements), or another --out"
         )
 
 
@@ -422,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--quick", action="store_true", help="tiny shapes, short timing (for the CPU)")
     b.add_argument(
-        "--out", default="out/bench", help="output folder (results.csv appended; default out/bench)"
+        "--out", default="out/bench", help="output folder (default out/bench); see --append, --replace"
     )
     b.add_argument("--suites", help="suite file (default: bench/suites.py of this checkout)")
     b.add_argument("--budget-s", type=float, help="stop measuring after this many seconds (skip rows after)")

@@ -334,7 +334,8 @@ def render(df_or_rows, title: str = "crossfuse benchmark results", source: str |
             f"{repeats} rows repeat a measurement (runs appended to one CSV): the tables show the median "
             "of each measurement's runs"
         )
-    if not (df["side"] == "julia").any():
+    twins = ~df["op"].isin([*ATTENTION_OPS, "copy"])  # ops with Julia variants (attention has none)
+    if twins.any() and not (df["side"] == "julia").any():
         meta.append("Julia: no rows (the Julia side was not asked, or crossfuse_julia was not registered)")
     parts.append("\n".join(f"- {m}" for m in meta))
     for dev in _ordered(df["device"]):

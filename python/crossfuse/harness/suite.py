@@ -176,6 +176,8 @@ def load_suites(path: str | os.PathLike | None = None) -> dict[str, Suite]:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         raise ValueError(f"{file}: not valid Python: {exc}") from None
+    except Exception as exc:  # the file runs as Python: any error in it is the file's, named as such
+        raise ValueError(f"{file}: running it raised {type(exc).__name__}: {exc}") from None
     data = getattr(module, "SUITES", None)
     if not isinstance(data, dict):
         raise ValueError(f"{file} defines no SUITES dict")

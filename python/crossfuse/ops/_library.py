@@ -40,10 +40,16 @@ def stats_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _ln_fwd_fake(x, n, weight, bias, eps):
-    M = x.numel() // n
+def _ln_fwd_fake(x, weight, bias, eps):
+    M, N = x.shape
     stats = stats_dtype(x.dtype)
-    return x.new_empty(x.shape), x.new_empty((M,), dtype=stats), x.new_empty((M,), dtype=stats)
+    return x.new_empty((M, N)), x.new_empty((M,), dtype=stats), x.new_empty((M,), dtype=stats)
+
+
+def _ln_fwd_shaped_fake(x, shape, weight, bias, eps):
+    M = x.shape[0]
+    stats = stats_dtype(x.dtype)
+    return x.new_empty(shape), x.new_empty((M,), dtype=stats), x.new_empty((M,), dtype=stats)
 
 
 def _ln_bwd_fake(dy, x, weight, mean, rstd, compute_dw, compute_db):
@@ -67,12 +73,18 @@ def _attn_bwd_fake(q, k, v, dout, causal, squared, scale, relu_scale, layout):
     return tuple(_in_layout(t, layout) for t in (q, k, v))
 
 
+# (M, N) rows in, (M, N) y out: what the autograd function called until it took layer_norm_fwd_shaped,
+# kept so that programs torch.export saved with it still load
 LAYER_NORM_FWD = _operator(
-    # x of any shape, normalised over rows of its last n elements; y in x's shape (never a view of an
-    # (M, n) tensor: in-place ops after the layer norm work under torch.compile too)
-    "layer_norm_fwd",
-    "(Tensor x, int n, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+    "layer_norm_fwd", "(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
     _calls("layer_norm", "_operator_fwd"), _ln_fwd_fake,
+)  # fmt: skip
+# (M, N) rows in, y allocated in `shape` (the input's shape, M·N elements) out: a tensor of its own, not
+# a view of an (M, N) one, so that in-place ops after the layer norm work under torch.compile too
+LAYER_NORM_FWD_SHAPED = _operator(
+    "layer_norm_fwd_shaped",
+    "(Tensor x, SymInt[] shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+    _calls("layer_norm", "_operator_fwd_shaped"), _ln_fwd_shaped_fake,
 )  # fmt: skip
 LAYER_NORM_BWD = _operator(
     "layer_norm_bwd",

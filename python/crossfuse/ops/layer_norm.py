@@ -60,7 +60,8 @@ Design:
 * Statistics and accumulation are float32 for float32/float16/bfloat16 inputs, and float64 for
   float64 inputs (so ``torch.autograd.gradcheck`` can check the kernels).
 * Under torch.compile the autograd function calls the launchers through custom operators
-  (``torch.ops.crossfuse.layer_norm_fwd``/``_bwd``, see ``_library``), which the tracer does not enter.
+  (``torch.ops.crossfuse.layer_norm_fwd_shaped``/``layer_norm_bwd``, see ``_library``), which the
+  tracer does not enter.
 * The number of rows M is never a compile-time constant or specialised on (``do_not_specialize``),
   so a new batch size reuses the compiled kernels; tile shapes depend on N, the dtype and the row
   regime (few or many rows, ``MANY_ROWS``), so a kernel compiles at most once per regime (and N).
@@ -1325,16 +1326,18 @@ def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int, order:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _forward(x, x2, weight, bias, eps):
-    """The forward on ``x`` of any shape, whose rows are ``x2`` (``_rows(x, n)``): ``y`` in x's shape,
-    allocated as such (no view of an (M, n) tensor, so that in-place ops on it work), ``mean``, ``rstd``."""
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+def _operator_fwd(x, weight, bias, eps):
+    # rows with unit column stride, as the launchers need: a direct call of the operator may not pass them
+    return layer_norm_fwd(_rows(x, x.shape[1]), weight, bias, eps)
+
+
+def _operator_fwd_shaped(x, shape, weight, bias, eps):
+    """The forward on (M, N) rows ``x``, ``y`` allocated in ``shape`` (the input's shape): a tensor of its
+    own, not a view of an (M, N) one, so that in-place ops on it work. Returns ``(y, mean, rstd)``."""
+    x2 = _rows(x, x.shape[1])
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
     _, mean, rstd = layer_norm_fwd(x2, weight, bias, eps, out=y.view(x2.shape))
     return y, mean, rstd
-
-
-def _operator_fwd(x, n, weight, bias, eps):
-    return _forward(x, _rows(x, n), weight, bias, eps)
 
 
 def _operator_bwd(dy, x, *rest):
@@ -1359,10 +1362,8 @@ class LayerNormFunction(torch.autograd.Function):
         # the kernels read weight[col]: unit stride (a weight or bias may be a slice or an expanded scalar)
         w = weight.reshape(-1).contiguous() if weight is not None else None
         b = bias.reshape(-1).contiguous() if bias is not None else None
-        if _library.tracing():
-            y, mean, rstd = _library.LAYER_NORM_FWD(x, n, w, b, eps)
-        else:
-            y, mean, rstd = _forward(x, x2, w, b, eps)
+        fwd = _library.LAYER_NORM_FWD_SHAPED if _library.tracing() else _operator_fwd_shaped
+        y, mean, rstd = fwd(x2, list(x.shape), w, b, eps)
         ctx.save_for_backward(x2, w, mean, rstd)
         ctx.x_shape = x.shape
         ctx.params = [(p.shape, p.dtype) if p is not None else None for p in (weight, bias)]
