@@ -283,9 +283,10 @@ class Runner:
         if impl.interpreted(self.device):
             why = "runs only under the Triton interpreter on the CPU: a time would measure the interpreter"
             # the one interpreted run raised: the implementation failed here, an error row, not a time
-            status = "error" if rnote.startswith(RELERR_RAISED) else "not timed"
+            failed = rnote.startswith(RELERR_RAISED)
+            status, text = ("error", rnote) if failed else ("not timed", note(why))
             for mode in p.modes:
-                yield self._row(suite, p, impl, mode, relerr=errs.get(mode), status=status, note=note(why))
+                yield self._row(suite, p, impl, mode, relerr=errs.get(mode), status=status, note=text)
             return
 
         if impl.measure is not None:

@@ -1359,9 +1359,8 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, n, weight, bias, eps):
         x2 = _rows(x, n)
-        # the kernels read weight[col]: unit stride (a weight or bias may be a slice or an expanded scalar)
-        w = weight.reshape(-1).contiguous() if weight is not None else None
-        b = bias.reshape(-1).contiguous() if bias is not None else None
+        # unit stride (a weight or bias may be a slice or an expanded scalar), before w is saved
+        w, b = (None if p is None else _unit_stride(p.reshape(-1)) for p in (weight, bias))
         fwd = _library.LAYER_NORM_FWD_SHAPED if _library.tracing() else _operator_fwd_shaped
         y, mean, rstd = fwd(x2, list(x.shape), w, b, eps)
         ctx.save_for_backward(x2, w, mean, rstd)
