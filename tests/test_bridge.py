@@ -409,6 +409,41 @@ def test_julia_failing_to_start_is_a_skip_not_an_error(isolated):
         assert (res.status, res.reason) == ("skip", reason)
 
 
+@pytest.mark.parametrize("value", ["inf", "nan", "1e400", "0", "-5", "ten"])
+def test_a_setup_timeout_that_is_no_positive_number_is_a_clear_error(value, isolated, monkeypatch):
+    monkeypatch.setenv("CROSSFUSE_JULIA_SETUP_TIMEOUT", value)
+    with pytest.raises(crossfuse_julia.JuliaUnavailable, match="is not a number of seconds > 0"):
+        session.setup_timeout()
+
+
+def test_an_unexpected_failure_at_start_is_unavailable_and_kept(isolated, monkeypatch):
+    """Any exception while Julia starts (not only the bridge's own) becomes JuliaUnavailable, and is kept:
+    later calls get the same reason without starting (resolving packages, …) again."""
+    starts = []
+
+    def boom():
+        starts.append(1)
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(_detect, "_CACHE", _detect.Detection(None, "/fake/julia", (1, 11, 0), "PATH"))
+    monkeypatch.setattr(session, "_start", boom)
+    monkeypatch.setattr(session, "_SESSION", None)
+    for _ in range(2):
+        with pytest.raises(crossfuse_julia.JuliaUnavailable, match="OverflowError: cannot convert"):
+            session.get()
+    assert starts == [1] and "OverflowError" in session.failure()
+
+
+def test_a_cuda_flag_that_is_no_flag_is_named_in_the_reason(isolated, monkeypatch):
+    from crossfuse_julia import ops
+
+    monkeypatch.setenv("CROSSFUSE_JULIA_CUDA", "2")
+    monkeypatch.setattr(_detect, "_CACHE", _detect.Detection(None, "/fake/julia", (1, 11, 0), "PATH"))
+    assert not session.cuda_requested()
+    reason = ops.unavailable_reason("cuda")
+    assert "CROSSFUSE_JULIA_CUDA='2': expected one of" in reason, reason
+
+
 def test_julia_entries_skip_fast_when_julia_is_absent(isolated):
     """What ``crossfuse check`` pays for the Julia entries on a machine without Julia."""
     t0 = time.monotonic()

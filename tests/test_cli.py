@@ -32,6 +32,14 @@ def _interrupt(**_):
     raise KeyboardInterrupt
 
 
+def _transposed_layer_norm(x, weight, bias, eps):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps).transpose(-1, -2)
+
+
+def _transposed_vjp(inputs, dy):  # an output of the wrong shape, and no gradients
+    return _transposed_layer_norm(**inputs), {}
+
+
 def test_info(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
@@ -170,6 +178,20 @@ def test_check_passes_and_fails_with_exit_codes(capsys):
         assert cli.main(["check", "--device", "cpu", "--impl", "test_off_by_1pct", "--dtype", "float32"]) == 1
     out = capsys.readouterr().out
     assert "| layer_norm | test_off_by_1pct | python | cpu | float32 | fail |" in out and "seed=" in out
+
+
+def test_check_reports_an_output_of_the_wrong_shape_as_an_error(capsys):
+    # an implementation's wrong output shape (a layout bug) is its error row; the other rows still come
+    bad = registry.Implementation("layer_norm", "test_transposed", "python", _transposed_layer_norm,
+                                  vjp=_transposed_vjp)  # fmt: skip
+    args = ["check", "--device", "cpu", "--op", "layer_norm", "--impl", "test_transposed,python/torch",
+            "--dtype", "float32"]  # fmt: skip
+    with registered(bad):
+        assert cli.main(args) == 1
+    out = capsys.readouterr().out
+    assert "| layer_norm | test_transposed | python | cpu | float32 | error |" in out
+    assert "shape mismatch" in out
+    assert "| layer_norm | torch | python | cpu | float32 | pass |" in out
 
 
 def test_check_shows_skips_with_reasons(capsys):

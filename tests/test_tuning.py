@@ -65,6 +65,36 @@ def test_unreadable_file_is_a_clear_error(tmp_path, monkeypatch):
         _tuning._entries.cache_clear()
 
 
+_LN = dict(kind="fwd", dtype="bfloat16", n=4096, block_m=1, num_warps=4, pps=0)
+_ATTN = dict(kind="fwd", d=64, causal=True, block_m=128, block_n=64, num_warps=4, num_stages=2)
+
+
+@pytest.mark.parametrize(
+    "key, entry, words",
+    [
+        ("ln/fwd/bfloat16/4096", [1, 2], "must be an object"),
+        ("ln/fwd/bfloat16/4096", {k: v for k, v in _LN.items() if k != "n"}, "has no 'n'"),
+        ("ln/fwd/float64/4096", {**_LN, "dtype": "float64"}, "dtype must be one of"),
+        ("ln/fwd/bfloat16/768", {**_LN, "n": 768}, "n must be a power of 2"),
+        ("ln/fwd/bfloat16/4096", {**_LN, "num_warps": 3}, "num_warps must be"),
+        ("attn/fwd/64/true", {**_ATTN, "causal": "true"}, "causal must be true or false"),
+        ("attn/fwd/64/True", {**_ATTN, "d": 48}, "d must be one of"),
+        # a causal forward whose key tile does not divide its query tile computes wrong rows, silently
+        ("attn/fwd/64/True", {**_ATTN, "block_m": 64, "block_n": 128}, "block_n must divide block_m"),
+        ("attn/dkdv/64/True", {**_ATTN, "kind": "dkdv", "block_m": 64, "block_n": 32}, "block_m must divide"),
+    ],
+    ids=["not an object", "no n", "dtype", "n not a power of 2", "warps", "causal as a string", "head dim",
+         "fwd tiles", "dkdv tiles"],
+)  # fmt: skip
+def test_an_entry_the_launchers_cannot_use_is_a_clear_error(key, entry, words, tuned_file):
+    tuned_file({key: entry})
+    overrides = _tuning.attention_overrides if key.startswith("attn/") else _tuning.layer_norm_overrides
+    with pytest.raises(RuntimeError) as info:
+        overrides(AttnConfig if key.startswith("attn/") else LaunchConfig)
+    assert "CROSSFUSE_TUNED_CONFIGS=" in str(info.value) and repr(key) in str(info.value)
+    assert words in str(info.value)
+
+
 def test_attention_entries_from_a_file_given_directly(tmp_path, monkeypatch):
     # bench/ab_attn.py --tuned reads a sweep's file without the environment variable; the variable's file,
     # if any, is not consulted, and a missing file is an error naming where its path came from

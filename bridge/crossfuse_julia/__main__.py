@@ -19,6 +19,8 @@ def main(argv=None) -> int:
     parser.add_argument("command", nargs="?", choices=("status", "install"), default="status")
     parser.add_argument("--timeout", type=float, default=None, help="seconds for `install` (default 1800)")
     args = parser.parse_args(argv)
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
+        parser.error(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     if args.command == "install":
         try:
             install(args.timeout)

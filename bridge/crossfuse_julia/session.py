@@ -56,10 +56,18 @@ _FAILED: str | None = None
 
 
 def cuda_requested() -> bool:
+    """Whether ``CROSSFUSE_JULIA_CUDA`` asks for the GPU path; a value that is no flag is false here, and
+    :func:`cuda_flag_problem` says why."""
+    return cuda_flag_problem() is None and bool(_detect.env_flag("CROSSFUSE_JULIA_CUDA"))
+
+
+def cuda_flag_problem() -> str | None:
+    """What is wrong with ``CROSSFUSE_JULIA_CUDA``'s value, or ``None``."""
     try:
-        return bool(_detect.env_flag("CROSSFUSE_JULIA_CUDA"))
-    except ValueError:
-        return False
+        _detect.env_flag("CROSSFUSE_JULIA_CUDA")
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def failure() -> str | None:
@@ -86,6 +94,9 @@ def get() -> Session:
     except JuliaUnavailable as exc:
         _FAILED = exc.reason
         raise
+    except Exception as exc:  # anything else at start: the same for every later call, said once, kept
+        _FAILED = f"starting Julia failed ({type(exc).__name__}: {exc})"
+        raise JuliaUnavailable(_FAILED) from exc
     return _SESSION
 
 
@@ -100,6 +111,8 @@ def _start() -> Session:
         raise JuliaUnavailable(f"juliacall could not start Julia ({type(exc).__name__}: {exc})") from exc
     main = juliacall.Main
     cuda, cuda_reason = False, "the GPU path is off (set CROSSFUSE_JULIA_CUDA=1 before the first Julia call)"
+    if cuda_flag_problem():
+        cuda_reason = f"the GPU path is off: {cuda_flag_problem()}"
     try:
         if cuda_requested():
             main.seval("import CUDA")
@@ -129,11 +142,20 @@ def _declare_cuda() -> None:
 
 def setup_timeout() -> float:
     value = os.environ.get("CROSSFUSE_JULIA_SETUP_TIMEOUT", "")
+    if not value.strip():
+        return DEFAULT_SETUP_TIMEOUT_S
+    return checked_timeout(value, "CROSSFUSE_JULIA_SETUP_TIMEOUT=")
+
+
+def checked_timeout(value, origin: str) -> float:
+    """``value`` as a finite number of seconds > 0, else :class:`JuliaUnavailable` naming ``origin``."""
     try:
-        return float(value) if value.strip() else DEFAULT_SETUP_TIMEOUT_S
-    except ValueError:
-        msg = f"CROSSFUSE_JULIA_SETUP_TIMEOUT={value!r} is not a number of seconds"
-        raise JuliaUnavailable(msg) from None
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not (0 < seconds < float("inf")):
+        raise JuliaUnavailable(f"{origin}{value!r} is not a number of seconds > 0")
+    return seconds
 
 
 RESOLVE_CMD = (sys.executable, "-c", "import juliapkg; juliapkg.resolve()")
@@ -145,7 +167,7 @@ def resolve_packages(timeout: float | None = None, quiet: bool = True, cmd=RESOL
     ``quiet=False`` lets juliapkg's progress through to this process's stdout/stderr (used by
     ``python -m crossfuse_julia install``).
     """
-    timeout = setup_timeout() if timeout is None else timeout
+    timeout = setup_timeout() if timeout is None else checked_timeout(timeout, "timeout ")
     log.info("crossfuse_julia: resolving Julia packages (first use installs them, which takes minutes)")
     cmd = list(cmd)
     out_to, err_to = (subprocess.PIPE, subprocess.STDOUT) if quiet else (None, None)
@@ -153,8 +175,10 @@ def resolve_packages(timeout: float | None = None, quiet: bool = True, cmd=RESOL
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException as exc:  # the time limit, Ctrl-C or anything else: the child goes too
         _detect._kill_group(proc)
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
         raise JuliaUnavailable(
             f"resolving the Julia packages (juliapkg.resolve) did not finish within {timeout:g} s: no "
             "network to install them? (CROSSFUSE_JULIA_SETUP_TIMEOUT sets the limit)"

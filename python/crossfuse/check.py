@@ -132,13 +132,14 @@ def run_case(
             with torch.no_grad():
                 out = impl.fn(**inputs)
             ref_grads, got = {}, {}
+        # inside the try: an output or gradient of the wrong shape is the implementation's error too
+        c = compare(impl, dtype, device, op.rows(inputs), out, got, ref_out, ref_grads, inputs)
     except Exception as exc:  # the implementation's own failure is a result, not a crash
         if getattr(exc, "unavailable", False):  # its side cannot run here (crossfuse_julia.JuliaUnavailable)
             res.reason = getattr(exc, "reason", None) or str(exc)
             return res
         res.status, res.reason = "error", f"{type(exc).__name__}: {exc}"
         return res
-    c = compare(impl, dtype, device, op.rows(inputs), out, got, ref_out, ref_grads, inputs)
     res.fwd_err, res.fwd_tol, res.grad_err, res.grad_tol = c.fwd_err, c.fwd_tol, c.grad_err, c.grad_tol
     res.left_out = c.left_out
     res.status = "pass" if c.ok else "fail"
