@@ -194,6 +194,21 @@ def test_check_reports_an_output_of_the_wrong_shape_as_an_error(capsys):
     assert "| layer_norm | torch | python | cpu | float32 | pass |" in out
 
 
+def _raises(**_):
+    raise RuntimeError("deliberately broken")
+
+
+def test_check_with_only_error_rows_exits_1_and_an_interrupt_130(capsys):
+    broken = registry.Implementation("layer_norm", "test_raises", "python", _raises)
+    args = ["check", "--device", "cpu", "--impl", "test_raises", "--dtype", "float32"]
+    with registered(broken):
+        assert cli.main(args) == 1
+    assert "| layer_norm | test_raises | python | cpu | float32 | error |" in capsys.readouterr().out
+    stop = registry.Implementation("layer_norm", "test_interrupt", "python", _interrupt)
+    with registered(stop):
+        assert cli.main(["check", "--device", "cpu", "--impl", "test_interrupt", "--dtype", "float32"]) == 130
+
+
 def test_check_shows_skips_with_reasons(capsys):
     assert cli.main(["check", "--device", "cpu", "--impl", "liger,sdpa_softmax", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out

@@ -247,6 +247,36 @@ def test_cpu_timing_quantiles_are_ordered():
     assert 0 < t.p20 <= t.p50 <= t.p80 and t.reps >= timing.QUICK.cpu_min_reps
 
 
+def test_timing_summary_is_the_20th_50th_and_80th_percentiles():
+    times = [float(v) for v in torch.rand(101, generator=torch.Generator().manual_seed(7)) * 10]
+    t = timing._summarise(times)
+    ordered = sorted(times)  # 101 values: the k-th percentile is the (k)th value, no interpolation
+    assert (t.p20, t.p50, t.p80, t.reps) == (ordered[20], ordered[50], ordered[80], 101)
+
+
+def test_relerr_of_a_non_finite_output_fails_every_tolerance():
+    from crossfuse.tolerances import relerr
+
+    ref = torch.ones(4, dtype=torch.float64)
+    for bad in (float("nan"), float("inf")):
+        out = ref.clone()
+        out[1] = bad
+        err = relerr(out, ref)
+        assert math.isnan(err) and not err <= 1.0
+    assert relerr(ref * 1.01, ref) == pytest.approx(0.01)
+
+
+def test_accuracy_section_shows_the_largest_relerr_of_each_kind():
+    rows = [
+        row(impl="torch", mode="fwd", relerr=1e-7, gbps=1.0),
+        row(impl="torch", mode="fwd", shape="4096x2048", relerr=3e-7, gbps=1.0),
+        row(impl="torch", mode="bwd", relerr=2e-6, gbps=1.0),
+        row(impl="torch", mode="fwd+bwd", relerr=5e-6, gbps=1.0),
+    ]
+    md = report.accuracy_section(report.rows_frame(rows))
+    assert "| layer_norm | cpu | float32 | torch | 3.00e-07 | 5.00e-06 |" in md
+
+
 def test_alternate_takes_every_call_in_turn():
     # one untimed call each first, then rounds that take the calls in order: the order of the calls made
     # is a, b, then (a's repeats, b's repeats) per round, and each name gets one median per round
@@ -298,6 +328,28 @@ def test_a_failing_implementation_is_an_error_row_and_the_run_goes_on(tmp_path):
             assert r.status == "ok" and r.ms_p50 > 0 and r.gbps > 0 and r.alloc_bytes > 0
             assert r.relerr < 1e-5
     assert len(schema.read_csv(path)) == 6
+
+
+def _grad_one_percent_off(inputs, dy):
+    x, w, b = (inputs[k].detach().requires_grad_(True) for k in ("x", "weight", "bias"))
+    out = torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, inputs["eps"])
+    gx, gw, gb = torch.autograd.grad(out, (x, w, b), dy)
+    return out.detach(), {"x": gx * 1.01, "weight": gw, "bias": gb}
+
+
+def test_relerr_is_per_mode():
+    # an exact forward with a gradient 1% off: fwd's relerr is the forward's, bwd's and fwd+bwd's the
+    # gradient's (the largest of output and gradients)
+    fake = registry.Implementation("layer_norm", "test_grad_off", "python",
+                                   lambda x, weight, bias, eps: torch.nn.functional.layer_norm(
+                                       x, (x.shape[-1],), weight, bias, eps),
+                                   vjp=_grad_one_percent_off)  # fmt: skip
+    with registered(fake):
+        s = tiny_suite(modes=("fwd", "bwd", "fwd+bwd"))
+        rows = runner.Runner("cpu", quick=True).run(s, impls=["test_grad_off"])
+    by = {r.mode: r.relerr for r in rows}
+    assert by["fwd"] < 1e-6 and by["bwd"] == pytest.approx(0.01, rel=1e-3)
+    assert by["fwd+bwd"] == pytest.approx(0.01, rel=1e-3)
 
 
 def test_an_interrupted_run_keeps_the_rows_measured_before(tmp_path):

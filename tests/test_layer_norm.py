@@ -126,8 +126,14 @@ def test_weight_in_float32_with_bfloat16_input(device, gen):
     b = randn((200,), torch.float32, device, gen).requires_grad_(True)
     y = crossfuse.layer_norm(x, (200,), w, b)
     assert y.dtype == torch.bfloat16
-    y.float().square().sum().backward()
+    dy = randn((16, 200), torch.bfloat16, device, gen)
+    y.backward(dy)
     assert w.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
+    # their values: float32 sums of the same products as float64's, so float32 sums' error
+    refs = [t.detach().double().requires_grad_(True) for t in (w, b)]
+    layer_norm_ref(x.double(), *refs, 1e-5).backward(dy.double())
+    for got, ref in zip((w.grad, b.grad), refs, strict=True):
+        assert relerr(got, ref.grad) <= tolerance("layer_norm", torch.float32, "reduced", 16)
 
 
 def test_strided_rows_read_without_copy(device, gen):
@@ -230,7 +236,16 @@ def test_output_fully_written(device, gen):
     x = randn((37, 130), torch.bfloat16, device, gen)
     torch.full((37 * 130,), float("nan"), dtype=torch.bfloat16, device=device)
     y = crossfuse.layer_norm(x, (130,))
-    assert torch.isfinite(y).all()
+    assert torch.isfinite(y).all()  # and right: finite garbage would pass the line above
+    assert relerr(y, layer_norm_ref(x.double(), None, None, 1e-5)) <= tolerance("layer_norm", torch.bfloat16)
+
+
+@pytest.mark.parametrize("n", [1000, ln_mod.FUSED_MAX_N + 3], ids=["fused", "chunked"])
+def test_eps_reaches_every_kernel(n, device, gen):
+    # eps far from the default, with rows whose variance is of its size: a kernel keeping 1e-5 is off by
+    # tens of percent (the chunked kernels run only above FUSED_MAX_N)
+    x = randn((2, n), torch.float32, device, gen, std=0.5)
+    check_against_reference(x, randn((n,), torch.float32, device, gen, mean=1.0), None, eps=0.3, gen=gen)
 
 
 @pytest.mark.parametrize("case", ["plain", "chunked"])
@@ -286,6 +301,11 @@ def test_module_is_a_drop_in_for_torch(device, gen):
     assert relerr(ours(x), theirs(x)) <= 1e-5
     no_bias = crossfuse.nn.LayerNorm(96, bias=False, elementwise_affine=True, device=device)
     assert no_bias.bias is None and no_bias(x).shape == x.shape
+    # eps reaches the op (rows with a variance of eps's size)
+    ours = crossfuse.nn.LayerNorm(96, eps=0.3, device=device)
+    theirs = torch.nn.LayerNorm(96, eps=0.3, device=device)
+    small = randn((8, 96), torch.float32, device, gen, std=0.5)
+    assert relerr(ours(small), theirs(small)) <= 1e-5
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -779,7 +799,10 @@ def test_dwdb_reduction_sums_every_partial_row(n, p, max_p, acc, out_dtype, whic
     db = torch.full((n,), 7.0, dtype=out_dtype, device=device)
     ln_mod.reduce_partials(dw_part if which != "db" else None, db_part if which != "dw" else None, dw, db, p,
                            n, max_p)  # fmt: skip
-    tol = 1e-12 if out_dtype == torch.float64 else 2.0 ** -7  # float32 sums, cast to the output dtype
+    # float32 (or float64) sums of up to 3000 rows, rounded once to the output dtype: that rounding (in
+    # 16 bits), or the float32 sums' own error (sqrt(P) ulps), is the error
+    tol = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+    tol = tol[out_dtype]
     for got, part, made in ((dw, dw_part, which != "db"), (db, db_part, which != "dw")):
         if made:
             want = part.double().sum(0)
