@@ -127,3 +127,47 @@ def test_compare_leaves_out_only_the_ambiguous_gradient_rows():
     assert not compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref).ok  # without inputs
     got["q"][0, 0, 2] += 1.0  # a row no score near 0 reaches: still compared
     assert not compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref, inputs).ok
+
+
+def _scaled_layer_norm(factor):
+    def fn(x, weight, bias, eps):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps) * factor
+
+    return fn
+
+
+@pytest.mark.parametrize("times, status", [(0.3, "pass"), (3.0, "fail")])
+def test_the_check_passes_below_the_tolerance_and_fails_above(times, status):
+    # an implementation off by a known relative error: a third of the forward's tolerance passes, three
+    # times it fails (a loosened table would let the second pass)
+    from crossfuse.tolerances import tolerance
+
+    tol = tolerance("layer_norm", torch.float32, "fwd")
+    off = _scaled_layer_norm(1 + times * tol)
+    impl = registry.Implementation("layer_norm", f"test_off_{times}", "python", off)
+    res = run_case(impl, (16, 64), torch.float32, grads=False)
+    assert res.status == status and res.fwd_tol == tol, res
+
+
+def test_reduced_tolerance_grows_as_the_square_root_of_the_rows():
+    from crossfuse.tolerances import tolerance
+
+    for dtype in (torch.float32, torch.bfloat16):
+        big = 1 << 20  # far past the floor: the sqrt(M) regime
+        assert tolerance("layer_norm", dtype, "reduced", 4 * big) == pytest.approx(
+            2 * tolerance("layer_norm", dtype, "reduced", big)
+        )
+        assert tolerance("layer_norm", dtype, "reduced", 1) == tolerance("layer_norm", dtype, "bwd")
+
+
+def test_tf32_tolerances_only_where_float32_runs_on_tensor_cores():
+    # float32 attention on the CPU (the interpreter, or torch) is held to float32's tolerance, not tf32's
+    from crossfuse import _backend
+    from crossfuse.tolerances import tolerance
+
+    impl = registry.get("relu_attention", "naive")
+    res = run_case(impl, (1, 1, 16, 16), torch.float32, "cpu", grads=False)
+    assert res.status == "pass" and res.fwd_tol == tolerance("relu_attention", torch.float32, "fwd")
+    if _backend.interpreter_requested():
+        res = run_case(registry.get("relu_attention", "triton"), (1, 1, 16, 16), torch.float32, "cpu")
+        assert res.status == "pass" and res.fwd_tol == tolerance("relu_attention", torch.float32, "fwd")
