@@ -12,6 +12,7 @@ import sys
 
 from . import _detect, install
 from .errors import HOW_TO_GET_JULIA, JuliaUnavailable
+from .session import checked_timeout
 
 
 def main(argv=None) -> int:
@@ -19,8 +20,11 @@ def main(argv=None) -> int:
     parser.add_argument("command", nargs="?", choices=("status", "install"), default="status")
     parser.add_argument("--timeout", type=float, default=None, help="seconds for `install` (default 1800)")
     args = parser.parse_args(argv)
-    if args.timeout is not None and not 0 < args.timeout < float("inf"):
-        parser.error(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    if args.timeout is not None:  # the rule resolve_packages applies, said before anything runs
+        try:
+            checked_timeout(args.timeout, "--timeout ")
+        except JuliaUnavailable as exc:
+            parser.error(exc.reason)
     if args.command == "install":
         try:
             install(args.timeout)

@@ -50,8 +50,8 @@ def unavailable_reason(device=None, start: bool = False) -> str | None:
         return reason
     cuda = device is not None and torch.device(device).type == "cuda"
     if cuda and not session.cuda_requested():
-        if session.cuda_flag_problem():
-            return f"the Julia GPU path is off: {session.cuda_flag_problem()}"
+        if problem := session.cuda_flag_problem():
+            return f"the Julia GPU path is off: {problem}"
         return "the Julia GPU path is off (set CROSSFUSE_JULIA_CUDA=1 before the first Julia call)"
     if start or session.started():
         try:

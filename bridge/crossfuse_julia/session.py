@@ -58,7 +58,10 @@ _FAILED: str | None = None
 def cuda_requested() -> bool:
     """Whether ``CROSSFUSE_JULIA_CUDA`` asks for the GPU path; a value that is no flag is false here, and
     :func:`cuda_flag_problem` says why."""
-    return cuda_flag_problem() is None and bool(_detect.env_flag("CROSSFUSE_JULIA_CUDA"))
+    try:
+        return bool(_detect.env_flag("CROSSFUSE_JULIA_CUDA"))
+    except ValueError:
+        return False
 
 
 def cuda_flag_problem() -> str | None:
@@ -111,8 +114,8 @@ def _start() -> Session:
         raise JuliaUnavailable(f"juliacall could not start Julia ({type(exc).__name__}: {exc})") from exc
     main = juliacall.Main
     cuda, cuda_reason = False, "the GPU path is off (set CROSSFUSE_JULIA_CUDA=1 before the first Julia call)"
-    if cuda_flag_problem():
-        cuda_reason = f"the GPU path is off: {cuda_flag_problem()}"
+    if problem := cuda_flag_problem():
+        cuda_reason = f"the GPU path is off: {problem}"
     try:
         if cuda_requested():
             main.seval("import CUDA")

@@ -15,8 +15,16 @@ _HEAD_DIMS = (16, 32, 64, 128, 256)  # crossfuse.ops.relu_attention.HEAD_DIMS (n
 _WARPS = (1, 2, 4, 8, 16, 32)
 
 
+def _int_at_least(low: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
 def _pow2(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0
+    return _int_at_least(1)(v) and v & (v - 1) == 0
+
+
+def _where(key: str, origin: str) -> str:
+    return f"{origin or 'tuned configs'}: entry {key!r}"
 
 
 def _checked(key: str, c, origin: str, fields: dict) -> dict:
@@ -24,7 +32,7 @@ def _checked(key: str, c, origin: str, fields: dict) -> dict:
     is optional) pass; otherwise an error naming where the file came from, the entry and the field: an
     entry the launchers cannot use must not reach them (a causal attention entry whose tiles do not
     divide gives wrong results, not an error)."""
-    where = f"{origin or 'tuned configs'}: entry {key!r}"
+    where = _where(key, origin)
     if not isinstance(c, dict):
         raise RuntimeError(f"{where} must be an object, got {type(c).__name__}")
     for name, (test, what) in fields.items():
@@ -46,7 +54,7 @@ _LN_FIELDS = {
     "block_m": (_pow2, "a power of 2"),
     "block_n?": (_pow2, "a power of 2"),
     "num_warps": (lambda v: v in _WARPS, f"one of {_WARPS}"),
-    "pps": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),
+    "pps": (_int_at_least(0), "an int >= 0"),
     "rows?": (lambda v: v in ("few", "many"), "'few' or 'many'"),
 }
 _ATTN_FIELDS = {
@@ -57,7 +65,7 @@ _ATTN_FIELDS = {
     "block_m": (lambda v: _pow2(v) and v >= 16, "a power of 2 >= 16"),
     "block_n": (lambda v: _pow2(v) and v >= 16, "a power of 2 >= 16"),
     "num_warps": (lambda v: v in _WARPS[:4], f"one of {_WARPS[:4]}"),
-    "num_stages": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1"),
+    "num_stages": (_int_at_least(1), "an int >= 1"),
     "length?": (lambda v: v in ("short", "long"), "'short' or 'long'"),
 }
 
@@ -69,7 +77,7 @@ def _check_attention_tiles(key: str, c: dict, origin: str) -> None:
     ok = n % m == 0 if c["kind"] == "dkdv" else m % n == 0
     if not ok:
         rule = "block_m must divide block_n" if c["kind"] == "dkdv" else "block_n must divide block_m"
-        raise RuntimeError(f"{origin or 'tuned configs'}: entry {key!r}: {rule} (got {m} and {n})")
+        raise RuntimeError(f"{_where(key, origin)}: {rule} (got {m} and {n})")
 
 
 @functools.cache
