@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from crossfuse import registry
 from crossfuse.check import run_case
+from crossfuse.tolerances import tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -110,23 +113,70 @@ def test_kink_rows_are_the_rows_a_score_at_zero_reaches():
         assert kink_rows(q2, k2)["q"].tolist() == [[[near, False, False]]], delta
 
 
-def test_compare_leaves_out_only_the_ambiguous_gradient_rows():
+def test_kink_slack_is_the_jump_a_score_at_zero_makes():
+    from crossfuse.reference import kink_slack, relu_attention_ref
+
+    q, k = _kink_case()
+    gen = torch.Generator().manual_seed(7)
+    v, dout = (torch.randn(1, 1, 3, 4, dtype=torch.float64, generator=gen) for _ in range(2))
+    slack = kink_slack(q, k, v, dout)
+    # torch's relu has derivative 0 at 0; the same attention with derivative 1 there (where(s >= 0))
+    # gives the other side of the kink: their dq and dk differ by the slack exactly, in its rows only
+    qkv = [t.double().requires_grad_(True) for t in (q, k, v)]
+    grads = torch.autograd.grad(relu_attention_ref(*qkv), qkv[:2], dout)
+    s = qkv[0] @ qkv[1].transpose(-1, -2) / 2.0  # scale = 1/sqrt(4)
+    other = torch.autograd.grad(torch.where(s >= 0, s, 0.0) @ qkv[2] / 3.0, qkv[:2], dout)  # relu_scale 1/3
+    for name, g, o in zip("qk", grads, other, strict=True):
+        jump = torch.linalg.vector_norm(o - g, dim=-1)
+        assert torch.allclose(jump, slack[name], rtol=1e-12, atol=1e-15), (name, jump, slack[name])
+    assert slack["q"][0, 0, 0] > 0 and slack["k"][0, 0, 1] > 0  # the rows of query 0 and key 1
+    assert not kink_slack(q, k, v, dout, squared=True)["q"].any()  # relu^2: no jump
+    assert not kink_slack(q, k, v, dout, causal=True)["q"].any()  # the kink score is masked
+
+
+def test_compare_gives_the_kink_rows_their_slack_and_no_more():
     from crossfuse.check import compare
 
     impl = registry.get("relu_attention", "naive", "python")
     q, k = _kink_case()
-    inputs = {"q": q, "k": k, "v": torch.randn(1, 1, 3, 4, dtype=torch.float64).float(), "causal": False,
-              "squared": False}  # fmt: skip
+    gen = torch.Generator().manual_seed(11)
+    v, dy = (torch.randn(1, 1, 3, 4, dtype=torch.float64, generator=gen) for _ in range(2))
+    inputs = {"q": q, "k": k, "v": v.float(), "causal": False, "squared": False}
     op = registry.OPS["relu_attention"]
-    dy = torch.randn(1, 1, 3, 4, dtype=torch.float64)
     ref_out, ref = op.reference_grads(inputs, dy)
+    slack = op.gradient_slack(inputs, dy)["q"][0, 0, 0].item()
+    # 0.2 slack (the miss below) is far above float32's tolerance relative to dq
+    assert 0.2 * slack > 10 * tolerance("relu_attention", torch.float32, "bwd") * ref["q"].norm().item()
+
+    def with_row0(shift):  # dq with its ambiguous row moved by `shift` along one axis
+        got = {name: g.float().clone() for name, g in ref.items()}
+        got["q"][0, 0, 0, 1] += shift
+        return compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref, inputs, dy)
+
+    c = with_row0(0.99 * slack)  # within what the kink score allows: passes, and the rows are counted
+    assert c.ok and c.slack_rows == {"q": 1, "k": 1}
+    assert not with_row0(1.2 * slack).ok  # the ambiguous row is still compared beyond its slack
     got = {name: g.float().clone() for name, g in ref.items()}
-    got["q"][0, 0, 0] += 1.0  # the ambiguous row of dq: not compared, and counted
-    c = compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref, inputs)
-    assert c.ok and c.left_out == {"q": 1, "k": 1}
-    assert not compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref).ok  # without inputs
-    got["q"][0, 0, 2] += 1.0  # a row no score near 0 reaches: still compared
-    assert not compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref, inputs).ok
+    got["q"][0, 0, 0, 1] += 0.99 * slack
+    assert not compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref, inputs).ok  # no dy
+    got["q"][0, 0, 0, 1] -= 0.99 * slack
+    got["q"][0, 0, 2] += 1e-3  # a row no score near 0 reaches: no slack
+    assert not compare(impl, torch.float32, "cpu", 3, ref_out.float(), got, ref_out, ref, inputs, dy).ok
+
+
+def test_relerr_with_slack():
+    from crossfuse.tolerances import relerr_with_slack
+
+    ref = torch.tensor([[3.0, 4.0], [0.0, 0.0]], dtype=torch.float64)  # ||ref|| = 5
+    out = torch.tensor([[3.0, 4.0], [0.0, 2.0]])
+    assert relerr_with_slack(out, ref, torch.zeros(2)) == pytest.approx(2 / 5)
+    assert relerr_with_slack(out, ref, torch.tensor([0.0, 1.5])) == pytest.approx(0.5 / 5)
+    assert relerr_with_slack(out, ref, torch.tensor([10.0, 2.0])) == 0.0  # slack in one row helps no other
+    assert relerr_with_slack(out, ref, torch.tensor([10.0, 0.0])) == pytest.approx(2 / 5)
+    assert math.isnan(relerr_with_slack(out.index_fill(0, torch.tensor([0]), float("nan")), ref,
+                                        torch.full((2,), 1e9)))  # fmt: skip
+    with pytest.raises(ValueError, match="slack"):
+        relerr_with_slack(out, ref, torch.zeros(3))
 
 
 def _scaled_layer_norm(factor):
@@ -140,7 +190,6 @@ def _scaled_layer_norm(factor):
 def test_the_check_passes_below_the_tolerance_and_fails_above(times, status):
     # an implementation off by a known relative error: a third of the forward's tolerance passes, three
     # times it fails (a loosened table would let the second pass)
-    from crossfuse.tolerances import tolerance
 
     tol = tolerance("layer_norm", torch.float32, "fwd")
     off = _scaled_layer_norm(1 + times * tol)
@@ -150,7 +199,6 @@ def test_the_check_passes_below_the_tolerance_and_fails_above(times, status):
 
 
 def test_reduced_tolerance_grows_as_the_square_root_of_the_rows():
-    from crossfuse.tolerances import tolerance
 
     for dtype in (torch.float32, torch.bfloat16):
         big = 1 << 20  # far past the floor: the sqrt(M) regime
@@ -163,7 +211,6 @@ def test_reduced_tolerance_grows_as_the_square_root_of_the_rows():
 def test_tf32_tolerances_only_where_float32_runs_on_tensor_cores():
     # float32 attention on the CPU (the interpreter, or torch) is held to float32's tolerance, not tf32's
     from crossfuse import _backend
-    from crossfuse.tolerances import tolerance
 
     impl = registry.get("relu_attention", "naive")
     res = run_case(impl, (1, 1, 16, 16), torch.float32, "cpu", grads=False)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import registry
-from .tolerances import relerr, relerr_without, tolerance
+from .tolerances import relerr, relerr_with_slack, tolerance
 
 
 @dataclass
@@ -32,7 +32,7 @@ class CheckResult:
     fwd_tol: float | None = None
     grad_tol: dict = field(default_factory=dict)
     seed: int | None = None
-    left_out: dict = field(default_factory=dict)  # name -> gradient rows left out (Comparison.left_out)
+    slack_rows: dict = field(default_factory=dict)  # name -> gradient rows given slack (Comparison)
 
     @property
     def max_grad_err(self) -> float | None:
@@ -42,9 +42,9 @@ class CheckResult:
         errs = f"fwd {self.fwd_err:.2e} (tol {self.fwd_tol:.1e})" if self.fwd_err is not None else ""
         for k, v in self.grad_err.items():
             errs += f", d{k} {v:.2e} (tol {self.grad_tol[k]:.1e})"
-        if self.left_out:
-            rows = ", ".join(f"{n} d{k} rows" for k, n in self.left_out.items())
-            errs += f" ({rows} left out: no one right answer at this precision, see Op.ambiguous_rows)"
+        if self.slack_rows:
+            rows = ", ".join(f"{n} d{k} rows" for k, n in self.slack_rows.items())
+            errs += f" ({rows} given slack: no one right answer at this precision, see Op.gradient_slack)"
         case = f"{self.impl} {self.dtype} {self.shape} {self.options} seed={self.seed}"
         return f"{case}: {self.status} {errs} {self.reason}"
 
@@ -56,39 +56,40 @@ class Comparison:
     grad_err: dict  # name -> relative error (NaN when the implementation gave no gradient)
     grad_tol: dict
     ok: bool
-    left_out: dict = field(default_factory=dict)  # name -> rows left out of its gradient's comparison
+    slack_rows: dict = field(default_factory=dict)  # name -> rows of its gradient given slack
 
 
 def compare(impl, dtype, device, rows: int, out, got: dict, ref_out, ref_grads: dict,
-            inputs: dict | None = None) -> Comparison:  # fmt: skip
+            inputs: dict | None = None, dy: torch.Tensor | None = None) -> Comparison:  # fmt: skip
     """Relative errors of an output and its gradients against the float64 ones, and whether each is
     within the op's tolerance (reduced gradients: growing with sqrt(rows); Triton on a GPU: tf32).
-    With ``inputs`` (those the references were computed from), the gradient rows the op calls ambiguous
-    at the inputs' precision (``Op.ambiguous_rows``: relu attention's rows at relu's kink) are left out
-    and counted; tf32 products keep every row (their tolerance allows for such scores)."""
+    With ``inputs`` and ``dy`` (those the references were computed from), each gradient row the op
+    calls ambiguous at the inputs' precision is granted the distance its ambiguity allows
+    (``Op.gradient_slack``: relu attention's rows at relu's kink) and counted; every row is still
+    compared. tf32 products get no slack (their tolerance allows for such scores)."""
     op = registry.OPS[impl.op]
     tf32 = torch.device(device).type == "cuda" and impl.kernel == "triton"  # float32 dots on tf32 cores
     fwd_tol = tolerance(op.name, dtype, "fwd", tf32=tf32)
     fwd_err = relerr(out, ref_out)
     ok = fwd_err <= fwd_tol
-    ambiguous = {}
-    if ref_grads and inputs is not None and not (tf32 and dtype == torch.float32):
-        ambiguous = op.ambiguous_rows(inputs)
-    grad_err, grad_tol, left_out = {}, {}, {}
+    slacks = {}
+    if ref_grads and inputs is not None and dy is not None and not (tf32 and dtype == torch.float32):
+        slacks = op.gradient_slack(inputs, dy)
+    grad_err, grad_tol, slack_rows = {}, {}, {}
     for name, ref_g in ref_grads.items():
         kind = "reduced" if name in op.reduced_args else "bwd"
         grad_tol[name] = tolerance(op.name, dtype, kind, rows, tf32=tf32)
         g = got.get(name)
-        skip = ambiguous.get(name)
+        slack = slacks.get(name)
         if g is None:
             grad_err[name] = float("nan")
-        elif skip is not None and bool(skip.any()):
-            left_out[name] = int(skip.sum())
-            grad_err[name] = relerr_without(g, ref_g, skip)
+        elif slack is not None and bool((slack > 0).any()):
+            slack_rows[name] = int((slack > 0).sum())
+            grad_err[name] = relerr_with_slack(g, ref_g, slack)
         else:
             grad_err[name] = relerr(g, ref_g)
         ok = ok and grad_err[name] <= grad_tol[name]
-    return Comparison(fwd_err, fwd_tol, grad_err, grad_tol, ok, left_out)
+    return Comparison(fwd_err, fwd_tol, grad_err, grad_tol, ok, slack_rows)
 
 
 def fresh_generator(seed: int | None = None) -> tuple[torch.Generator, int]:
@@ -133,7 +134,7 @@ def run_case(
                 out = impl.fn(**inputs)
             ref_grads, got = {}, {}
         # inside the try: an output or gradient of the wrong shape is the implementation's error too
-        c = compare(impl, dtype, device, op.rows(inputs), out, got, ref_out, ref_grads, inputs)
+        c = compare(impl, dtype, device, op.rows(inputs), out, got, ref_out, ref_grads, inputs, dy)
     except Exception as exc:  # the implementation's own failure is a result, not a crash
         if getattr(exc, "unavailable", False):  # its side cannot run here (crossfuse_julia.JuliaUnavailable)
             res.reason = getattr(exc, "reason", None) or str(exc)
@@ -141,6 +142,6 @@ def run_case(
         res.status, res.reason = "error", f"{type(exc).__name__}: {exc}"
         return res
     res.fwd_err, res.fwd_tol, res.grad_err, res.grad_tol = c.fwd_err, c.fwd_tol, c.grad_err, c.grad_tol
-    res.left_out = c.left_out
+    res.slack_rows = c.slack_rows
     res.status = "pass" if c.ok else "fail"
     return res

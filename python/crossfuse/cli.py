@@ -151,10 +151,10 @@ def cmd_check(args) -> int:
                     notes.append(
                         f"{'x'.join(map(str, shape))} {options or ''} seed={r.seed}: {r.status} {r.reason}"
                     )
-                elif r.left_out:  # a pass that left gradient rows out: say which
-                    rows = ", ".join(f"{n} d{k}" for k, n in r.left_out.items())
+                elif r.slack_rows:  # a pass that gave gradient rows slack: say which
+                    rows = ", ".join(f"{n} d{k}" for k, n in r.slack_rows.items())
                     case = f"{'x'.join(map(str, shape))} {options or ''} seed={r.seed}"
-                    notes.append(f"{case}: {rows} rows left out (ambiguous at this precision)")
+                    notes.append(f"{case}: {rows} rows given slack (at relu's kink at this precision)")
             results.append((base, worst, fwd, grad, "; ".join(notes)))
     rows = []
     counts = dict.fromkeys(_RANK, 0)

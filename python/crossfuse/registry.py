@@ -43,9 +43,10 @@ class Op:
     reduced_args: tuple[str, ...]  # gradients reduced over rows (tolerance grows with sqrt(rows))
     _make: Callable = field(repr=False)
     _reference: Callable = field(repr=False)
-    # (**inputs) -> {grad name: [..., rows] bool mask} of gradient rows with no one right answer at the
-    # inputs' precision (relu attention: rows a score at relu's kink reaches); None: every row compared
-    _ambiguous: Callable | None = field(default=None, repr=False)
+    # (dy, **inputs) -> {grad name: [..., rows] float64 slack}: for gradient rows with no one right answer
+    # at the inputs' precision, how far they may stand from the float64 one (relu attention: what its
+    # scores at relu's kink can move a row); None: no slack, every row held to the tolerance alone
+    _slack: Callable | None = field(default=None, repr=False)
 
     def make_inputs(
         self, shape: Sequence[int], dtype: torch.dtype, device="cpu", generator=None, **options
@@ -61,9 +62,9 @@ class Op:
         """The float64 output and the float64 gradients of ``<out, dy>`` for the ``grad_args`` present."""
         return _vjp(self._reference, inputs, self.grad_args, dy.double(), torch.float64)
 
-    def ambiguous_rows(self, inputs: dict) -> dict:
-        """``{grad name: bool mask over its rows}`` left out of gradient comparisons (see ``_ambiguous``)."""
-        return {} if self._ambiguous is None else self._ambiguous(**inputs)
+    def gradient_slack(self, inputs: dict, dy: torch.Tensor) -> dict:
+        """``{grad name: slack over its rows}`` granted in gradient comparisons (see ``_slack``)."""
+        return {} if self._slack is None else self._slack(dy, **inputs)
 
     def rows(self, inputs: dict) -> int:
         """How many rows a reduced gradient sums over (for its tolerance)."""
@@ -176,7 +177,7 @@ OPS: dict[str, Op] = {
             (),
             _make_attention,
             lambda q, k, v, causal, squared: _attn_ref.relu_attention_ref(q, k, v, causal, squared),
-            lambda q, k, v, causal, squared: _attn_ref.kink_rows(q, k, causal, squared),
+            lambda dy, q, k, v, causal, squared: _attn_ref.kink_slack(q, k, v, dy, causal, squared),
         ),
     )
 }

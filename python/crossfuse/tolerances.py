@@ -52,11 +52,21 @@ def tolerance(op: str, dtype: torch.dtype, kind: str = "fwd", rows: int = 1, tf3
     return table[kind]
 
 
-def relerr_without(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor) -> float:
-    """:func:`relerr` over the rows of ``out`` and ``ref`` not marked in the bool mask ``rows`` (their
-    leading dims), e.g. gradient rows with no one right answer (``crossfuse.reference.kink_rows``)."""
-    keep = ~rows.to(ref.device)
-    return relerr(out[keep.to(out.device)], ref[keep])
+def relerr_with_slack(out: torch.Tensor, ref: torch.Tensor, slack: torch.Tensor) -> float:
+    """:func:`relerr` with each row of ``out`` granted ``slack`` (a float tensor over the leading dims):
+    a row's distance from ``ref`` counts only beyond its slack, ``max(||out_i - ref_i|| - slack_i, 0)``.
+    Every row is compared; rows with no one right answer get the distance their ambiguity allows and no
+    more (e.g. ``crossfuse.reference.kink_slack``: gradient rows at relu's kink)."""
+    out64, ref64 = out.detach().to(ref.device, torch.float64), ref.detach().double()
+    if out64.shape != ref64.shape or tuple(slack.shape) != tuple(ref64.shape[:-1]):
+        shapes = f"{tuple(out64.shape)} vs reference {tuple(ref64.shape)}, slack {tuple(slack.shape)}"
+        raise ValueError(f"shape mismatch: {shapes}")
+    if not torch.isfinite(out64).all():
+        return float("nan")
+    beyond = (torch.linalg.vector_norm(out64 - ref64, dim=-1) - slack.to(ref64)).clamp(min=0)
+    denom = torch.linalg.vector_norm(ref64).item()
+    num = torch.linalg.vector_norm(beyond).item()
+    return num / denom if denom > 0 else num
 
 
 def relerr(out: torch.Tensor, ref: torch.Tensor) -> float:

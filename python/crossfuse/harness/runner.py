@@ -389,8 +389,9 @@ class Runner:
         if data.ref_error is not None:
             return {}, f"relerr not computed: float64 reference failed: {data.ref_error}"
         ref_out, ref_grads = data.reference(grads)
+        dy = None if data.dy is None else data.part(data.dy)
         c = check.compare(impl, p.dtype, self.device, op.rows(data.inputs), out, got, ref_out, ref_grads,
-                          data.reference_inputs())  # fmt: skip
+                          data.reference_inputs(), dy)  # fmt: skip
         fwd, ok = c.fwd_err, c.ok
         errs = {"fwd": fwd}
         gerrs = list(c.grad_err.values())

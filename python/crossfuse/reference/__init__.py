@@ -1,6 +1,6 @@
 """Pure-torch reference variants (the seed's Julia variants in torch) and float64 references."""
 
-from .attention import kink_rows, relu_attention_naive, relu_attention_ref
+from .attention import kink_rows, kink_slack, relu_attention_naive, relu_attention_ref
 from .norms import (
     layer_norm,
     layer_norm_maxstd_ref,
@@ -14,6 +14,7 @@ from .norms import (
 
 __all__ = [
     "kink_rows",
+    "kink_slack",
     "layer_norm",
     "layer_norm_maxstd_ref",
     "layer_norm_ref",

@@ -39,20 +39,47 @@ def relu_attention_ref(q, k, v, causal: bool = False, squared: bool = False, sca
     return relu_attention_naive(q.double(), k.double(), v.double(), causal, squared, scale, relu_scale)
 
 
-def kink_rows(q, k, causal: bool = False, squared: bool = False) -> dict[str, torch.Tensor]:
-    """``{"q": rows, "k": rows}``: [..., L] masks of the query rows of dq and the key rows of dk that a
-    score within float32 rounding of relu's kink reaches (inputs [..., L, D], in the dtype the kernel
-    multiplies them in). relu's derivative jumps at 0, and a score ``|s| <= D * 2^-23 * sum_d |q_d k_d|``
-    may fall on either side in any float32 sum, moving its dq row by ``dp * scale * k`` (its dk row by
-    ``dp * scale * q``) one way or the other: such rows have no one right answer to compare with. None
-    for ``squared`` (continuous at 0) and none for dv; usually none at all, a few among thousands at
-    most (a fresh seed of the tests found two scores among 2 * 10^5, which moved dq by 1.3e-3 where the
-    float32 tolerance is 2e-4). Not for tf32 products: their wider rounding is in their tolerance."""
-    if squared:  # no kink: no score to compute
-        return {"q": torch.zeros(q.shape[:-1], dtype=torch.bool, device=q.device),
-                "k": torch.zeros(k.shape[:-1], dtype=torch.bool, device=k.device)}  # fmt: skip
+def _near_kink(q, k, causal: bool) -> torch.Tensor:
+    """[..., Lq, Lk] bool: the scores within float32 rounding of relu's kink (inputs [..., L, D], in the
+    dtype the kernel multiplies them in): ``|s| <= D * 2^-23 * sum_d |q_d k_d|`` may fall on either side
+    of 0 in any float32 sum. Masked (causal) scores are not among them."""
     q, k = q.detach().double(), k.detach().double()
     near = (q @ k.transpose(-1, -2)).abs() <= q.shape[-1] * 2.0**-23 * (q.abs() @ k.abs().transpose(-1, -2))
     if causal:
         near &= torch.ones(near.shape[-2:], dtype=torch.bool, device=near.device).tril()
+    return near
+
+
+def kink_rows(q, k, causal: bool = False, squared: bool = False) -> dict[str, torch.Tensor]:
+    """``{"q": rows, "k": rows}``: [..., L] masks of the query rows of dq and the key rows of dk that a
+    score within float32 rounding of relu's kink reaches (inputs [..., L, D], in the dtype the kernel
+    multiplies them in). relu's derivative jumps at 0, so such a row has no one right answer: how far
+    it may move is :func:`kink_slack`. None for ``squared`` (continuous at 0) and none for dv. Not for
+    tf32 products: their wider rounding is in their tolerance."""
+    if squared:  # no kink: no score to compute
+        return {"q": torch.zeros(q.shape[:-1], dtype=torch.bool, device=q.device),
+                "k": torch.zeros(k.shape[:-1], dtype=torch.bool, device=k.device)}  # fmt: skip
+    near = _near_kink(q, k, causal)
     return {"q": near.any(-1), "k": near.any(-2)}
+
+
+def kink_slack(q, k, v, dout, causal: bool = False, squared: bool = False, scale=None, relu_scale=None):
+    """``{"q": slack, "k": slack}``: [..., L] float64, for each row of dq (of dk) the largest distance
+    its scores at relu's kink (:func:`kink_rows`) can move it. A score ``s_ij`` on the other side of 0
+    adds or removes ``relu_scale * scale * dp_ij * k_j`` in dq row i (``... * q_i`` in dk row j), with
+    ``dp = dout @ v^T``; the slack is the sum of their norms over the row's ambiguous scores (the
+    triangle inequality), 0 in rows none reaches and everywhere for ``squared`` (continuous at 0). A
+    comparison that grants each row its slack (``crossfuse.tolerances.relerr_with_slack``) keeps every
+    row: a wrong row still fails unless it is wrong by no more than its kink scores allow."""
+    lk, d = k.shape[-2], q.shape[-1]
+    if squared:
+        return {"q": torch.zeros(q.shape[:-1], dtype=torch.float64, device=q.device),
+                "k": torch.zeros(k.shape[:-1], dtype=torch.float64, device=k.device)}  # fmt: skip
+    scale, relu_scale = attention_scales(d, lk, scale, relu_scale)
+    near = _near_kink(q, k, causal)
+    dp = dout.detach().double() @ v.detach().double().transpose(-1, -2)
+    jump = torch.where(near, dp.abs(), 0.0) * abs(scale * relu_scale)
+    q_norm = torch.linalg.vector_norm(q.detach().double(), dim=-1)
+    k_norm = torch.linalg.vector_norm(k.detach().double(), dim=-1)
+    return {"q": (jump @ k_norm.unsqueeze(-1)).squeeze(-1),
+            "k": (jump.transpose(-1, -2) @ q_norm.unsqueeze(-1)).squeeze(-1)}  # fmt: skip
