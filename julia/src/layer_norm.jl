@@ -133,13 +133,15 @@ end
 # One full-size temporary: it holds g, then g n, then ∂x (g is recomputed from Ȳ and α). It is
 # allocated here, not taken from `Ȳ .* α`: for a `sum` loss Zygote passes Ȳ as a FillArrays `Fill`,
 # and `Fill .* α` with a number α is another `Fill`, which cannot be written into.
+# Ȳ is widened before it meets α: a Float16 Ȳ (loss scaling makes it large) times a Float16 α would
+# round, and overflow past 65504, in Float16 before reaching the wider `tmp`.
 function _maxstd_dx(Ȳ, α, n, σ₀, rσ, ϵ, invN)
-    tmp = similar(n, promote_type(eltype(Ȳ), eltype(n)))
-    tmp .= Ȳ .* α
+    tmp = similar(n, promote_type(_stat_type(eltype(Ȳ)), eltype(n)))
+    tmp .= _widen.(Ȳ) .* α
     sum_g = sum(tmp; dims = 1)
     tmp .*= n
     sum_gn = ifelse.(σ₀ .> ϵ, sum(tmp; dims = 1), zero(eltype(tmp)))
-    tmp .= (Ȳ .* α .- (n .* sum_gn .+ sum_g) .* invN) .* rσ
+    tmp .= (_widen.(Ȳ) .* α .- (n .* sum_gn .+ sum_g) .* invN) .* rσ
     return tmp
 end
 

@@ -97,17 +97,20 @@ function _normalise_istd(x, μ, σ², ε)
     return (x .- μ) .* istd, istd
 end
 
-# 1 / N in the element type of `y`, N the number of elements per slice.
-_inv_count(y, x, dims) = inv(convert(eltype(y), sum_length(x, dims)))
+# 1 / N in the type the pullbacks sum in (`_stat_type`: Float32 for Float16 `y`, where N past
+# 65504 would be Inf), N the number of elements per slice.
+_inv_count(y, x, dims) = inv(convert(_stat_type(eltype(y)), sum_length(x, dims)))
 
 @non_differentiable _inv_count(::Any, ::Any, ::Any)
 
 # The backward pass of y = (x - μ) istd, istd = (σ² + ε)^(-1/2), σ² the biased variance.
 # With ∂istd/∂x_j = -istd³ (x_j - μ) / N:
 #   dx = istd (dy - Σdy / N - y istd Σ(dy (x - μ)) / N),   sums over `dims`.
-# On entry `tmp` holds dy .* (x .- μ); the sums are taken before the broadcast overwrites it.
+# On entry `tmp` holds dy .* (x .- μ) (`_dy_times_centred`); the sums are taken before the
+# broadcast overwrites it. Both sums are in `_stat_type` (a Float16 Σdy would overflow past 65504).
 function _normal_dx_istd!(tmp, dy, y, istd, invN, dims)
-    tmp .= istd .* (dy .- invN .* sum(dy; dims) .- y .* istd .* invN .* sum(tmp; dims))
+    tmp .= istd .*
+        (dy .- invN .* sum(_widen, dy; dims) .- y .* istd .* invN .* sum(tmp; dims))
     return tmp
 end
 
@@ -116,9 +119,13 @@ end
 # (The seed's GPU pullback computed (dy - (Σdy - y Σ(dy (x - μ))) / N) / s: the last term with the
 # wrong sign and one factor 1/s short. The tests compare this method with the istd one in Float64.)
 function _normal_dx_div!(tmp, dy, y, s, invN, dims)
-    tmp .= (dy .- invN .* sum(dy; dims) .- y .* (invN .* sum(tmp; dims)) ./ s) ./ s
+    tmp .= (dy .- invN .* sum(_widen, dy; dims) .- y .* (invN .* sum(tmp; dims)) ./ s) ./ s
     return tmp
 end
+
+# The pullbacks' one full-size temporary, dy .* (x .- μ), in `_stat_type` (Float32 for Float16
+# cotangents: twice the temporary's bytes there, and sums that do not overflow).
+_dy_times_centred(dy, x, μ) = _widen.(dy) .* (x .- μ)
 
 #####
 ##### Rules
@@ -137,7 +144,7 @@ function ChainRulesCore.rrule(
     project_x = ProjectTo(x)
     function normal_new_pullback(Δ)
         dy = unthunk(Δ)
-        dx = _normal_dx_istd!(dy .* (x .- μ), dy, y, istd, invN, dims)
+        dx = _normal_dx_istd!(_dy_times_centred(dy, x, μ), dy, y, istd, invN, dims)
         return (NoTangent(), project_x(dx))
     end
     return y, normal_new_pullback
@@ -156,7 +163,7 @@ function ChainRulesCore.rrule(
     project_x = ProjectTo(x)
     function normal_newer_pullback(Δ)
         dy = unthunk(Δ)
-        dx = _normal_dx_istd!(dy .* (x .- μ), dy, y, istd, invN, dims)
+        dx = _normal_dx_istd!(_dy_times_centred(dy, x, μ), dy, y, istd, invN, dims)
         return (NoTangent(), project_x(dx))
     end
     return y, normal_newer_pullback
@@ -177,7 +184,7 @@ function ChainRulesCore.rrule(
     project_x = ProjectTo(x)
     function normal_newer_pullback(Δ)
         dy = unthunk(Δ)
-        dx = _normal_dx_div!(dy .* (x .- μ), dy, y, s, invN, dims)
+        dx = _normal_dx_div!(_dy_times_centred(dy, x, μ), dy, y, s, invN, dims)
         return (NoTangent(), project_x(dx))
     end
     return y, normal_newer_pullback

@@ -62,13 +62,16 @@ _welford_leaf(a::Float32) = (a, 0.0f0, Int32(1))
 
 # Chan, Golub & LeVeque's pairwise update. With k = k1 + k2 and δ = m2 - m1:
 #   m  = m1 + δ k2 / k,        M2 = M2₁ + M2₂ + δ² k1 k2 / k.
-# Against the empty triple this returns the other argument exactly (k2 / k is 1 or 0), so the
-# empty triple is a true identity, as a GPU reduction requires of `init`.
+# An empty side returns the other argument as it is, so the empty triple is a true identity, as a
+# GPU reduction requires of `init` (through the formula, δ² overflows to Inf for |m| past
+# sqrt(floatmax(Float32)) ≈ 1.8e19, and Inf * 0 made M2 NaN).
 function _chan_combine(a::Tuple{Float32, Float32, Int32}, b::Tuple{Float32, Float32, Int32})
     m1, s1, k1 = a
     m2, s2, k2 = b
     k = k1 + k2
     iszero(k) && return _WELFORD_EMPTY # two empty groups, e.g. idle threads on a GPU
+    iszero(k1) && return b
+    iszero(k2) && return a
     w = Float32(k2) / Float32(k)
     δ = m2 - m1
     return (muladd(δ, w, m1), s1 + s2 + δ * δ * Float32(k1) * w, k)

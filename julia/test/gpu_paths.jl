@@ -50,6 +50,17 @@
         @test maxerr(s.var, var(Float64.(xl); dims = 1, corrected = false)) ≤ 1.0e-2
     end
 
+    @testset "mean_var, one-pass method, means past sqrt(floatmax(Float32))" begin
+        # Combining with the empty triple (the reduction's `init`) returns the other side as it is;
+        # through the formula δ² overflowed for |m| > 1.8e19 and Inf * 0 made the variance NaN.
+        t = (2.0f19, 0.0f0, Int32(1))
+        @test CrossFuse._chan_combine(CrossFuse._WELFORD_EMPTY, t) === t
+        @test CrossFuse._chan_combine(t, CrossFuse._WELFORD_EMPTY) === t
+        s = mean_var(JLArray(fill(2.0f19, 8, 3)); dims = 1)
+        @test Array(s.mean) == fill(2.0f19, 1, 3)
+        @test Array(s.var) == zeros(Float32, 1, 3)
+    end
+
     @testset "rrule mean_var on the GPU path" begin
         Δμ = randn(Float32, 1, 7)
         Δσ² = randn(Float32, 1, 7)

@@ -132,6 +132,17 @@
         _, backw = rrule(layer_norm, nothing, randn(Float32, 2), xw)
         @test ChainRulesCore.unthunk(backw(ones(Float16, 2, 70000))[3]) ==
             fill(70000.0f0, 2)
+        # Ȳ α widened before the product: Ȳ = α = 300 gives g = 9e4, past Float16's range (in
+        # Float16 it was Inf, and ∂x Inf - Inf = NaN). A constant g has ∂x = 0 up to rounding.
+        α3 = fill(Float16(300), 6)
+        x3 = Float16.(randn(6, 4))
+        _, back3 = rrule(layer_norm, α3, nothing, x3)
+        _, back3_64 = rrule(layer_norm, Float64.(α3), nothing, Float64.(x3))
+        dx3 = ChainRulesCore.unthunk(back3(fill(Float16(300), 6, 4))[4])
+        dx3_64 = ChainRulesCore.unthunk(back3_64(fill(300.0, 6, 4))[4])
+        @test eltype(dx3) == Float16
+        @test all(isfinite, dx3)
+        @test maxerr(dx3, dx3_64) ≤ 1.0 # against a scale of g / σ ≈ 9e4
         # Long columns: Σx² ≈ 8192 * 20 is past Float16's largest value (65504).
         xl = Float16.(4 .* randn(8192, 2) .+ 2)
         @test maxerr(
@@ -164,7 +175,13 @@
         xe = repeat([0.1 -3.0 7.5], 5, 1)
         @test all(isfinite, layer_norm(nothing, nothing, xe))
         _, backe = rrule(layer_norm, nothing, nothing, xe)
-        @test all(isfinite, backe(randn(5, 3))[4])
+        dye = randn(5, 3)
+        # the floor is active: ∂x = (g - mean(g)) / ϵ, g = dy here (no α)
+        @test isapprox(
+            backe(dye)[4],
+            (dye .- mean(dye; dims = 1)) ./ 1.0e-5;
+            rtol = 1.0e-10,
+        )
     end
 
     @testset "large mean: the single pass loses precision in Float32" begin
