@@ -63,6 +63,9 @@ def test_usage_errors_exit_2(capsys):
     assert "no result CSV" in capsys.readouterr().err
     assert cli.main(["profile", "attention", "--device", "cpu", "--shape", "2x3"]) == 2
     assert cli.main(["profile", "softmax"]) == 2  # argparse: invalid choice
+    for seed in ("99999999999999999999", "-1", "1.5"):  # torch.Generator takes 0 to 2^63 - 1
+        assert cli.main(["check", "--op", "layer_norm", "--seed", seed]) == 2
+        assert "argument --seed" in capsys.readouterr().err
 
 
 def test_cuda_without_a_gpu_is_a_usage_error(capsys):
@@ -76,7 +79,9 @@ def test_bench_quick_writes_csv_and_markdown_then_report(tmp_path, capsys):
     out = tmp_path / "res"
     args = ["bench", "layer_norm", "--quick", "--device", "cpu", "--op", "layer_norm", "--dtype", "float32",
             "--impl", "python/torch", "--impl", "liger", "--out", str(out)]  # fmt: skip
+    threads = torch.get_num_threads()
     assert cli.main(args) == 0
+    assert torch.get_num_threads() == threads  # --threads 1 (the default) held only while timing
     stdout = capsys.readouterr().out
     assert "### layer_norm · cpu · float32 · fwd — GB/s (median)" in stdout and "| 64x256 |" in stdout
     df = schema.read_csv(out / "results.csv")
@@ -85,6 +90,7 @@ def test_bench_quick_writes_csv_and_markdown_then_report(tmp_path, capsys):
     assert (ln[ln["impl"] == "torch"]["status"] == "ok").all()
     assert (ln[ln["impl"] == "liger"]["note"] == "runs on cuda only").all()
     assert (df["op"] == "copy").sum() == 1
+    assert df["device_name"].str.endswith("(1 threads)").all()  # the rows say how they were timed
     assert (out / "layer_norm-quick-cpu.md").is_file()
     assert cli.main(["report", str(out / "results.csv"), "--no-plots"]) == 0
     assert "copy ceiling" in (out / "report.md").read_text()
@@ -127,7 +133,15 @@ def test_bench_filters_budget_and_paths_that_cannot_work_exit_2(tmp_path, capsys
     a_file = tmp_path / "afile"
     a_file.write_text("not a folder")
     assert cli.main([*base, "--op", "layer_norm", "--impl", "python/torch", "--out", str(a_file)]) == 2
-    assert "crossfuse bench: error:" in capsys.readouterr().err
+    assert f"error: --out must be a folder, and {a_file} is a file" in capsys.readouterr().err
+    assert cli.main(["profile", "attention", "--device", "cpu", "--out", str(a_file)]) == 2
+    assert "--out must be a folder" in capsys.readouterr().err
+    assert cli.main([*base, "--threads", "-1", "--out", str(tmp_path / "d")]) == 2
+    assert "--threads must be >= 0" in capsys.readouterr().err
+    not_py = tmp_path / "suites.txt"
+    not_py.write_text("SUITES = {}\n")
+    assert cli.main([*base, "--suites", str(not_py)]) == 2
+    assert "not a Python file" in capsys.readouterr().err
     suites = tmp_path / "broken_suites.py"
     suites.write_text("SUITES = {\n")
     assert cli.main([*base, "--suites", str(suites)]) == 2
@@ -147,6 +161,8 @@ def test_report_rewrites_its_own_file_but_not_another(tmp_path, capsys):
     csv = str(out / "results.csv")
     assert cli.main(["report", csv, "--no-plots"]) == 0
     assert cli.main(["report", csv, "--no-plots"]) == 0  # its own report.md: rewritten
+    assert cli.main(["report", csv, "--no-plots", "--out", csv]) == 2
+    assert "--out must be a folder" in capsys.readouterr().err
     (out / "report.md").write_text("## crossfuse GPU session\n\n(a profile section)\n")
     capsys.readouterr()
     assert cli.main(["report", csv, "--no-plots"]) == 2

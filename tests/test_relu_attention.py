@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import crossfuse
+import numpy as np
 import pytest
 import torch
 from crossfuse.ops import relu_attention as ra
@@ -293,6 +294,15 @@ def test_module(squared, device, gen):
     assert mod.qkv.weight.grad is not None
     with pytest.raises(ValueError, match="head_dim"):
         crossfuse.nn.ReLUAttention(60, 2)
+    # the constructor names a bad argument (the forward would fail inside torch.view, or take "no" as
+    # true); numpy's integers and bools pass
+    for kw, name in ((dict(num_heads=4.0), "num_heads"), (dict(num_heads=True), "num_heads"),
+                     (dict(embed_dim="64"), "embed_dim"), (dict(causal="no"), "causal"),
+                     (dict(squared=1), "squared"), (dict(bias=None), "bias")):  # fmt: skip
+        with pytest.raises(TypeError, match=name):
+            crossfuse.nn.ReLUAttention(**{"embed_dim": 64, "num_heads": 4, **kw})
+    mod = crossfuse.nn.ReLUAttention(np.int64(64), np.int32(4), causal=np.bool_(True))
+    assert (mod.num_heads, mod.causal) == (4, True) and type(mod.causal) is bool
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -34,6 +34,24 @@ def interpreter_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
 
 
+def quiet_interpreter(launcher):
+    """Decorate a launcher: under Triton's interpreter, numpy's floating-point warnings are off while it
+    runs. The interpreter computes with numpy, which warns where a GPU silently gives inf or NaN (e.g.
+    ``1 / sqrt(var + eps)`` of a masked padding row with ``eps = 0``, whose result is never stored);
+    the values are the same either way, and inf or NaN in an output stays there to be seen."""
+
+    @functools.wraps(launcher)
+    def wrapper(*args, **kwargs):
+        if not interpreter_requested():
+            return launcher(*args, **kwargs)
+        import numpy as np
+
+        with np.errstate(all="ignore"):
+            return launcher(*args, **kwargs)
+
+    return wrapper
+
+
 def enable_interpreter_if_no_gpu() -> bool:
     """Switch Triton to its interpreter when no CUDA device is present.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import operator
 
 import torch
 
@@ -60,3 +61,13 @@ def check_positive_float(value, name: str, allow_zero: bool = True) -> float:
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be a finite number {bound}, got {value}")
     return value
+
+
+def check_int(value, name: str) -> int:
+    """An integer (numpy's included, via ``operator.index``); not a float and not a bool."""
+    if not _is_bool(value):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an integer, got {type_name(value)}")

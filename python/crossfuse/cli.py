@@ -198,9 +198,7 @@ def _collapse_skips(results: list) -> list:
 
 
 def cmd_bench(args) -> int:
-    from .harness import report, runner, suite
-    from .harness.progress import Progress
-    from .harness.schema import CsvWriter
+    from .harness import runner, suite
 
     try:
         suites = suite.load_suites(args.suites)
@@ -213,13 +211,29 @@ def cmd_bench(args) -> int:
     s = suites[args.suite]
     if args.budget_s is not None and not args.budget_s > 0:
         raise UsageError(f"--budget-s must be a number of seconds > 0, got {args.budget_s}")
+    if args.threads < 0:
+        raise UsageError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     if args.append and args.replace:
         raise UsageError("--append and --replace exclude each other")
     if not runner.Runner(device, None, quick=args.quick).plan(s, dtypes, ops, impls):
         raise UsageError(f"no point of suite {s.name!r} matches the filters (--op, --dtype, --impl)")
-    out = Path(args.out)
+    out = _out_folder(args.out)
     csv_path = out / "results.csv"
     _make_room(csv_path, s.name, args.append, args.replace)
+    threads = torch.get_num_threads()
+    if device == "cpu" and args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run_bench(args, s, device, dtypes, ops, impls, out, csv_path)
+    finally:
+        torch.set_num_threads(threads)  # as it was: main() may be called in a process that goes on
+
+
+def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -> int:
+    from .harness import report, runner
+    from .harness.progress import Progress
+    from .harness.schema import CsvWriter
+
     try:
         writer = CsvWriter(csv_path)
     except ValueError as exc:
@@ -256,6 +270,14 @@ def cmd_bench(args) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _out_folder(path: str | None) -> Path:
+    """``--out`` as a folder: a usage error naming the flag where a file stands at that path."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out must be a folder, and {out} is a file (results are written into the folder)")
+    return out
 
 
 def _make_room(csv_path: Path, suite_name: str, append: bool, replace: bool) -> None:
@@ -304,7 +326,7 @@ def cmd_report(args) -> int:
         df = read_csv(args.csv)
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    out = Path(args.out) if args.out else Path(args.csv).parent
+    out = _out_folder(args.out) if args.out else Path(args.csv).parent
     md_path = out / "report.md"
     if md_path.exists() and not args.force:
         with open(md_path, encoding="utf-8", errors="replace") as f:
@@ -340,7 +362,7 @@ def cmd_profile(args) -> int:
     dtypes = _dtypes([args.dtype] if args.dtype else None)
     if dtypes is not None and len(dtypes) != 1:
         raise UsageError(f"--dtype takes one dtype for a profile, got {args.dtype!r}")
-    out = Path(args.out)
+    out = _out_folder(args.out)
     res = profile.profile_attention(device, shape, dtypes[0] if dtypes else None, args.causal, out)
     (out / "profile.md").write_text(res.markdown)
     print(res.markdown)
@@ -397,6 +419,17 @@ def cmd_info(args) -> int:
 # ----------------------------------------------------------------------------------------------------
 
 
+def _seed(text: str) -> int:
+    """``--seed``: an integer a torch.Generator takes (0 to 2^63 - 1), else argparse's usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer expected, got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2^63 - 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="crossfuse", description="crossfuse: check, benchmark and profile the registered implementations"
@@ -414,7 +447,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--dtype", action="append", help=f"dtypes (default: {', '.join(CHECK_DTYPES)})")
     c.add_argument("--side", choices=("python", "julia"), help="only one side")
-    c.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh, printed on failure)")
+    c.add_argument(
+        "--seed",
+        type=_seed,
+        help="seed of the random inputs, 0 to 2^63 - 1 (default: fresh, printed on failure)",
+    )
     c.set_defaults(func=cmd_check)
 
     b = sub.add_parser("bench", help="run a benchmark suite from bench/suites.py")
@@ -431,6 +468,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--suites", help="suite file (default: bench/suites.py of this checkout)")
     b.add_argument("--budget-s", type=float, help="stop measuring after this many seconds (skip rows after)")
+    b.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch's CPU threads while timing on the CPU (default 1: a pool of threads on a busy machine "
+        "turns some calls into waits of milliseconds; 0: torch's default)",
+    )
     b.add_argument(
         "--append", action="store_true", help="add to an OUT/results.csv that already holds this suite's rows"
     )

@@ -213,13 +213,21 @@ class Implementation:
         return f"{self.op}/{self.side}/{self.name}"
 
     def unavailable_reason(self, device: str = "cpu", dtype: torch.dtype | None = None) -> str | None:
-        """Why this implementation cannot run on ``device`` (in ``dtype``, when given) now, or ``None``."""
+        """Why this implementation cannot run on ``device`` (in ``dtype``, when given) now, or ``None``.
+        What keeps it from running at all here (no GPU, no Julia, no Triton) comes before a dtype it
+        lacks, so that every dtype of an implementation that cannot run gives the same reason."""
         device = torch.device(device).type
         if device not in self.devices:
             return f"runs on {', '.join(self.devices)} only"
+        reason = self._environment_reason(device)
+        if reason:
+            return reason
         if dtype is not None and self.dtypes is not None and dtype not in self.dtypes:
             have = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
             return f"no {str(dtype).removeprefix('torch.')} support (has {have})"
+        return None
+
+    def _environment_reason(self, device: str) -> str | None:
         if device == "cuda" and not torch.cuda.is_available():
             return "no CUDA device"
         if self.check_available is not None:

@@ -163,7 +163,7 @@ def throughput_section(df: pd.DataFrame) -> str:
     if df.empty:
         return ""
     peers = peers_of(df)
-    out = []
+    out, any_flagged = [], False
     keys = ["suite", "op", "device", "dtype", "mode", "causal"]
     # tables in the order the rows were measured, the modes of one table group as fwd, bwd, fwd+bwd
     order = df[keys].drop_duplicates()
@@ -206,14 +206,14 @@ def throughput_section(df: pd.DataFrame) -> str:
         title = f"### {_group_title(k)} — {UNIT[metric]} (median)"
         if ceiling:
             title += f"; copy ceiling {ceiling:.0f} GB/s"
-        table_md = title + "\n\n" + markdown_table(header, rows)
-        if flagged:
-            table_md += (
-                "\n\n⚠ above the copy ceiling: no kernel moves bytes faster than a copy, so one of the "
-                "two timings is off; on a CPU, other load on the machine or torch's thread pool (a "
-                "descheduled thread) can stretch single calls by milliseconds"
-            )
-        out.append(table_md)
+        any_flagged = any_flagged or flagged
+        out.append(title + "\n\n" + markdown_table(header, rows))
+    if any_flagged:  # said once, after the tables
+        out.append(
+            "⚠ above the copy ceiling: no kernel moves bytes faster than a copy, so one of the two timings "
+            "is off; on a CPU, other load on the machine or torch's thread pool (a descheduled thread) can "
+            "stretch single calls by milliseconds"
+        )
     return "\n\n".join(out)
 
 

@@ -171,6 +171,8 @@ def load_suites(path: str | os.PathLike | None = None) -> dict[str, Suite]:
     """All suites of the suite file, validated."""
     file = find_suites_file(path)
     spec = importlib.util.spec_from_file_location("_crossfuse_bench_suites", file)
+    if spec is None or spec.loader is None:  # Python loads only files it knows the kind of, e.g. *.py
+        raise ValueError(f"{file}: not a Python file (a suite file is a .py file defining SUITES)")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._validate import check_bool, check_int
 from ..ops.relu_attention import HEAD_DIMS, relu_attention
 
 
@@ -18,6 +19,9 @@ class ReLUAttention(torch.nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False, squared: bool = False,
                  bias: bool = True, device=None, dtype=None):  # fmt: skip
         super().__init__()
+        embed_dim, num_heads = check_int(embed_dim, "embed_dim"), check_int(num_heads, "num_heads")
+        causal, squared = check_bool(causal, "causal"), check_bool(squared, "squared")
+        bias = check_bool(bias, "bias")
         if num_heads < 1 or embed_dim % num_heads:
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be a positive multiple of num_heads ({num_heads})"

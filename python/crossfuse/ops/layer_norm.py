@@ -94,6 +94,7 @@ from .._backend import (
     device_parallelism,
     interpreter_problem,
     is_interpreted,
+    quiet_interpreter,
 )
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
 from . import _gdc, _library, _ln_bwd_rows
@@ -1113,6 +1114,7 @@ def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
     return None if p is None else p.contiguous()
 
 
+@quiet_interpreter
 def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConfig | None = None,
                    out: torch.Tensor | None = None):  # fmt: skip
     """Forward on a 2-D ``x`` with unit column stride. Returns ``(y, mean, rstd)``; ``y`` contiguous, or
@@ -1176,6 +1178,7 @@ def _scratch(dx: torch.Tensor, acc: torch.dtype, elems: int) -> tuple[int, torch
     return rows, dx.view(torch.uint8).view(-1)[start : start + nbytes].view(acc)
 
 
+@quiet_interpreter
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, compute_dw: bool, compute_db: bool,
                    config: LaunchConfig | None = None):  # fmt: skip
     """Backward on 2-D ``dy`` and ``x`` (unit column stride). Returns ``(dx, dw, db)``; dw/db may be None.
@@ -1304,6 +1307,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     return dx, dw, db
 
 
+@quiet_interpreter
 def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int, order: dict | None = None) -> None:
     """dw (db) = the column sums of the first ``p`` rows of the (p, n) partials ``dw_part`` (``db_part``),
     cast to dw's (db's) dtype; a None partial buffer skips its sum. ``max_p`` bounds ``p`` for the

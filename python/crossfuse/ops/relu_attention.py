@@ -67,7 +67,13 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
 
 from .. import _tuning
-from .._backend import check_runnable, compute_capability_major, interpreter_problem, is_interpreted
+from .._backend import (
+    check_runnable,
+    compute_capability_major,
+    interpreter_problem,
+    is_interpreted,
+    quiet_interpreter,
+)
 from .._validate import (
     KERNEL_DTYPES,
     check_bool,
@@ -1003,6 +1009,7 @@ def _bh_d_strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(3)
 
 
+@quiet_interpreter
 def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_scale: float, out=None,
                        config: AttnConfig | None = None):  # fmt: skip
     """Forward on [B, H, L, D] views (unit stride on D; ``v`` may have unit stride on L instead).
@@ -1182,6 +1189,7 @@ def _tf32_copies(dtype: torch.dtype, interp: bool) -> bool:
     return dtype == torch.float32 and not interp
 
 
+@quiet_interpreter
 def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, relu_scale: float,
                        dq=None, dk=None, dv=None, configs: tuple | None = None,
                        trans_copies: bool | None = None):  # fmt: skip
