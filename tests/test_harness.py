@@ -406,7 +406,7 @@ def test_report_flags_figures_above_the_copy_ceiling_and_repeated_runs():
     assert "3 rows repeat a measurement" in md
     md = report.render(rows[:2])
     assert "1400% ⚠ (torch)" in md and md.count("⚠ above the copy ceiling") == 1
-    two = rows[:2] + [row(impl="torch", dtype="float16", gbps=30.0)]  # two flagged tables, one note
+    two = [*rows[:2], row(impl="torch", dtype="float16", gbps=30.0)]  # two flagged tables, one note
     md = report.render(two)
     assert md.count("% ⚠ (torch)") == 2 and md.count("⚠ above the copy ceiling") == 1
     assert "repeat a measurement" not in md and "Julia: no rows" in md
