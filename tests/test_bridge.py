@@ -106,6 +106,21 @@ def test_fake_julia_with_a_bogus_version_is_rejected(isolated):
     assert "not a Julia version" in d.reason
 
 
+def test_the_minimum_julia_version_is_compared_to_the_patch_level(isolated):
+    # juliacall needs 1.10.3: 1.10.0 to 1.10.2 must be rejected although 1.10 is the minimum's minor
+    major, minor, patch = _detect.MIN_JULIA
+    assert patch > 0
+    below, lowest = f"{major}.{minor}.{patch - 1}", f"{major}.{minor}.{patch}"
+    fake_julia(isolated, f'echo "julia version {below}"')
+    d, _ = timed_detect()
+    assert not d.available
+    assert f"is Julia {below}; juliacall needs >= {lowest}" in d.reason
+    fake_julia(isolated, f'echo "julia version {lowest}"')
+    d, _ = timed_detect()
+    assert d.available, d.reason
+    assert d.version == _detect.MIN_JULIA
+
+
 def test_julia_older_than_juliacall_needs_is_rejected(isolated):
     fake_julia(isolated, 'echo "julia version 1.6.7"')
     d, _ = timed_detect()
@@ -163,13 +178,25 @@ def test_juliaup_installed_versions_are_probed(isolated, monkeypatch, tmp_path):
     assert (d.executable, d.source, d.version) == (str(exe), "juliaup", (1, 12, 1))
 
 
-@pytest.mark.parametrize("value", ["0", "false", "off", "no"])
+@pytest.mark.parametrize("value", ["0", "false", "off", "no", "OFF", "False", " No "])
 def test_crossfuse_julia_0_turns_the_julia_side_off(isolated, monkeypatch, value):
     fake_julia(isolated, 'echo "julia version 1.11.3"')  # even with a working Julia
     monkeypatch.setenv("CROSSFUSE_JULIA", value)
     d, _ = timed_detect()
     assert not d.available
     assert f"CROSSFUSE_JULIA={value} turns the Julia side off" == d.reason
+
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "Yes", "ON"])
+def test_a_cuda_flag_is_read_in_any_case(isolated, monkeypatch, value):
+    from crossfuse_julia import ops
+
+    monkeypatch.setenv("CROSSFUSE_JULIA_CUDA", value)
+    monkeypatch.setattr(_detect, "_CACHE", _detect.Detection(None, "/fake/julia", (1, 11, 0), "PATH"))
+    monkeypatch.setattr(session, "_SESSION", None)
+    assert session.cuda_requested() is True
+    assert session.cuda_flag_problem() is None
+    assert ops.unavailable_reason("cuda") is None  # the GPU path asked for; Julia not started to check
 
 
 def test_a_bad_crossfuse_julia_value_is_named(isolated, monkeypatch):
@@ -235,6 +262,9 @@ def test_package_resolution_is_killed_at_its_timeout(monkeypatch):
     with pytest.raises(crossfuse_julia.JuliaUnavailable, match="did not finish within 1 s"):
         session.resolve_packages(1.0, cmd=[sys.executable, "-c", "import time; time.sleep(60)"])
     assert time.monotonic() - t0 < 4.0
+    traceback = r"(?s)failed with status 1:\nTraceback.*KeyError"  # a Python error exits with status 1
+    with pytest.raises(crossfuse_julia.JuliaUnavailable, match=traceback):
+        session.resolve_packages(10.0, cmd=[sys.executable, "-c", "raise KeyError('juliapkg')"])
     with pytest.raises(crossfuse_julia.JuliaUnavailable, match=r"failed with status 3:\nno registry here"):
         failing = [sys.executable, "-c", "print('no registry here'); raise SystemExit(3)"]
         session.resolve_packages(10.0, cmd=failing)
@@ -361,6 +391,20 @@ def test_registration_never_starts_julia():
     assert proc.stdout.split() == [str(len(variants())), "False", "True"]
 
 
+def test_julia_entries_declare_no_bfloat16(isolated, monkeypatch):
+    # NumPy (the CPU path) and DLPack.jl (the GPU path) cannot carry bfloat16: the entries leave it out, so
+    # `crossfuse check` skips it with that reason rather than reporting the TypeError as an error
+    entries = julia_entries()
+    assert entries
+    for impl in entries:
+        assert set(impl.dtypes) == {torch.float32, torch.float64, torch.float16}, impl.key
+    monkeypatch.setattr(_detect, "_CACHE", _detect.Detection(None, "/fake/julia", (1, 11, 0), "PATH"))
+    monkeypatch.setattr(session, "_SESSION", None)
+    for impl in entries:  # Julia looks available: the dtype is the reason
+        assert impl.unavailable_reason("cpu", torch.float32) is None
+        assert "no bfloat16 support" in impl.unavailable_reason("cpu", torch.bfloat16), impl.key
+
+
 def test_registering_twice_is_harmless():
     from crossfuse_julia.registry import register
 
@@ -416,22 +460,55 @@ def test_a_setup_timeout_that_is_no_positive_number_is_a_clear_error(value, isol
         session.setup_timeout()
 
 
-def test_an_unexpected_failure_at_start_is_unavailable_and_kept(isolated, monkeypatch):
-    """Any exception while Julia starts (not only the bridge's own) becomes JuliaUnavailable, and is kept:
-    later calls get the same reason without starting (resolving packages, …) again."""
+@pytest.mark.parametrize(
+    "exc, words",
+    [
+        (OverflowError("cannot convert float infinity to integer"), "OverflowError: cannot convert"),
+        (crossfuse_julia.JuliaUnavailable("juliapkg could not resolve CrossFuse (simulated)"),
+         "juliapkg could not resolve CrossFuse"),
+    ],
+    ids=["unexpected", "unavailable"],
+)
+def test_an_unexpected_failure_at_start_is_unavailable_and_kept(isolated, monkeypatch, exc, words):
+    """Any exception while Julia starts (the bridge's own or any other) becomes JuliaUnavailable, and is
+    kept: later calls get the same reason without starting (resolving packages, …) again."""
     starts = []
 
     def boom():
         starts.append(1)
-        raise OverflowError("cannot convert float infinity to integer")
+        raise exc
 
     monkeypatch.setattr(_detect, "_CACHE", _detect.Detection(None, "/fake/julia", (1, 11, 0), "PATH"))
     monkeypatch.setattr(session, "_start", boom)
     monkeypatch.setattr(session, "_SESSION", None)
     for _ in range(2):
-        with pytest.raises(crossfuse_julia.JuliaUnavailable, match="OverflowError: cannot convert"):
+        with pytest.raises(crossfuse_julia.JuliaUnavailable, match=re.escape(words)):
             session.get()
-    assert starts == [1] and "OverflowError" in session.failure()
+    assert starts == [1] and words in session.failure()
+    assert words in crossfuse_julia.unavailable_reason()
+
+
+def test_a_resolve_child_that_fails_with_status_1_fails_the_start_once(isolated, monkeypatch):
+    """A resolve child that exits with status 1 (a Python traceback: juliapkg missing or broken) is a failed
+    start, kept: the resolve (up to CROSSFUSE_JULIA_SETUP_TIMEOUT, 1800 s by default) is not run again."""
+    resolves = []
+    resolve = session.resolve_packages
+    failing = [sys.executable, "-c", "import juliapkg_not_here"]
+
+    def resolve_failing():
+        resolves.append(1)
+        resolve(10.0, cmd=failing)
+
+    monkeypatch.setattr(_detect, "_CACHE", _detect.Detection(None, "/fake/julia", (1, 11, 0), "PATH"))
+    monkeypatch.setattr(session, "resolve_packages", resolve_failing)
+    monkeypatch.setattr(session, "_SESSION", None)
+    monkeypatch.setitem(sys.modules, "juliacall", None)  # never the real one: no Julia starts here
+    failed = re.escape("(juliapkg.resolve) failed with status 1")
+    for _ in range(2):
+        with pytest.raises(crossfuse_julia.JuliaUnavailable, match=failed):
+            session.get()
+    assert resolves == [1]
+    assert "ModuleNotFoundError: No module named 'juliapkg_not_here'" in session.failure()
 
 
 def test_a_cuda_flag_that_is_no_flag_is_named_in_the_reason(isolated, monkeypatch):
@@ -453,6 +530,18 @@ def test_julia_entries_skip_fast_when_julia_is_absent(isolated):
     assert {r.status for r in results} == {"skip"}
     assert all("no Julia executable found" in r.reason for r in results)
     assert seconds < DETECTION_LIMIT_S
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_default_eps_is_the_machine_epsilon_for_normalise_and_1e_5_for_layer_norm(dtype):
+    # normalise's Python twins default to eps = finfo(x.dtype).eps; the affine ops to torch's 1e-5
+    x = torch.randn(4, 8).to(dtype)
+    for name in ("normal_now", "normal_new", "normal_newer"):
+        *_, eps = JuliaVariant("normalise", name)._prepare(x, None, None, None)
+        assert eps == torch.finfo(dtype).eps
+    for op, name in (("layer_norm", "layernorm"), ("layer_norm_maxstd", "layer_norm")):
+        *_, eps = JuliaVariant(op, name)._prepare(x, None, None, None)
+        assert eps == 1e-5
 
 
 def test_bad_inputs_are_refused_before_julia_is_asked(julia_off):

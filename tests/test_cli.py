@@ -96,7 +96,7 @@ def test_bench_quick_writes_csv_and_markdown_then_report(tmp_path, capsys):
     assert "copy ceiling" in (out / "report.md").read_text()
 
 
-def test_a_second_run_of_a_suite_into_one_csv_needs_append_or_replace(tmp_path, capsys):
+def test_a_second_run_of_a_suite_into_one_csv_needs_append_or_replace(tmp_path, capsys, monkeypatch):
     # two runs' rows of one suite in one CSV would be mixed by the report: refused unless asked for
     out = tmp_path / "res"
     args = ["bench", "layer_norm", "--quick", "--device", "cpu", "--op", "layer_norm", "--dtype", "float32",
@@ -116,7 +116,9 @@ def test_a_second_run_of_a_suite_into_one_csv_needs_append_or_replace(tmp_path, 
     kept = [p for p in out.iterdir() if p.name.startswith("results.") and p.name != "results.csv"]
     assert len(kept) == 1 and schema.read_csv(kept[0]).equals(both)
     assert len(schema.read_csv(out / "results.csv")) == len(first)
-    assert cli.main([*args, "--replace"]) == 0  # within the same second: kept under another name
+    # within the same second (the stamp held fixed): kept under another name, the earlier kept file intact
+    monkeypatch.setattr(cli.time, "strftime", lambda fmt: kept[0].name.removeprefix("results.")[:-4])
+    assert cli.main([*args, "--replace"]) == 0
     kept = [p for p in out.iterdir() if p.name.startswith("results.") and p.name != "results.csv"]
     assert len(kept) == 2 and any(schema.read_csv(k).equals(both) for k in kept)
     assert cli.main([*args, "--append", "--replace"]) == 2
@@ -127,8 +129,9 @@ def test_bench_filters_budget_and_paths_that_cannot_work_exit_2(tmp_path, capsys
     assert cli.main([*base, "--op", "relu_attention", "--out", str(tmp_path / "a")]) == 2
     assert "no point of suite 'layer_norm' matches the filters" in capsys.readouterr().err
     assert cli.main([*base, "--impl", "no_such_impl", "--out", str(tmp_path / "b")]) == 2
-    assert cli.main([*base, "--budget-s", "-5", "--out", str(tmp_path / "c")]) == 2
-    assert "--budget-s must be" in capsys.readouterr().err
+    for budget in ("-5", "0"):
+        assert cli.main([*base, "--budget-s", budget, "--out", str(tmp_path / "c")]) == 2
+        assert "--budget-s must be" in capsys.readouterr().err
     assert not any((tmp_path / d).exists() for d in "abc")  # nothing written
     a_file = tmp_path / "afile"
     a_file.write_text("not a folder")
@@ -269,3 +272,45 @@ def test_fresh_process_entry_point_sets_the_interpreter_before_triton():
     res = subprocess.run([sys.executable, "-m", "crossfuse.cli", "--help"], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert res.returncode == 0 and "check" in res.stdout and "profile" in res.stdout
+
+
+def _off_on_long_rows(x, weight, bias, eps):
+    # right on the first check case (3 rows), 1% off on the second (64 rows)
+    y = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    return y * 1.01 if x.shape[0] == 64 else y
+
+
+def _off_on_short_rows(x, weight, bias, eps):
+    y = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    return y * 1.01 if x.shape[0] == 3 else y
+
+
+@pytest.mark.parametrize("fn", [_off_on_long_rows, _off_on_short_rows], ids=["second case", "first case"])
+def test_check_fails_whichever_case_fails(fn, capsys):
+    bad = registry.Implementation("layer_norm", "test_one_case_off", "python", fn)
+    with registered(bad):
+        args = ["check", "--device", "cpu", "--impl", "test_one_case_off", "--dtype", "float32"]
+        assert cli.main([*args, "--seed", "7"]) == 1
+    out = capsys.readouterr().out
+    assert "| test_one_case_off | python | cpu | float32 | fail |" in out and "seed=7" in out
+
+
+def test_skips_with_different_reasons_keep_each_reason(capsys):
+    only32 = registry.Implementation("layer_norm", "test_f32_only", "python", _bad_layer_norm,
+                                     devices=("cpu",), dtypes=(torch.float32,))  # fmt: skip
+    args = ["check", "--device", "cpu", "--impl", "test_f32_only", "--dtype", "float16,bfloat16"]
+    with registered(only32):
+        assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    # both dtypes skipped for one reason each: "no float16 support", "no bfloat16 support", two rows
+    assert "no float16 support" in out and "no bfloat16 support" in out
+
+
+def test_a_spent_budget_leaves_skip_rows_that_say_so(tmp_path, capsys):
+    out = tmp_path / "res"
+    args = ["bench", "layer_norm", "--quick", "--device", "cpu", "--op", "layer_norm", "--dtype", "float32",
+            "--impl", "python/torch", "--budget-s", "1e-9", "--out", str(out)]  # fmt: skip
+    assert cli.main(args) == 0
+    df = schema.read_csv(out / "results.csv")
+    ln = df[df["op"] == "layer_norm"]
+    assert len(ln) and (ln["status"] == "skip").all() and ln["note"].str.contains("time budget").all()

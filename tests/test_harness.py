@@ -537,3 +537,109 @@ def test_no_ratio_where_a_peer_was_left_out_for_the_time_budget():
     assert "1.20×" in lines["a"]
     assert "×" not in lines["b"] and lines["b"].rstrip().endswith("|  |")
     assert "12.00×" in lines["c"]  # a peer that failed (here: out of memory) is not a faster unknown
+
+
+# ----------------------------------------------------------------------------------------------------
+# what a mutation audit found no test holding (each test fails with the bug it names)
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_cpu_timing_is_in_milliseconds():
+    t = timing.time_cpu(lambda: time.sleep(0.005), timing.QUICK)  # not seconds (0.005), not microseconds
+    assert 4.0 <= t.p50 <= 50.0
+
+
+def test_alternate_takes_each_round_s_median(monkeypatch):
+    monkeypatch.setattr(timing, "time_call", lambda fn, device, config: timing.Timing(1.0, 2.0, 3.0, 5))
+    assert timing.alternate({"a": lambda: None}, 2, "cpu") == {"a": [2.0, 2.0]}
+
+
+def test_memory_records_count_allocations_and_the_running_peak():
+    # +100, -100, +50: 150 bytes handed out, never more than 100 held at once
+    assert memory.summarise_records([(0, 100), (1, -100), (2, 50)]) == memory.Memory(150, 100)
+
+
+def test_throughput_comes_from_the_median_time(monkeypatch):
+    monkeypatch.setattr(timing, "time_call", lambda fn, device, config: timing.Timing(1.0, 2.0, 4.0, 5))
+    (r,) = runner.Runner("cpu", quick=True).run(tiny_suite(modes=("fwd",)), impls=["python/torch"])
+    assert r.ms_p50 == 2.0 and r.gbps == pytest.approx(2 * 8 * 32 * 4 / 2e-3 / 1e9)
+
+
+def _forward_off(inputs, dy):
+    out, grads = _grad_one_percent_off(inputs, dy)
+    return out * 1.05, {k: g / 1.01 if k == "x" else g for k, g in grads.items()}
+
+
+def _weight_grad_nan(inputs, dy):
+    out, grads = _grad_one_percent_off(inputs, dy)
+    return out, {**grads, "x": grads["x"] / 1.01, "weight": grads["weight"] * float("nan")}
+
+
+def test_fwd_bwd_relerr_is_the_largest_and_nan_anywhere_stays_nan():
+    ln = registry.get("layer_norm", "torch").fn
+    off = registry.Implementation("layer_norm", "test_fwd_off", "python", ln, vjp=_forward_off)
+    nan = registry.Implementation("layer_norm", "test_nan_dw", "python", ln, vjp=_weight_grad_nan)
+    s = tiny_suite(modes=("bwd", "fwd+bwd"))
+    with registered(off, nan):
+        rows = runner.Runner("cpu", quick=True).run(s, impls=["test_fwd_off", "test_nan_dw"])
+    by = {(r.impl, r.mode): r for r in rows}
+    # the forward 5% off, the gradients right: fwd+bwd's relerr is the forward's, and it is flagged
+    assert by["test_fwd_off", "bwd"].relerr < 1e-6
+    assert by["test_fwd_off", "fwd+bwd"].relerr == pytest.approx(0.05, rel=1e-3)
+    assert "relerr above the tolerance" in by["test_fwd_off", "fwd+bwd"].note
+    # a NaN weight gradient after a finite dx: NaN, not the finite dx's error
+    assert math.isnan(by["test_nan_dw", "bwd"].relerr) and math.isnan(by["test_nan_dw", "fwd+bwd"].relerr)
+
+
+def test_long_attention_compares_at_least_one_head():
+    assert runner.relerr_heads("relu_attention", (1, 4, 32768, 64)) == 1
+    assert runner.relerr_heads("relu_attention", (1, 2, 64, 64)) is None
+
+
+def test_attention_rows_keep_causal():
+    group = {"ops": ["relu_attention"], "shapes": [(1, 1, 16, 16)], "quick_shapes": [(1, 1, 16, 16)],
+             "dtypes": ["float32"], "modes": ["fwd"], "options": [{"causal": True}]}  # fmt: skip
+    s = suite.parse_suite("t", {"groups": [group]})
+    rows = runner.Runner("cpu", quick=True).run(s, impls=["python/naive"])
+    assert rows and all(r.causal is True for r in rows)
+
+
+def test_copy_ceiling_is_the_best_copy():
+    rows = [row(op="copy", impl="torch_copy", peer=False, shape="1024", gbps=g) for g in (100.0, 200.0)]
+    df = schema.rows_frame([*rows, row(impl="torch", gbps=150.0)])
+    assert report.copy_ceiling(df, "cpu") == 200.0
+    assert "| 4096x1024 | 150 | 75% (torch) |" in report.render(df)
+
+
+def test_memory_table_shows_the_peak_column():
+    rows = [row(suite="memory", impl="torch", mode=m, alloc_bytes=64 << 20, peak_bytes=32 << 20)
+            for m in ("fwd", "bwd")]  # fmt: skip
+    md = report.memory_section(schema.rows_frame(rows))
+    ref = 4096 * 1024 * 4
+    assert f"| {report.fmt_bytes(64 << 20, ref)} | {report.fmt_bytes(32 << 20, ref)} |" in md
+
+
+def test_csv_keeps_every_digit_of_a_float(tmp_path):
+    path = tmp_path / "r.csv"
+    with schema.CsvWriter(path) as w:
+        w.write(row(ms_p50=0.123456789012345, gbps=1234.56789012345))
+    df = schema.read_csv(path)
+    assert df["ms_p50"].iloc[0] == 0.123456789012345 and df["gbps"].iloc[0] == 1234.56789012345
+
+
+def test_plots_draw_the_median_of_repeated_runs(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    runs = ((1024, 1.0), (1024, 9.0), (1024, 2.0), (2048, 4.0))  # three runs at 1024: median 2
+    df = schema.rows_frame([row(impl="torch", shape=f"4096x{n}", gbps=g) for n, g in runs])
+    df = report.with_labels(df)
+    df["N"] = [1024, 1024, 1024, 2048]
+    fig, ax = plt.subplots()
+    monkeypatch.setattr(ax, "plot", lambda x, y, **kw: drawn.append((list(x), list(y))))
+    plots._lines(ax, df, "N", "gbps", "t", "GB/s")
+    plt.close(fig)
+    assert drawn == [([1024, 2048], [2.0, 4.0])]

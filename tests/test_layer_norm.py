@@ -371,8 +371,9 @@ def test_eps_zero_is_quiet_and_right(n, device, gen):
 
 
 def test_negative_eps_is_rejected(device):
-    with pytest.raises(ValueError, match="eps"):
-        crossfuse.layer_norm(torch.ones(2, 4, device=device), (4,), eps=-1.0)
+    for eps in (-1.0, math.inf, math.nan):  # inf would give y = 0 silently, NaN NaN
+        with pytest.raises(ValueError, match="eps"):
+            crossfuse.layer_norm(torch.ones(2, 4, device=device), (4,), eps=eps)
 
 
 def test_cpu_tensor_without_interpreter_is_a_clear_error():

@@ -8,6 +8,7 @@ import pytest
 import torch
 from crossfuse import registry
 from crossfuse.check import run_case
+from crossfuse.reference import relu_attention_naive
 from crossfuse.tolerances import tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -218,3 +219,101 @@ def test_tf32_tolerances_only_where_float32_runs_on_tensor_cores():
     if _backend.interpreter_requested():
         res = run_case(registry.get("relu_attention", "triton"), (1, 1, 16, 16), torch.float32, "cpu")
         assert res.status == "pass" and res.fwd_tol == tolerance("relu_attention", torch.float32, "fwd")
+
+
+# ----------------------------------------------------------------------------------------------------
+# what a mutation audit found no test holding (each test fails with the bug it names)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _nan_layer_norm(x, weight, bias, eps):
+    return torch.full_like(x, float("nan"))
+
+
+def test_a_nan_forward_fails_the_forward_only_check():
+    impl = registry.Implementation("layer_norm", "test_nan_fwd", "python", _nan_layer_norm)
+    assert run_case(impl, (4, 16), torch.float32, grads=False).status == "fail"
+
+
+def test_a_given_seed_is_used_and_replays_the_case():
+    impl = registry.get("layer_norm", "torch")
+    a, b = (run_case(impl, (4, 16), torch.float32, seed=123) for _ in range(2))
+    assert a.seed == b.seed == 123 and a.fwd_err == b.fwd_err and a.grad_err == b.grad_err
+
+
+def test_per_element_gradients_keep_their_tolerance_at_many_rows():
+    from crossfuse.check import compare
+
+    impl = registry.get("layer_norm", "torch")
+    op = registry.OPS["layer_norm"]
+    inputs = op.make_inputs((4, 8), torch.float32, "cpu", torch.Generator().manual_seed(0))
+    ref_out, ref = op.reference_grads(inputs, torch.ones(4, 8, dtype=torch.float64))
+    c = compare(impl, torch.float32, "cpu", 100_000, ref_out.float(), ref, ref_out, ref)
+    assert c.grad_tol["x"] == tolerance("layer_norm", torch.float32, "bwd")  # dx is no sum over rows
+    assert c.grad_tol["weight"] == tolerance("layer_norm", torch.float32, "reduced", 100_000)
+
+
+def test_tf32_products_get_no_kink_slack():
+    # on a GPU the Triton kernel's float32 products run on tf32, whose tolerance allows for kink scores
+    from crossfuse.check import compare
+
+    q, k = _kink_case()
+    gen = torch.Generator().manual_seed(5)
+    v, dy = (torch.randn(1, 1, 3, 4, dtype=torch.float64, generator=gen) for _ in range(2))
+    inputs = {"q": q, "k": k, "v": v.float(), "causal": False, "squared": False}
+    op = registry.OPS["relu_attention"]
+    ref_out, ref = op.reference_grads(inputs, dy)
+    got = {name: g.float() for name, g in ref.items()}
+    args = (torch.float32, "cuda", 3, ref_out.float(), got, ref_out, ref, inputs, dy)
+    assert compare(registry.get("relu_attention", "triton"), *args).slack_rows == {}
+    assert compare(registry.get("relu_attention", "naive"), *args).slack_rows == {"q": 1, "k": 1}
+
+
+def test_rows_of_a_reduced_gradient_are_the_leading_dims():
+    op = registry.OPS["layer_norm"]
+    assert op.rows({"x": torch.empty(64, 256)}) == 64 and op.rows({"x": torch.empty(2, 3, 16)}) == 6
+
+
+def test_an_unsupported_dtype_is_a_reason():
+    impl = registry.Implementation("layer_norm", "test_f32_only", "python", _nan_layer_norm,
+                                   dtypes=(torch.float32,))  # fmt: skip
+    assert impl.unavailable_reason("cpu", torch.float32) is None
+    assert "no bfloat16 support" in impl.unavailable_reason("cpu", torch.bfloat16)
+
+
+def test_tf32_tolerances_are_for_float32_only():
+    for dtype in (torch.float16, torch.bfloat16):
+        for kind in ("fwd", "bwd"):
+            own = tolerance("relu_attention", dtype, kind)
+            assert tolerance("relu_attention", dtype, kind, tf32=True) == own
+
+
+def _attention_off(factor, dtype):
+    """relu attention whose output is exact and whose gradients are ``factor`` times the float64 ones."""
+
+    def vjp(inputs, dy):
+        op = registry.OPS["relu_attention"]
+        out, grads = op.reference_grads(inputs, dy)
+        return out.to(dtype), {k: (g * factor).to(dtype) for k, g in grads.items()}
+
+    return registry.Implementation("relu_attention", "test_attn_off", "python", relu_attention_naive, vjp=vjp)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("times, status", [(0.3, "pass"), (3.0, "fail")])
+def test_attention_gradients_pass_below_their_tolerance_and_fail_above(dtype, times, status):
+    # per dtype: a table row read for another dtype, or a loosened one, lets the 3x case pass
+    tol = tolerance("relu_attention", dtype, "bwd")
+    impl = _attention_off(1 + times * tol, dtype)
+    res = run_case(impl, (1, 2, 24, 16), dtype, seed=11)
+    assert res.status == status and res.grad_tol["q"] == tol, res
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "relu_attention"])
+def test_tolerances_tighten_with_the_precision(op):
+    # float16 keeps 3 more mantissa bits than bfloat16: its tolerance is the tighter one (a float16 entry
+    # read from bfloat16's row, or loosened past it, breaks the order)
+    order = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+    for kind in ("fwd", "bwd"):
+        tols = [tolerance(op, d, kind) for d in order]
+        assert tols == sorted(tols) and len(set(tols)) == len(tols), (kind, tols)

@@ -331,6 +331,9 @@ def _t(*shape, dtype=torch.float32, device="cpu"):
         (lambda d: (torch.ones(1, 2, 8, 16, dtype=torch.int32, device=d),) * 3 + ({},), TypeError,
          "q has dtype int32"),
         (lambda d: (_t(1, 2, 8, 16, device=d),) * 3 + ({"scale": 0.0},), ValueError, "scale must be"),
+        (lambda d: (_t(1, 2, 8, 16, device=d),) * 3 + ({"scale": math.inf},), ValueError, "scale must be"),
+        (lambda d: (_t(1, 2, 8, 16, device=d),) * 3 + ({"relu_scale": math.inf},), ValueError,
+         "relu_scale must be"),
         (lambda d: (_t(1, 2, 8, 16, device=d), _t(1, 2, 0, 16, device=d), _t(1, 2, 0, 16, device=d), {}),
          ValueError, "at least one key"),
         (lambda d: (_t(1, 2, 8, 16, device=d),) * 3 + ({"causal": 1},), TypeError, "causal must be a bool"),
@@ -338,7 +341,7 @@ def _t(*shape, dtype=torch.float32, device="cpu"):
          "q is a torch.sparse_coo"),
     ],
     ids=["heads mismatch", "v length", "unsupported D", "mixed dtypes", "causal Lq != Lk", "3-D", "layout",
-         "integer dtype", "zero scale", "no keys", "int causal", "sparse q"],
+         "integer dtype", "zero scale", "inf scale", "inf relu_scale", "no keys", "int causal", "sparse q"],
 )  # fmt: skip
 def test_bad_input_names_the_argument(make, exc, words, device):
     q, k, v, kw = make(device)

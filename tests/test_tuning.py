@@ -55,6 +55,19 @@ def test_attention_entries_by_length(tuned_file):
     assert got[("dq", 64, 2, False, False)] == got[("dq", 64, 2, False, True)] == AttnConfig(64, 32, 4, 2)
 
 
+def test_warp_specialized_attention_entries_are_not_applied(tuned_file):
+    # run 26: the warp-specialized loops ("ws": true) gave wrong results; such entries are skipped, the
+    # others of the same file still apply
+    tuned_file({
+        "attn/fwd/128/True/ws": dict(kind="fwd", d=128, causal=True, block_m=128, block_n=64, num_warps=8,
+                                     num_stages=3, ws=True),
+        "attn/fwd/64/True": dict(kind="fwd", d=64, causal=True, block_m=64, block_n=32, num_warps=4,
+                                 num_stages=2, ws=False),
+    })  # fmt: skip
+    got = _tuning.attention_overrides(AttnConfig)
+    assert got == {("fwd", 64, 2, True, long): AttnConfig(64, 32, 4, 2) for long in (False, True)}
+
+
 def test_unreadable_file_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CROSSFUSE_TUNED_CONFIGS", str(tmp_path / "missing.json"))
     _tuning._entries.cache_clear()
@@ -77,14 +90,19 @@ _ATTN = dict(kind="fwd", d=64, causal=True, block_m=128, block_n=64, num_warps=4
         ("ln/fwd/float64/4096", {**_LN, "dtype": "float64"}, "dtype must be one of"),
         ("ln/fwd/bfloat16/768", {**_LN, "n": 768}, "n must be a power of 2"),
         ("ln/fwd/bfloat16/4096", {**_LN, "num_warps": 3}, "num_warps must be"),
+        ("ln/fwd/bfloat16/4096", {**_LN, "block_m": 0}, "block_m must be a power of 2"),
+        ("ln/fwd/bfloat16/4096", {**_LN, "block_n": 0}, "block_n must be a power of 2"),
         ("attn/fwd/64/true", {**_ATTN, "causal": "true"}, "causal must be true or false"),
         ("attn/fwd/64/True", {**_ATTN, "d": 48}, "d must be one of"),
+        # layer norm's kernels take 16 and 32 warps, the attention kernels do not
+        ("attn/fwd/64/True", {**_ATTN, "num_warps": 16}, "num_warps must be one of (1, 2, 4, 8)"),
+        ("attn/fwd/64/True", {**_ATTN, "num_warps": 32}, "num_warps must be one of (1, 2, 4, 8)"),
         # a causal forward whose key tile does not divide its query tile computes wrong rows, silently
         ("attn/fwd/64/True", {**_ATTN, "block_m": 64, "block_n": 128}, "block_n must divide block_m"),
         ("attn/dkdv/64/True", {**_ATTN, "kind": "dkdv", "block_m": 64, "block_n": 32}, "block_m must divide"),
     ],
-    ids=["not an object", "no n", "dtype", "n not a power of 2", "warps", "causal as a string", "head dim",
-         "fwd tiles", "dkdv tiles"],
+    ids=["not an object", "no n", "dtype", "n not a power of 2", "warps", "block_m 0", "block_n 0",
+         "causal as a string", "head dim", "attn warps 16", "attn warps 32", "fwd tiles", "dkdv tiles"],
 )  # fmt: skip
 def test_an_entry_the_launchers_cannot_use_is_a_clear_error(key, entry, words, tuned_file):
     tuned_file({key: entry})
