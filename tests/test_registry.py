@@ -135,17 +135,22 @@ def test_kink_slack_is_the_jump_a_score_at_zero_makes():
     assert not kink_slack(q, k, v, dout, causal=True)["q"].any()  # the kink score is masked
 
 
+def _kink_inputs(seed):
+    """``_kink_case``'s q and k with fresh v and dy: (inputs, dy, float64 output, float64 gradients)."""
+    q, k = _kink_case()
+    gen = torch.Generator().manual_seed(seed)
+    v, dy = (torch.randn(1, 1, 3, 4, dtype=torch.float64, generator=gen) for _ in range(2))
+    inputs = {"q": q, "k": k, "v": v.float(), "causal": False, "squared": False}
+    ref_out, ref = registry.OPS["relu_attention"].reference_grads(inputs, dy)
+    return inputs, dy, ref_out, ref
+
+
 def test_compare_gives_the_kink_rows_their_slack_and_no_more():
     from crossfuse.check import compare
 
     impl = registry.get("relu_attention", "naive", "python")
-    q, k = _kink_case()
-    gen = torch.Generator().manual_seed(11)
-    v, dy = (torch.randn(1, 1, 3, 4, dtype=torch.float64, generator=gen) for _ in range(2))
-    inputs = {"q": q, "k": k, "v": v.float(), "causal": False, "squared": False}
-    op = registry.OPS["relu_attention"]
-    ref_out, ref = op.reference_grads(inputs, dy)
-    slack = op.gradient_slack(inputs, dy)["q"][0, 0, 0].item()
+    inputs, dy, ref_out, ref = _kink_inputs(11)
+    slack = registry.OPS["relu_attention"].gradient_slack(inputs, dy)["q"][0, 0, 0].item()
     # 0.2 slack (the miss below) is far above float32's tolerance relative to dq
     assert 0.2 * slack > 10 * tolerance("relu_attention", torch.float32, "bwd") * ref["q"].norm().item()
 
@@ -257,12 +262,7 @@ def test_tf32_products_get_no_kink_slack():
     # on a GPU the Triton kernel's float32 products run on tf32, whose tolerance allows for kink scores
     from crossfuse.check import compare
 
-    q, k = _kink_case()
-    gen = torch.Generator().manual_seed(5)
-    v, dy = (torch.randn(1, 1, 3, 4, dtype=torch.float64, generator=gen) for _ in range(2))
-    inputs = {"q": q, "k": k, "v": v.float(), "causal": False, "squared": False}
-    op = registry.OPS["relu_attention"]
-    ref_out, ref = op.reference_grads(inputs, dy)
+    inputs, dy, ref_out, ref = _kink_inputs(5)
     got = {name: g.float() for name, g in ref.items()}
     args = (torch.float32, "cuda", 3, ref_out.float(), got, ref_out, ref, inputs, dy)
     assert compare(registry.get("relu_attention", "triton"), *args).slack_rows == {}
