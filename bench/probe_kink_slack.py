@@ -15,13 +15,6 @@ from __future__ import annotations
 import argparse
 
 
-def _tf32(t):
-    """float32 -> the tf32 value a tensor core multiplies (the low 13 mantissa bits cleared)."""
-    import torch
-
-    return (t.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="1024,2048,4096", help="sequence lengths, comma-separated")
@@ -38,7 +31,7 @@ def main(argv=None) -> int:
     import crossfuse
     import torch
     from crossfuse._backend import require_cuda
-    from crossfuse.reference import kink_slack, relu_attention_ref
+    from crossfuse.reference import kink_slack, relu_attention_ref, tf32_truncate
     from crossfuse.tolerances import relerr, relerr_with_slack, tolerance
 
     require_cuda("bench/probe_kink_slack.py")
@@ -58,7 +51,8 @@ def main(argv=None) -> int:
                                    for _ in range(4))  # fmt: skip
                     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
                     crossfuse.relu_attention(*leaves, causal=causal).backward(do)
-                    refs = [(_tf32(t) if tf32 else t).double().requires_grad_(True) for t in (q, k, v)]
+                    ops = [tf32_truncate(t) if tf32 else t for t in (q, k, v)]  # what the kernel multiplies
+                    refs = [t.double().requires_grad_(True) for t in ops]
                     relu_attention_ref(*refs, causal=causal).backward(do.double())
                     slack = kink_slack(*refs, do, causal)
                     for name, i in (("q", 0), ("k", 1)):

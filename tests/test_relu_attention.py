@@ -10,7 +10,7 @@ import pytest
 import torch
 from crossfuse.ops import relu_attention as ra
 from crossfuse.reference import kink_slack as reference_kink_slack
-from crossfuse.reference import relu_attention_naive, relu_attention_ref
+from crossfuse.reference import relu_attention_naive, relu_attention_ref, tf32_truncate
 from crossfuse.tolerances import relerr, relerr_with_slack, tolerance
 from triton.runtime.errors import OutOfResources
 
@@ -27,11 +27,6 @@ def qkv(b, h, lq, lk, d, dtype, device, gen):
         randn((b, h, lk, d), dtype, device, gen),
         randn((b, h, lk, d), dtype, device, gen),
     )
-
-
-def _tf32_truncate(t: torch.Tensor) -> torch.Tensor:
-    """float32 -> the tf32 value a tensor core multiplies: the low 13 of 23 mantissa bits cleared."""
-    return (t.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
 
 
 def kink_slack(q, k, v, dout, causal, squared, **scales):
@@ -52,7 +47,7 @@ def run_and_compare(q, k, v, causal, squared, gen, layout="bhld"):
     # with tf32 the kernel multiplies operands truncated to 10 mantissa bits: the reference gets the same
     # truncated inputs, so that a score within rounding of 0 falls on the same side of relu's kink in
     # both (otherwise one flipped score among a few hundred decides the error of a short sequence)
-    refs = [(_tf32_truncate(t) if tf32 else t).detach().double().requires_grad_(True) for t in (q, k, v)]
+    refs = [(tf32_truncate(t) if tf32 else t).detach().double().requires_grad_(True) for t in (q, k, v)]
     to_bhld = (lambda t: t) if layout == "bhld" else (lambda t: t.transpose(1, 2))
     out_ref = relu_attention_ref(*(to_bhld(t) for t in refs), causal=causal, squared=squared)
     out_ref = to_bhld(out_ref)
@@ -606,7 +601,7 @@ def test_backward_reading_copies_with_unit_stride_on_keys(causal, device, gen):
     copies = ra.relu_attention_bwd(*args, trans_copies=True)
     plain = ra.relu_attention_bwd(*args, trans_copies=False)
     tf32 = device == "cuda"
-    refs = [(_tf32_truncate(t) if tf32 else t).double().requires_grad_(True) for t in (q, k, v)]
+    refs = [(tf32_truncate(t) if tf32 else t).double().requires_grad_(True) for t in (q, k, v)]
     out = relu_attention_ref(*refs, causal=causal, scale=0.2, relu_scale=0.01)
     tol = tolerance("relu_attention", torch.float32, "bwd", tf32=tf32)
     grads = torch.autograd.grad(out, refs, do.double())

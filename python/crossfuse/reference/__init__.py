@@ -1,6 +1,6 @@
 """Pure-torch reference variants (the seed's Julia variants in torch) and float64 references."""
 
-from .attention import kink_rows, kink_slack, relu_attention_naive, relu_attention_ref
+from .attention import kink_rows, kink_slack, relu_attention_naive, relu_attention_ref, tf32_truncate
 from .norms import (
     layer_norm,
     layer_norm_maxstd_ref,
@@ -25,4 +25,5 @@ __all__ = [
     "normalise_ref",
     "relu_attention_naive",
     "relu_attention_ref",
+    "tf32_truncate",
 ]

@@ -39,6 +39,12 @@ def relu_attention_ref(q, k, v, causal: bool = False, squared: bool = False, sca
     return relu_attention_naive(q.double(), k.double(), v.double(), causal, squared, scale, relu_scale)
 
 
+def tf32_truncate(t: torch.Tensor) -> torch.Tensor:
+    """float32 -> the tf32 value a tensor core multiplies: the low 13 of 23 mantissa bits cleared (a
+    float64 reference given these inputs sees the operands a GPU's float32 dot sees)."""
+    return (t.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
 def _near_kink(q, k, causal: bool) -> torch.Tensor:
     """[..., Lq, Lk] bool: the scores within float32 rounding of relu's kink (inputs [..., L, D], in the
     dtype the kernel multiplies them in): ``|s| <= D * 2^-23 * sum_d |q_d k_d|`` may fall on either side
@@ -76,10 +82,9 @@ def kink_slack(q, k, v, dout, causal: bool = False, squared: bool = False, scale
         return {"q": torch.zeros(q.shape[:-1], dtype=torch.float64, device=q.device),
                 "k": torch.zeros(k.shape[:-1], dtype=torch.float64, device=k.device)}  # fmt: skip
     scale, relu_scale = attention_scales(d, lk, scale, relu_scale)
+    q, k, v, dout = (t.detach().double() for t in (q, k, v, dout))
     near = _near_kink(q, k, causal)
-    dp = dout.detach().double() @ v.detach().double().transpose(-1, -2)
-    jump = torch.where(near, dp.abs(), 0.0) * abs(scale * relu_scale)
-    q_norm = torch.linalg.vector_norm(q.detach().double(), dim=-1)
-    k_norm = torch.linalg.vector_norm(k.detach().double(), dim=-1)
+    jump = torch.where(near, (dout @ v.transpose(-1, -2)).abs(), 0.0) * abs(scale * relu_scale)
+    q_norm, k_norm = torch.linalg.vector_norm(q, dim=-1), torch.linalg.vector_norm(k, dim=-1)
     return {"q": (jump @ k_norm.unsqueeze(-1)).squeeze(-1),
             "k": (jump.transpose(-1, -2) @ q_norm.unsqueeze(-1)).squeeze(-1)}  # fmt: skip
