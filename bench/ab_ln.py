@@ -3,7 +3,7 @@ example ``git show REV:python/crossfuse/ops/layer_norm.py > /tmp/old.py``) again
 with its own ``TUNED`` table, alternated ``--rounds`` times at the session's shapes (medians of
 ``crossfuse.harness.timing.time_cuda``, the sessions' GPU timer).
 
-    python bench/ab_ln.py OLD_LAYER_NORM_PY [--rounds 3]
+    python bench/ab_ln.py OLD_LAYER_NORM_PY [--rounds 3] [--shapes MxN,...] [--kinds fwd,bwd]
 
 Prints one line per (shape, dtype, fwd/bwd): GB/s of each, their ratio, and the largest difference of
 their outputs. ``bench/results/h200/ab_run35_ln.txt`` and ``ab_run36_ln.txt`` came from its first form,
@@ -67,6 +67,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("old", help="an earlier crossfuse/ops/layer_norm.py")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES), help="MxN,...")
+    ap.add_argument("--kinds", default="fwd,bwd")
     args = ap.parse_args(argv)
     from crossfuse._backend import require_cuda
 
@@ -78,10 +80,10 @@ def main(argv=None) -> int:
     old = load_ops_module(args.old, "_ab_old_layer_norm")
     cfg = timing.TimingConfig(cuda_warmup_ms=5.0, cuda_rep_ms=25.0, cuda_min_reps=10, cuda_max_reps=100)
     print("shape dtype kind old_GBps new_GBps new/old", flush=True)
-    for m, n in SHAPES:
+    for m, n in (tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")):
         for dtype in (torch.bfloat16, torch.float32):
             x, w, b, dy, mean, rstd = inputs(new, m, n, dtype)
-            for kind in ("fwd", "bwd"):
+            for kind in args.kinds.split(","):
                 args_ = (kind, x, w, b, dy, mean, rstd)
                 fns = {"old": _calls(old, *args_), "new": _calls(new, *args_)}
                 outs = zip(fns["old"](), fns["new"](), strict=True)

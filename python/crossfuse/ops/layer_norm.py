@@ -39,10 +39,13 @@ Design:
   the row three times, each thread summing its own elements of every chunk (one reduction per pass):
   the mean, the centred sums of the corrected two-pass variance, then normalise and write (the second
   and third reads hit L2: the first two passes load with ``evict_last``, the output streams past L2);
-  or, where the table says ``shifted``, twice: sums about the first chunk's mean (whose cancellation is
-  bounded by N / BLOCK_N for any row), then normalise. N is a compile-time constant of this kernel, so
-  its chunk loops have known trip counts (the compiler unrolls them and folds the masks; it compiles
-  once per N): with it, this kernel became the fastest forward at most N from 4096 to 16384 (run 77).
+  or, where the table says ``shifted``, twice (``_ln_fwd_shifted_kernel``): sums about the row's first
+  element, taken again about the mean they give where that element lies more than 4 standard deviations
+  from it (1 in float32 and float64: ``shifted_max_ratio``), so that their cancellation stays bounded for
+  any row, then normalise. N is a compile-time constant
+  of these kernels, so their chunk loops have known trip counts (the compiler unrolls them and folds the
+  masks; they compile once per N): with it, the chunked kernel became the fastest forward at most N
+  from 4096 to 16384 (run 77).
   Backward ("split") computes the two row sums in one kernel, then a 2-D grid over (column chunks,
   row groups) writes dx and partial dw/db; or ("coop", where the table says so) one kernel whose
   programs hold column slabs of a row group, exchange their shares of the row sums and wait for each
@@ -326,16 +329,33 @@ def _ln_fwd_tma_kernel(
 
 
 @triton.jit
-def _centred_sums(X, cols, N, mean, acc1, acc2, start0, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr):
-    """Per-lane sums of ``x - mean`` and its square over the row's chunks from ``start0`` (loads kept in
-    L2 for the passes after this one), added to ``acc1``, ``acc2``."""
-    for start in tl.range(start0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+def _centred_sums(X, cols, N, mean, acc1, acc2, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr):
+    """Per-lane sums of ``x - mean`` and its square over the row's chunks (loads kept in L2 for the
+    passes after this one), added to ``acc1``, ``acc2``."""
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
         ok = start + cols < N
         x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(acc1.dtype)
         xc = tl.where(ok, x - mean, 0.0)
         acc1 += xc
         acc2 += xc * xc
     return acc1, acc2
+
+
+@triton.jit
+def _normalise_row(X, Y, W, B, cols, N, mean, corr, rstd, acc_ty: tl.constexpr, BLOCK_N: tl.constexpr,
+                   UNROLL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+    """The chunked forwards' last pass: y of the row from L2 (loaded with ``evict_first``, stored past L2
+    with ``.cs``). As in the fused kernel the row is centred on ``mean`` and then corrected by ``corr``
+    (x - (mean + corr) would round the sum to ulp(mean): ~1e-3 for rows of 1e4 + randn)."""
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+        ok = start + cols < N
+        x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(acc_ty)
+        y = ((x - mean) - corr) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
+        if HAS_BIAS:
+            y = y + tl.load(B + start + cols, mask=ok, other=0.0).to(acc_ty)
+        tl.store(Y + start + cols, y.to(Y.dtype.element_ty), mask=ok, cache_modifier=".cs")
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -356,7 +376,6 @@ def _ln_fwd_chunked_kernel(
     HAS_BIAS: tl.constexpr,
     IS_FP64: tl.constexpr,
     UNROLL: tl.constexpr,  # chunks per loop iteration: more loads in flight, more registers
-    SHIFTED: tl.constexpr,  # two passes: sums about the first chunk's mean instead of a pass for the mean
 ):
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_xm
@@ -369,42 +388,79 @@ def _ln_fwd_chunked_kernel(
     # which is still in L2.
     # Eviction hints keep the row in L2 for the passes after the first (passes 1 and 2: evict last; the
     # last pass: evict first) and stream the output past it (.cs), as other programs' rows stream in.
-    if SHIFTED:
-        # one pass of sums about a shift, the mean of the first chunk (this kernel runs only when N >
-        # BLOCK_N, so that chunk is full): var = S2/N - (S1/N)^2 cancels in proportion to (mean -
-        # shift)^2 / var, and since the first chunk alone contributes at least BLOCK_N * (shift -
-        # mean)^2 to N * var, that ratio is at most N / BLOCK_N: the relative error of the variance
-        # stays within (1 + N/BLOCK_N) float32 roundings for any row
-        x = tl.load(X + cols, eviction_policy="evict_last").to(acc_ty)
-        mean = _div(tl.sum(x, axis=0), BLOCK_N, IS_FP64)
-        acc1, acc2 = _centred_sums(X, cols, N, mean, x - mean, (x - mean) * (x - mean), BLOCK_N, BLOCK_N,
-                                   UNROLL)  # fmt: skip
-    else:
-        # pass 1: the mean
-        acc = tl.zeros([BLOCK_N], dtype=acc_ty)
-        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-            x = tl.load(X + start + cols, mask=start + cols < N, other=0.0, eviction_policy="evict_last")
-            acc += x.to(acc_ty)
-        mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
-        # pass 2: centred sums; the residual sum corrects the first mean's rounding
-        zero = tl.zeros([BLOCK_N], dtype=acc_ty)
-        acc1, acc2 = _centred_sums(X, cols, N, mean, zero, zero, 0, BLOCK_N, UNROLL)
+    # pass 1: the mean
+    acc = tl.zeros([BLOCK_N], dtype=acc_ty)
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+        x = tl.load(X + start + cols, mask=start + cols < N, other=0.0, eviction_policy="evict_last")
+        acc += x.to(acc_ty)
+    mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
+    # pass 2: centred sums; the residual sum corrects the first mean's rounding
+    zero = tl.zeros([BLOCK_N], dtype=acc_ty)
+    acc1, acc2 = _centred_sums(X, cols, N, mean, zero, zero, BLOCK_N, UNROLL)
     sum_xc, sum_xc2 = _sum2(acc1, acc2, 0)
     corr = _div(sum_xc, N, IS_FP64)
     var = tl.maximum(_div(sum_xc2, N, IS_FP64) - corr * corr, 0.0)
     rstd = 1.0 / tl.sqrt(var + eps)
-    # pass 3: normalise and write; as in the fused kernel the row is centred on the first mean and then
-    # corrected (x - (mean + corr) would round the sum to ulp(mean): ~1e-3 for rows of 1e4 + randn)
-    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        ok = start + cols < N
-        x = tl.load(X + start + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(acc_ty)
-        y = ((x - mean) - corr) * rstd
-        if HAS_WEIGHT:
-            y = y * tl.load(W + start + cols, mask=ok, other=0.0).to(acc_ty)
-        if HAS_BIAS:
-            y = y + tl.load(B + start + cols, mask=ok, other=0.0).to(acc_ty)
-        tl.store(Y + start + cols, y.to(Y.dtype.element_ty), mask=ok, cache_modifier=".cs")
+    # pass 3: normalise and write
+    _normalise_row(X, Y, W, B, cols, N, mean, corr, rstd, acc_ty, BLOCK_N, UNROLL, HAS_WEIGHT, HAS_BIAS)
     tl.store(Mean + row, mean + corr)
+    tl.store(Rstd + row, rstd)
+
+
+@triton.jit
+def _shifted_moments(acc1, acc2, N, IS_FP64: tl.constexpr):
+    """``(corr, var)`` of a row from its [1, BLOCK_N] per-lane sums of ``x - shift`` and its square: the
+    mean is ``shift + corr``."""
+    s1, s2 = _sum2(acc1, acc2, 1)
+    corr = _div(tl.sum(s1, axis=0), N, IS_FP64)
+    return corr, tl.maximum(_div(tl.sum(s2, axis=0), N, IS_FP64) - corr * corr, 0.0)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _ln_fwd_shifted_kernel(
+    X,  # input, (M, N), row stride stride_xm
+    Y,  # output, (M, N), row stride stride_ym
+    W,  # weight, (N,)
+    B,  # bias, (N,)
+    Mean,  # (M,)
+    Rstd,  # (M,)
+    stride_xm,
+    stride_ym,
+    M,
+    N: tl.constexpr,  # a constant, as in the chunked kernel
+    eps,
+    BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IS_FP64: tl.constexpr,
+    UNROLL: tl.constexpr,  # chunks per loop iteration
+    MAX_R: tl.constexpr,  # the largest (mean - shift)^2 / var kept (shifted_max_ratio)
+):
+    """The chunked forward in two passes over the row (``shifted`` in the table): per-lane sums about a
+    shift, then normalise and write from L2.
+
+    The shift is the row's first element: a scalar load, no block reduction before the first pass. The
+    sums about a shift s give var = S2/N - (S1/N)^2, which cancels in proportion to R = (mean - s)^2 /
+    var; where R > MAX_R (a first element far from the row's mean: a row with one large feature there)
+    the sums are taken again, from L2, about s + S1/N, which is the mean up to rounding, so for any row
+    the variance comes from sums with R <= MAX_R. The chunks are [1, BLOCK_N] tiles: in that form this
+    kernel compiled 6-8% faster than in one dimension here (run 179)."""
+    row = tl.program_id(0).to(tl.int64)
+    X += row * stride_xm
+    Y += row * stride_ym
+    acc_ty = tl.float64 if IS_FP64 else tl.float32
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    zero = tl.zeros([1, BLOCK_N], dtype=acc_ty)
+    shift = tl.load(X).to(acc_ty)
+    acc1, acc2 = _centred_sums(X, cols, N, shift, zero, zero, BLOCK_N, UNROLL)
+    corr, var = _shifted_moments(acc1, acc2, N, IS_FP64)
+    if corr * corr > MAX_R * var:
+        shift += corr
+        acc1, acc2 = _centred_sums(X, cols, N, shift, zero, zero, BLOCK_N, UNROLL)
+        corr, var = _shifted_moments(acc1, acc2, N, IS_FP64)
+    rstd = 1.0 / tl.sqrt(var + eps)
+    _normalise_row(X, Y, W, B, cols, N, shift, corr, rstd, acc_ty, BLOCK_N, UNROLL, HAS_WEIGHT, HAS_BIAS)
+    tl.store(Mean + row, shift + corr)
     tl.store(Rstd + row, rstd)
 
 
@@ -925,8 +981,8 @@ class LaunchConfig(NamedTuple):
     # registers by persistent grids), instead of after the statistics of every tile (fewer registers,
     # but an L1/L2 round trip between each tile's statistics and its store)
     keep_params: bool = False
-    # chunked forward: two passes over the row (sums about the first chunk's mean, then normalise)
-    # instead of three (the mean, the centred sums, normalise)
+    # chunked forward: two passes over the row (sums about its first element, then normalise) instead of
+    # three (the mean, the centred sums, normalise); see _ln_fwd_shifted_kernel
     shifted: bool = False
     # whole-row kernels on a persistent grid: 0 = x (and dy) loaded through pointers; k >= 2 = through
     # tensor descriptors (the copy engine, TMA) into k shared-memory buffers, where _tma_usable allows
@@ -991,7 +1047,9 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 4019 GB/s (run 38, kept)
     ("fwd", 2, 4096, False): LaunchConfig(1, 4096, 4, 0, keep_params=True),  # 2909 GB/s (run 38, kept)
     ("fwd", 2, 4096, True): LaunchConfig(1, 2048, 4, 0, unroll=2),  # 4135 GB/s (run 77; the old 3992)
-    ("fwd", 2, 8192, False): LaunchConfig(1, 4096, 4, 0, unroll=2),  # 3501 GB/s (run 77; the old 3418)
+    # the shifted kernel summing about the row's first element (run 181's sweep; the code's entry in the
+    # same run in brackets; run 182 alternated them: 1.026)
+    ("fwd", 2, 8192, False): LaunchConfig(1, 2048, 8, 0, unroll=2, shifted=True),  # 3551 GB/s (3487)
     ("fwd", 2, 8192, True): LaunchConfig(1, 4096, 4, 0, unroll=2),  # 4101 GB/s (run 77; the old 3971)
     ("fwd", 2, 16384, False): LaunchConfig(1, 4096, 16, 0, shifted=True),  # 3803 GB/s (run 77; the old 3491)
     ("fwd", 2, 16384, True): LaunchConfig(1, 4096, 16, 0, shifted=True),  # 4187 GB/s (run 77; the old 3858)
@@ -1006,7 +1064,8 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("fwd", 4, 8192, False): LaunchConfig(1, 4096, 16, 0, unroll=2),  # 3897 GB/s (run 77; the old 3837)
     ("fwd", 4, 8192, True): LaunchConfig(1, 4096, 16, 0, unroll=2),  # 4227 GB/s (run 77; the old 4149)
     ("fwd", 4, 16384, False): LaunchConfig(1, 8192, 8, 0, unroll=2),  # 4048 GB/s (run 77; the old 3898)
-    ("fwd", 4, 16384, True): LaunchConfig(1, 4096, 16, 0, unroll=2),  # 4263 GB/s (run 77; the old 4102)
+    # the shifted kernel (run 181's sweep; the code's entry in the same run in brackets; run 182: 1.043)
+    ("fwd", 4, 16384, True): LaunchConfig(1, 4096, 32, 0, unroll=2, shifted=True),  # 4260 GB/s (4061)
 }
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
@@ -1154,11 +1213,25 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
             ONE_TILE=cfg.programs_per_sm == 0, **common,
         )  # fmt: skip
     else:
-        _ln_fwd_chunked_kernel[(M,)](
-            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps,
-            BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, SHIFTED=cfg.shifted, **common,
+        if cfg.shifted:
+            kernel, extra = _ln_fwd_shifted_kernel, dict(MAX_R=shifted_max_ratio(x.dtype))
+        else:
+            kernel, extra = _ln_fwd_chunked_kernel, {}
+        kernel[(M,)](
+            x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, eps, BLOCK_N=cfg.block_n,
+            UNROLL=cfg.unroll, **extra, **common,
         )  # fmt: skip
     return y, mean, rstd
+
+
+def shifted_max_ratio(dtype: torch.dtype) -> float:
+    """The shifted forward's largest accepted (mean - shift)^2 / var (``_ln_fwd_shifted_kernel``): its
+    variance loses up to about 1 + R roundings of the float32 (float64) sums. 16 for 16-bit inputs,
+    whose output rounding (2^-8 or 2^-11) is far above that; 1 for float32 and float64, which keep about
+    their three-pass accuracy (the second sums then serve about one Gaussian row in three, at no cost
+    measured: run 182, float32 16384×16384, 4240 GB/s with 1, 4255 with 4, 4064 three-pass; y within
+    6.5e-8 of float64 with 1, 1.3e-7 with 4, 5e-8 three-pass, against a tolerance of 2e-6)."""
+    return 16.0 if dtype in (torch.bfloat16, torch.float16) else 1.0
 
 
 def _align(n: int, k: int = 32) -> int:
