@@ -886,22 +886,33 @@ def test_chunked_forward_statistics_are_exact_and_stable(shifted, device, gen):
     assert relerr(y, layer_norm_ref(x)) <= 1e-3
 
 
+SHIFTED_LAUNCHES = [
+    pytest.param(ln_mod.LaunchConfig(1, 64, 4, 0, shifted=True), 2048, id="chunked, two passes"),
+    # 250 of 256 columns: masked columns out of the sums
+    pytest.param(ln_mod.LaunchConfig(2, 256, 4, 0, shifted=True), 250, id="whole rows, a program per 2 rows"),
+    # 6 rows in tiles of 4: masked rows in the second tile
+    pytest.param(
+        ln_mod.LaunchConfig(4, 256, 4, 1, prefetch=True, shifted=True), 256, id="whole rows, persistent"
+    ),
+]
+
+
+@pytest.mark.parametrize(("cfg", "n"), SHIFTED_LAUNCHES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_shifted_chunked_forward_keeps_the_tolerance_whatever_the_first_element(dtype, device, gen):
+def test_shifted_forward_keeps_the_tolerance_whatever_the_first_element(dtype, cfg, n, device, gen):
     # the sums about the first element lose about 1 + R roundings, R = (mean - x0)^2 / var, kept at most
     # shifted_max_ratio (1 in float32, 16 in 16 bits) by the second sums: rows whose first element lies
     # just inside (no second sums: the worst the kernel keeps) and just outside that ratio, and 3.9 and
     # 100 standard deviations out, each within the forward's tolerance against float64, the mean within
-    # 1e-5 standard deviations and rstd within 2e-5 (under the interpreter, 12 seeds: 2.1e-7 and 3.3e-7
-    # in float32, 6.4e-7 and 3.3e-6 in bfloat16)
-    m, n, bn = 6, 2048, 64
+    # 1e-5 standard deviations and rstd within 2e-5 (chunked, under the interpreter, 12 seeds: 2.1e-7 and
+    # 3.3e-7 in float32, 6.4e-7 and 3.3e-6 in bfloat16)
+    m = 6
     r = ln_mod.shifted_max_ratio(dtype)
     x = randn((m, n), torch.float64, device, gen)
     for i, k in enumerate((0.0, 0.98 * math.sqrt(r), -0.98 * math.sqrt(r), 1.02 * math.sqrt(r), 3.9, 100.0)):
         x[i, 0] = x[i, 1:].mean() + k * x[i, 1:].std()
     x = x.to(dtype)
     w, b = randn((n,), dtype, device, gen), randn((n,), dtype, device, gen)
-    cfg = ln_mod.LaunchConfig(1, bn, 4, 0, shifted=True)
     y, mean, rstd = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=cfg)
     x64 = x.double()
     for i in range(m):

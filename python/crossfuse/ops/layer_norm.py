@@ -196,21 +196,40 @@ def _kept_params(W, B, cols, col_ok, acc_ty: tl.constexpr, HAS_WEIGHT: tl.conste
 
 
 @triton.jit
-def _ln_fwd_tile(
-    x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N, inv_n, eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, IS_FP64: tl.constexpr, KEEP_PARAMS: tl.constexpr,
-    EVEN_N: tl.constexpr, POW2_N: tl.constexpr,
-):  # fmt: skip
-    """Normalise one row tile ``x`` (float32/float64, masked elements 0) and store y, mean and rstd;
-    ``weight`` and ``bias`` are the loaded parameters where KEEP_PARAMS, else unused (loaded here)."""
-    mean = _div_n(tl.sum(x, axis=1), N, inv_n, POW2_N, IS_FP64)
-    xc = x - mean[:, None]  # x is not needed after this: fewer live registers
+def _centred_moments(xc, col_ok, N, inv_n, EVEN_N: tl.constexpr, POW2_N: tl.constexpr, IS_FP64: tl.constexpr):
+    """``(xc, corr, var)`` of a tile ``xc`` of rows each centred on a value near its mean: the mean is that
+    value + corr (masked columns set to 0 in the returned ``xc``, out of the sums)."""
     if not EVEN_N:  # masked columns read as 0: out of the centred sums (masked rows: x = mean = 0)
         xc = tl.where(col_ok[None, :], xc, 0.0)
-    # corrected two-pass: the residual sum fixes the rounding of the first mean (exact for equal rows)
     sum_xc, sum_xc2 = _sum2(xc, xc * xc, 1)
     corr = _div_n(sum_xc, N, inv_n, POW2_N, IS_FP64)
-    var = tl.maximum(_div_n(sum_xc2, N, inv_n, POW2_N, IS_FP64) - corr * corr, 0.0)
+    return xc, corr, tl.maximum(_div_n(sum_xc2, N, inv_n, POW2_N, IS_FP64) - corr * corr, 0.0)
+
+
+@triton.jit
+def _ln_fwd_tile(
+    x, Y, W, B, Mean, Rstd, weight, bias, shift, rows, row_ok, cols, col_ok, stride_ym, N, inv_n, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, IS_FP64: tl.constexpr, KEEP_PARAMS: tl.constexpr,
+    EVEN_N: tl.constexpr, POW2_N: tl.constexpr, SHIFTED: tl.constexpr = False, MAX_R: tl.constexpr = 0.0,
+):  # fmt: skip
+    """Normalise one row tile ``x`` (float32/float64, masked elements 0) and store y, mean and rstd;
+    ``weight`` and ``bias`` are the loaded parameters where KEEP_PARAMS, else unused (loaded here).
+
+    The statistics are the corrected two-pass ones: the mean, then the sums of x - mean, whose residual
+    fixes the first mean's rounding (exact for equal rows). Where SHIFTED, the first of those two block
+    reductions goes: the sums are taken about ``shift`` (each row's first element, a load of its own),
+    and a second time about the mean they give, as in the corrected two-pass, only in a tile where some
+    row's (mean - shift)^2 exceeds MAX_R times its variance (see _ln_fwd_shifted_kernel)."""
+    if SHIFTED:
+        xc, corr, var = _centred_moments(x - shift[:, None], col_ok, N, inv_n, EVEN_N, POW2_N, IS_FP64)
+        mean = shift
+        if tl.max(corr * corr - MAX_R * var, axis=0) > 0:
+            mean += corr
+            xc, corr, var = _centred_moments(xc - corr[:, None], col_ok, N, inv_n, EVEN_N, POW2_N, IS_FP64)
+    else:
+        mean = _div_n(tl.sum(x, axis=1), N, inv_n, POW2_N, IS_FP64)
+        # x is not needed after this: fewer live registers
+        xc, corr, var = _centred_moments(x - mean[:, None], col_ok, N, inv_n, EVEN_N, POW2_N, IS_FP64)
     mean += corr
     if IS_FP64:
         rstd = 1.0 / tl.sqrt(var + eps)
@@ -230,6 +249,15 @@ def _ln_fwd_tile(
     tl.store(Y + rows[:, None] * stride_ym + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(Mean + rows, mean, mask=row_ok)
     tl.store(Rstd + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _row_heads(X, stride, rows, M, acc_ty: tl.constexpr, SHIFTED: tl.constexpr):
+    """Each row's first element where SHIFTED (rows past M read as 0), else a placeholder."""
+    if SHIFTED:
+        return tl.load(X + rows.to(tl.int64) * stride, mask=rows < M, other=0.0).to(acc_ty)
+    else:
+        return rows
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -257,6 +285,8 @@ def _ln_fwd_kernel(
     EVEN_N: tl.constexpr,  # N == BLOCK_N: no column masks
     POW2_N: tl.constexpr,  # N is a power of 2: divisions by N as products by 1/N (exact)
     ONE_TILE: tl.constexpr,  # a program per tile: no loop (and, one row per tile, no row mask)
+    SHIFTED: tl.constexpr = False,  # statistics about each row's first element (see _ln_fwd_tile)
+    MAX_R: tl.constexpr = 0.0,  # SHIFTED: shifted_max_ratio
 ):
     # a program normalises row tiles pid, pid + num_programs, ...: one tile each when the grid has a
     # program per tile, several when the grid is persistent
@@ -271,8 +301,10 @@ def _ln_fwd_kernel(
         if BLOCK_M == 1:
             row_ok = tl.full([1], True, tl.int1)  # the grid has one program per row
         x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
-        _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N, inv_n,
-                     eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
+        shift = _row_heads(X, stride_xm, rows, M, acc_ty, SHIFTED)
+        _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, shift, rows, row_ok, cols, col_ok, stride_ym, N,
+                     inv_n, eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N, SHIFTED,
+                     MAX_R)  # fmt: skip
     else:
         if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
             x_next = _load_rows(X, stride_xm, pid * BLOCK_M + tl.arange(0, BLOCK_M), M, cols, col_ok)
@@ -286,8 +318,10 @@ def _ln_fwd_kernel(
                 x_next = _load_rows(X, stride_xm, rows + num_programs * BLOCK_M, M, cols, col_ok)
             else:
                 x = _load_rows(X, stride_xm, rows, M, cols, col_ok).to(acc_ty)
-            _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, row_ok, cols, col_ok, stride_ym, N,
-                         inv_n, eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
+            shift = _row_heads(X, stride_xm, rows, M, acc_ty, SHIFTED)
+            _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, shift, rows, row_ok, cols, col_ok, stride_ym,
+                         N, inv_n, eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N, SHIFTED,
+                         MAX_R)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -324,7 +358,7 @@ def _ln_fwd_tma_kernel(
     for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), num_programs, num_stages=STAGES):
         x = Xd.load([tile * BLOCK_M, 0]).to(acc_ty)
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, rows < M, cols, col_ok, stride_ym, N,
+        _ln_fwd_tile(x, Y, W, B, Mean, Rstd, weight, bias, rows, rows, rows < M, cols, col_ok, stride_ym, N,
                      inv_n, eps, HAS_WEIGHT, HAS_BIAS, IS_FP64, KEEP_PARAMS, EVEN_N, POW2_N)  # fmt: skip
 
 
@@ -981,8 +1015,10 @@ class LaunchConfig(NamedTuple):
     # registers by persistent grids), instead of after the statistics of every tile (fewer registers,
     # but an L1/L2 round trip between each tile's statistics and its store)
     keep_params: bool = False
-    # chunked forward: two passes over the row (sums about its first element, then normalise) instead of
-    # three (the mean, the centred sums, normalise); see _ln_fwd_shifted_kernel
+    # forward: the row statistics summed about each row's first element, then a second time only where
+    # that lies far from the mean (shifted_max_ratio). Chunked forward: two passes over the row instead
+    # of three (_ln_fwd_shifted_kernel); whole rows through pointers: one block reduction instead of two
+    # (_ln_fwd_tile); the descriptor (tma_stages) forward ignores it
     shifted: bool = False
     # whole-row kernels on a persistent grid: 0 = x (and dy) loaded through pointers; k >= 2 = through
     # tensor descriptors (the copy engine, TMA) into k shared-memory buffers, where _tma_usable allows
@@ -1041,7 +1077,8 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3941 GB/s (run 44)
     ("bwd", 4, 16384, False): LaunchConfig(2, 4096, 16, 1, prefetch=True, coop=True),  # 3153 GB/s (run 49)
     ("bwd", 4, 16384, True): LaunchConfig(2, 4096, 16, 1, prefetch=True, coop=True),  # 3437 GB/s (run 49)
-    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 1768 GB/s (run 38)
+    # statistics about each row's first element (v33): 1.026x the same launch without (run 185)
+    ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0, keep_params=True, shifted=True),  # 1824 GB/s
     ("fwd", 2, 1024, True): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 4004 GB/s (run 38, kept)
     ("fwd", 2, 2048, False): LaunchConfig(1, 2048, 4, 8, prefetch=True),  # 2416 GB/s (run 38, kept)
     ("fwd", 2, 2048, True): LaunchConfig(1, 2048, 2, 0),  # 4019 GB/s (run 38, kept)
@@ -1210,7 +1247,8 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, 1.0 / N, eps,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch,
             KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N),
-            ONE_TILE=cfg.programs_per_sm == 0, **common,
+            ONE_TILE=cfg.programs_per_sm == 0, SHIFTED=cfg.shifted,
+            MAX_R=shifted_max_ratio(x.dtype) if cfg.shifted else 0.0, **common,
         )  # fmt: skip
     else:
         if cfg.shifted:
