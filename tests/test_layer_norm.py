@@ -886,6 +886,7 @@ def test_chunked_forward_statistics_are_exact_and_stable(shifted, device, gen):
     assert relerr(y, layer_norm_ref(x)) <= 1e-3
 
 
+# (whole rows take the shifted statistics in 16 bits only: in float32 these run the two reductions)
 SHIFTED_LAUNCHES = [
     pytest.param(ln_mod.LaunchConfig(1, 64, 4, 0, shifted=True), 2048, id="chunked, two passes"),
     # 250 of 256 columns: masked columns out of the sums
@@ -924,12 +925,32 @@ def test_shifted_forward_keeps_the_tolerance_whatever_the_first_element(dtype, c
     torch.testing.assert_close(rstd.double(), want_rstd, rtol=2e-5, atol=0)
 
 
+@pytest.mark.parametrize(("cfg", "n"), SHIFTED_LAUNCHES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_shifted_forward_when_the_sums_of_squares_overflow(dtype, cfg, n, device, gen):
+    # a first element 3e18 (or -3e18) from the rest: (x - x0)^2 summed over the row passes float32's
+    # range, so the variance about x0 is inf; the sums are taken again about the mean (without that, rstd
+    # was 0 and y the bias, 0.58 from float64, where the three-pass sums hold such rows). In float32 any
+    # kernel loses the other elements' spread in such a row (x - mean rounds to -mean: the three-pass
+    # kernel's y is 3e-6 from float64 there), so y is held to 1e-4 here, the statistics to the usual bounds
+    x = randn((3, n), dtype, device, gen)
+    x[0, 0] = 3e18
+    x[1, 0] = -3e18
+    y, mean, rstd = ln_mod.layer_norm_fwd(x, None, None, 1e-5, config=cfg)
+    x64 = x.double()
+    assert relerr(y, layer_norm_ref(x64)) <= max(1e-4, tolerance("layer_norm", dtype))
+    std = x64.std(1, unbiased=False)
+    assert ((mean.double() - x64.mean(1)).abs() <= 1e-5 * std).all(), (mean.double() - x64.mean(1)) / std
+    want_rstd = 1 / (x64.var(1, unbiased=False) + 1e-5).sqrt()
+    torch.testing.assert_close(rstd.double(), want_rstd, rtol=2e-5, atol=0)
+
+
 def test_shifted_chunked_forward_when_the_first_element_is_far_from_the_mean(device, gen):
-    # the two-pass kernel sums about the row's first element and, where that lies more than 4 standard
-    # deviations from the mean, sums again about the mean it found: rows with one large first feature
-    # (1e4 before randn, the case that needs the second sums), a first chunk of 1e4 + randn, a first
-    # element 3.9 standard deviations out (no second sums: R = 15), -1e3 + 1e-2 * randn before randn,
-    # rows whose only spread is in the first chunk, rows of 1e4 + 1e-3 * randn
+    # the two-pass kernel sums about the row's first element and, where that lies more than one standard
+    # deviation from the mean (float32), sums again about the mean it found: rows with one large first
+    # feature (1e4 before randn), a first chunk of 1e4 + randn, a first element 3.9 standard deviations
+    # out, -1e3 + 1e-2 * randn before randn, rows whose only spread is in the first chunk, rows of 1e4 +
+    # 1e-3 * randn
     n, bn = 1000, 128
     x = randn((7, n), torch.float32, device, gen)
     x[0, 0] = 1e4

@@ -19,7 +19,8 @@ Design:
   the float32 mean and rstd of each row for the backward. A config may make the grid persistent
   (``programs_per_sm > 0``: programs loop over tiles), and may have each iteration load the next tile
   before it reduces its own (``prefetch``: two tiles' loads in flight per program); the measured table
-  (``TUNED``) uses both kinds of grid.
+  (``TUNED``) uses both kinds of grid. Where the table says ``shifted`` (16-bit inputs), a tile's
+  statistics take one block reduction about each row's first element instead of two (``_ln_fwd_tile``).
 * Backward, N <= FUSED_MAX_N: a persistent grid of about ``programs_per_sm`` programs per SM; each
   walks row tiles with a stride of the grid size (loading the next tile before reducing the current
   one, where the table says ``prefetch``), writes dx, and keeps its partial sums of dw and db in
@@ -216,14 +217,19 @@ def _ln_fwd_tile(
     ``weight`` and ``bias`` are the loaded parameters where KEEP_PARAMS, else unused (loaded here).
 
     The statistics are the corrected two-pass ones: the mean, then the sums of x - mean, whose residual
-    fixes the first mean's rounding (exact for equal rows). Where SHIFTED, the first of those two block
-    reductions goes: the sums are taken about ``shift`` (each row's first element, a load of its own),
-    and a second time about the mean they give, as in the corrected two-pass, only in a tile where some
-    row's (mean - shift)^2 exceeds MAX_R times its variance (see _ln_fwd_shifted_kernel)."""
+    fixes the first mean's rounding (exact for equal rows). Where SHIFTED (16-bit inputs only), the
+    first of those two block reductions goes: the sums are taken about ``shift`` (each row's first
+    element, a load of its own), and a second time about the mean they give, as in the corrected
+    two-pass, only in a tile where some row's (mean - shift)^2 exceeds MAX_R times its variance (see
+    _ln_fwd_shifted_kernel) or its sum of squares overflowed. That second time re-centres x - shift as
+    computed the first time, which is exact in float32 for 16-bit x unless x and shift lie more than 2^16
+    apart (and then x's own rounding is the larger error); for float32 x it would keep the first
+    rounding, up to about sqrt(R) float32 ulps of the row's spread, so float32 takes the two reductions."""
     if SHIFTED:
         xc, corr, var = _centred_moments(x - shift[:, None], col_ok, N, inv_n, EVEN_N, POW2_N, IS_FP64)
         mean = shift
-        if tl.max(corr * corr - MAX_R * var, axis=0) > 0:
+        far = (corr * corr > MAX_R * var) | (var > 3.0e38)  # or sums of squares past float32's range
+        if tl.max(far.to(tl.int32), axis=0) > 0:
             mean += corr
             xc, corr, var = _centred_moments(xc - corr[:, None], col_ok, N, inv_n, EVEN_N, POW2_N, IS_FP64)
     else:
@@ -477,8 +483,10 @@ def _ln_fwd_shifted_kernel(
     sums about a shift s give var = S2/N - (S1/N)^2, which cancels in proportion to R = (mean - s)^2 /
     var; where R > MAX_R (a first element far from the row's mean: a row with one large feature there)
     the sums are taken again, from L2, about s + S1/N, which is the mean up to rounding, so for any row
-    the variance comes from sums with R <= MAX_R. The chunks are [1, BLOCK_N] tiles: in that form this
-    kernel compiled 6-8% faster than in one dimension here (run 179)."""
+    the variance comes from sums with R <= MAX_R; likewise where the sum of squares overflowed (a first
+    element some 1e17 from the rest, which the three-pass sums would still hold). The chunks are
+    [1, BLOCK_N] tiles: in that form this kernel compiled 6-8% faster than in one dimension here (run
+    179)."""
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_xm
     Y += row * stride_ym
@@ -488,7 +496,7 @@ def _ln_fwd_shifted_kernel(
     shift = tl.load(X).to(acc_ty)
     acc1, acc2 = _centred_sums(X, cols, N, shift, zero, zero, BLOCK_N, UNROLL)
     corr, var = _shifted_moments(acc1, acc2, N, IS_FP64)
-    if corr * corr > MAX_R * var:
+    if (corr * corr > MAX_R * var) | (var > 3.0e38):  # or sums of squares past float32's range
         shift += corr
         acc1, acc2 = _centred_sums(X, cols, N, shift, zero, zero, BLOCK_N, UNROLL)
         corr, var = _shifted_moments(acc1, acc2, N, IS_FP64)
@@ -1017,8 +1025,9 @@ class LaunchConfig(NamedTuple):
     keep_params: bool = False
     # forward: the row statistics summed about each row's first element, then a second time only where
     # that lies far from the mean (shifted_max_ratio). Chunked forward: two passes over the row instead
-    # of three (_ln_fwd_shifted_kernel); whole rows through pointers: one block reduction instead of two
-    # (_ln_fwd_tile); the descriptor (tma_stages) forward ignores it
+    # of three (_ln_fwd_shifted_kernel); whole rows of 16-bit inputs through pointers: one block
+    # reduction instead of two (_ln_fwd_tile); float32, float64 and the descriptor (tma_stages) forward
+    # of whole rows ignore it
     shifted: bool = False
     # whole-row kernels on a persistent grid: 0 = x (and dy) loaded through pointers; k >= 2 = through
     # tensor descriptors (the copy engine, TMA) into k shared-memory buffers, where _tma_usable allows
@@ -1240,6 +1249,7 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
             POW2_N=_is_pow2(N), STAGES=cfg.tma_stages, **common,
         )  # fmt: skip
     elif N <= cfg.block_n:  # the whole row in one tile
+        shifted_tile = cfg.shifted and x.element_size() == 2  # see _ln_fwd_tile
         tiles = triton.cdiv(M, cfg.block_m)
         if cfg.programs_per_sm > 0:  # a persistent grid
             tiles = min(tiles, cfg.programs_per_sm * device_parallelism(x))
@@ -1247,8 +1257,8 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
             x, y, w, b, mean, rstd, x.stride(0), y.stride(0), M, N, 1.0 / N, eps,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch,
             KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n, POW2_N=_is_pow2(N),
-            ONE_TILE=cfg.programs_per_sm == 0, SHIFTED=cfg.shifted,
-            MAX_R=shifted_max_ratio(x.dtype) if cfg.shifted else 0.0, **common,
+            ONE_TILE=cfg.programs_per_sm == 0, SHIFTED=shifted_tile,
+            MAX_R=shifted_max_ratio(x.dtype) if shifted_tile else 0.0, **common,
         )  # fmt: skip
     else:
         if cfg.shifted:
@@ -1263,12 +1273,13 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
 
 
 def shifted_max_ratio(dtype: torch.dtype) -> float:
-    """The shifted forward's largest accepted (mean - shift)^2 / var (``_ln_fwd_shifted_kernel``): its
-    variance loses up to about 1 + R roundings of the float32 (float64) sums. 16 for 16-bit inputs,
-    whose output rounding (2^-8 or 2^-11) is far above that; 1 for float32 and float64, which keep about
-    their three-pass accuracy (the second sums then serve about one Gaussian row in three, at no cost
-    measured: run 182, float32 16384×16384, 4240 GB/s with 1, 4255 with 4, 4064 three-pass; y within
-    6.5e-8 of float64 with 1, 1.3e-7 with 4, 5e-8 three-pass, against a tolerance of 2e-6)."""
+    """The shifted forward's largest accepted (mean - shift)^2 / var (``_ln_fwd_shifted_kernel``, and
+    ``_ln_fwd_tile`` for 16-bit inputs): its variance loses up to about 1 + R roundings of the float32
+    (float64) sums. 16 for 16-bit inputs, whose output rounding (2^-8 or 2^-11) is far above that; 1 for
+    float32 and float64, which keep about their three-pass accuracy (the second sums then serve about
+    one Gaussian row in three, at no cost measured: run 182, float32 16384×16384, 4240 GB/s with 1, 4255
+    with 4, 4064 three-pass; y within 6.5e-8 of float64 with 1, 1.3e-7 with 4, 5e-8 three-pass, against
+    a tolerance of 2e-6)."""
     return 16.0 if dtype in (torch.bfloat16, torch.float16) else 1.0
 
 
