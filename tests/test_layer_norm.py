@@ -888,7 +888,8 @@ def test_chunked_forward_statistics_are_exact_and_stable(shifted, device, gen):
 
 # (whole rows take the shifted statistics in 16 bits only: in float32 these run the two reductions)
 SHIFTED_LAUNCHES = [
-    pytest.param(ln_mod.LaunchConfig(1, 64, 4, 0, shifted=True), 2048, id="chunked, two passes"),
+    # 2000 columns in chunks of 64: a partial last chunk
+    pytest.param(ln_mod.LaunchConfig(1, 64, 4, 0, shifted=True), 2000, id="chunked, two passes"),
     # 250 of 256 columns: masked columns out of the sums
     pytest.param(ln_mod.LaunchConfig(2, 256, 4, 0, shifted=True), 250, id="whole rows, a program per 2 rows"),
     # 6 rows in tiles of 4: masked rows in the second tile
@@ -923,6 +924,20 @@ def test_shifted_forward_keeps_the_tolerance_whatever_the_first_element(dtype, c
     assert ((mean.double() - x64.mean(1)).abs() <= 1e-5 * std).all(), (mean.double() - x64.mean(1)) / std
     want_rstd = 1 / (x64.var(1, unbiased=False) + 1e-5).sqrt()
     torch.testing.assert_close(rstd.double(), want_rstd, rtol=2e-5, atol=0)
+
+
+@pytest.mark.parametrize(("cfg", "n"), SHIFTED_LAUNCHES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_shifted_forward_keeps_equal_rows_exact(dtype, cfg, n, device, gen):
+    # the shifted statistics keep the fused kernel's guarantee: a row of equal values (its first element
+    # among them) gives mean == that value, and y == bias exactly; with a weight, in 16 bits
+    x = randn((6, n), dtype, device, gen)
+    x[1] = 0.7134
+    x[4] = -325.0
+    w, b = randn((n,), dtype, device, gen), randn((n,), dtype, device, gen)
+    y, mean, _ = ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=cfg)
+    assert torch.equal(y[1], b) and torch.equal(y[4], b)
+    assert mean[1].item() == x[1, 0].float().item() and mean[4].item() == x[4, 0].float().item()
 
 
 @pytest.mark.parametrize(("cfg", "n"), SHIFTED_LAUNCHES)
