@@ -42,6 +42,20 @@ def _add_pairs(a0, a1, b0, b1):
     return a0 + b0, a1 + b1
 
 
+@triton.jit
+def _moments_about(xp, cols, shift, acc1, acc2, start0, N: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(corr, var)`` of each row from its sums of x - shift and its square (chunks from ``start0``
+    added to ``acc1``, ``acc2``; the loads kept in L2): the mean is shift + corr."""
+    for start in tl.range(start0, N, BLOCK_N):
+        x = tl.load(xp + start + cols, eviction_policy="evict_last").to(tl.float32)
+        xc = x - shift
+        acc1 += xc
+        acc2 += xc * xc
+    s1, s2 = tl.reduce((acc1, acc2), 1, _add_pairs)
+    corr = s1 * (1.0 / N)
+    return corr, tl.maximum(s2 * (1.0 / N) - corr * corr, 0.0)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fwd_tile_kernel(X, Y, W, B, Mean, Rstd, stride_x, stride_y, M, eps, N: tl.constexpr, ROWS: tl.constexpr,
                      BLOCK_N: tl.constexpr, SHIFT_X0: tl.constexpr):  # fmt: skip
@@ -51,7 +65,6 @@ def _fwd_tile_kernel(X, Y, W, B, Mean, Rstd, stride_x, stride_y, M, eps, N: tl.c
     xp = X + rows_c[:, None] * stride_x
     yp = Y + rows_c[:, None] * stride_y
     cols = tl.arange(0, BLOCK_N)[None, :]
-    inv_n = 1.0 / N  # N is a power of 2 here: exact
     if SHIFT_X0 > 0:
         shift = tl.load(xp).to(tl.float32)  # [ROWS, 1]
         acc1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
@@ -63,28 +76,13 @@ def _fwd_tile_kernel(X, Y, W, B, Mean, Rstd, stride_x, stride_y, M, eps, N: tl.c
         acc1 = x - shift
         acc2 = acc1 * acc1
         start0 = BLOCK_N
-    for start in tl.range(start0, N, BLOCK_N):
-        x = tl.load(xp + start + cols, eviction_policy="evict_last").to(tl.float32)
-        xc = x - shift
-        acc1 += xc
-        acc2 += xc * xc
-    s1, s2 = tl.reduce((acc1, acc2), 1, _add_pairs)
-    corr = s1 * inv_n
-    var = tl.maximum(s2 * inv_n - corr * corr, 0.0)
+    corr, var = _moments_about(xp, cols, shift, acc1, acc2, start0, N, BLOCK_N)
     if SHIFT_X0 == 2:
         # the shift was far from the mean (corr^2 > 16 var): the sums again, about shift + corr, from L2
         if tl.max(corr * corr - 16.0 * var, axis=0) > 0:
             shift = shift + corr[:, None]
-            acc1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-            acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-            for start in tl.range(0, N, BLOCK_N):
-                x = tl.load(xp + start + cols, eviction_policy="evict_last").to(tl.float32)
-                xc = x - shift
-                acc1 += xc
-                acc2 += xc * xc
-            s1, s2 = tl.reduce((acc1, acc2), 1, _add_pairs)
-            corr = s1 * inv_n
-            var = tl.maximum(s2 * inv_n - corr * corr, 0.0)
+            zero = tl.zeros([ROWS, BLOCK_N], tl.float32)
+            corr, var = _moments_about(xp, cols, shift, zero, zero, 0, N, BLOCK_N)
     rstd = 1.0 / tl.sqrt(var + eps)
     for start in tl.range(0, N, BLOCK_N):
         x = tl.load(xp + start + cols, eviction_policy="evict_first").to(tl.float32)
