@@ -382,6 +382,15 @@ def _centred_sums(X, cols, N, mean, acc1, acc2, BLOCK_N: tl.constexpr, UNROLL: t
 
 
 @triton.jit
+def _chunk_moments(acc1, acc2, N, IS_FP64: tl.constexpr):
+    """``(corr, var)`` of a row from its [1, BLOCK_N] per-lane sums of ``x - shift`` and its square (the
+    chunked forwards): the mean is ``shift + corr``."""
+    s1, s2 = _sum2(acc1, acc2, 1)
+    corr = _div(tl.sum(s1, axis=0), N, IS_FP64)
+    return corr, tl.maximum(_div(tl.sum(s2, axis=0), N, IS_FP64) - corr * corr, 0.0)
+
+
+@triton.jit
 def _normalise_row(X, Y, W, B, cols, N, mean, corr, rstd, acc_ty: tl.constexpr, BLOCK_N: tl.constexpr,
                    UNROLL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
     """The chunked forwards' last pass: y of the row from L2 (loaded with ``evict_first``, stored past L2
@@ -421,7 +430,7 @@ def _ln_fwd_chunked_kernel(
     X += row * stride_xm
     Y += row * stride_ym
     acc_ty = tl.float64 if IS_FP64 else tl.float32
-    cols = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_N)[None, :]  # [1, BLOCK_N] chunks (see _ln_fwd_shifted_kernel)
     # The statistics of the fused kernel (corrected two-pass), summed per lane: each thread adds its own
     # elements of every chunk and the lanes are reduced once per pass, so no barrier sits inside a loop
     # and the loads of successive chunks can be in flight together. Passes 2 and 3 re-read the row,
@@ -429,31 +438,20 @@ def _ln_fwd_chunked_kernel(
     # Eviction hints keep the row in L2 for the passes after the first (passes 1 and 2: evict last; the
     # last pass: evict first) and stream the output past it (.cs), as other programs' rows stream in.
     # pass 1: the mean
-    acc = tl.zeros([BLOCK_N], dtype=acc_ty)
+    zero = tl.zeros([1, BLOCK_N], dtype=acc_ty)
+    acc = zero
     for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
         x = tl.load(X + start + cols, mask=start + cols < N, other=0.0, eviction_policy="evict_last")
         acc += x.to(acc_ty)
-    mean = _div(tl.sum(acc, axis=0), N, IS_FP64)
+    mean = _div(tl.sum(tl.sum(acc, axis=1), axis=0), N, IS_FP64)
     # pass 2: centred sums; the residual sum corrects the first mean's rounding
-    zero = tl.zeros([BLOCK_N], dtype=acc_ty)
     acc1, acc2 = _centred_sums(X, cols, N, mean, zero, zero, BLOCK_N, UNROLL)
-    sum_xc, sum_xc2 = _sum2(acc1, acc2, 0)
-    corr = _div(sum_xc, N, IS_FP64)
-    var = tl.maximum(_div(sum_xc2, N, IS_FP64) - corr * corr, 0.0)
+    corr, var = _chunk_moments(acc1, acc2, N, IS_FP64)
     rstd = 1.0 / tl.sqrt(var + eps)
     # pass 3: normalise and write
     _normalise_row(X, Y, W, B, cols, N, mean, corr, rstd, acc_ty, BLOCK_N, UNROLL, HAS_WEIGHT, HAS_BIAS)
     tl.store(Mean + row, mean + corr)
     tl.store(Rstd + row, rstd)
-
-
-@triton.jit
-def _shifted_moments(acc1, acc2, N, IS_FP64: tl.constexpr):
-    """``(corr, var)`` of a row from its [1, BLOCK_N] per-lane sums of ``x - shift`` and its square: the
-    mean is ``shift + corr``."""
-    s1, s2 = _sum2(acc1, acc2, 1)
-    corr = _div(tl.sum(s1, axis=0), N, IS_FP64)
-    return corr, tl.maximum(_div(tl.sum(s2, axis=0), N, IS_FP64) - corr * corr, 0.0)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -495,11 +493,11 @@ def _ln_fwd_shifted_kernel(
     zero = tl.zeros([1, BLOCK_N], dtype=acc_ty)
     shift = tl.load(X).to(acc_ty)
     acc1, acc2 = _centred_sums(X, cols, N, shift, zero, zero, BLOCK_N, UNROLL)
-    corr, var = _shifted_moments(acc1, acc2, N, IS_FP64)
+    corr, var = _chunk_moments(acc1, acc2, N, IS_FP64)
     if (corr * corr > MAX_R * var) | (var > 3.0e38):  # or sums of squares past float32's range
         shift += corr
         acc1, acc2 = _centred_sums(X, cols, N, shift, zero, zero, BLOCK_N, UNROLL)
-        corr, var = _shifted_moments(acc1, acc2, N, IS_FP64)
+        corr, var = _chunk_moments(acc1, acc2, N, IS_FP64)
     rstd = 1.0 / tl.sqrt(var + eps)
     _normalise_row(X, Y, W, B, cols, N, shift, corr, rstd, acc_ty, BLOCK_N, UNROLL, HAS_WEIGHT, HAS_BIAS)
     tl.store(Mean + row, shift + corr)
