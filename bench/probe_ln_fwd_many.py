@@ -7,10 +7,12 @@ copy of the same bytes, alternated in one process.
 The sessions' copy ceiling is a 1 GiB copy; a shape that moves 256 MB pays its fixed costs (launch, the
 first and last waves, the write-back of the dirty lines the timer's L2 flush leaves) over fewer bytes. The
 copy of the shape's own bytes (``y.copy_(x)``) says how much of the gap to the ceiling any kernel pays at
-this size. Then: the code's launch; one program per tile of 1–8 rows on 1–8 warps (4–64 elements per
-thread), weight and bias loaded before or after the statistics; persistent grids of 4 or 8 programs per SM
-that prefetch the next tile; persistent grids reading through tensor descriptors (3 stages). GB/s
-(2·M·N·bytes) from the medians of the sessions' GPU timer over ``--rounds`` alternations, best first.
+this size. Then torch.compile's training forward (the sessions' peer: inputs that require grad, so it also
+writes the mean and rstd) and its inference forward (y alone); the code's launch; one program per tile of
+1–8 rows on 1–8 warps (4–64 elements per thread), weight and bias loaded before or after the statistics;
+persistent grids of 4 or 8 programs per SM that prefetch the next tile; persistent grids reading through
+tensor descriptors (3 stages). GB/s (2·M·N·bytes) from the medians of the sessions' GPU timer over
+``--rounds`` alternations, best first.
 """
 
 from __future__ import annotations
