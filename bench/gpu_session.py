@@ -2,6 +2,7 @@
 ~6 minutes (a budget of 330 s by default, plus start-up).
 
     PYTHONUNBUFFERED=1 python bench/gpu_session.py OUT [--budget-s 330] [--stages a,b] [--quick]
+                                                       [--ptxas torch|triton|PATH|unpinned]
 
 Stages, in order: ``layer_norm`` on cuda (its first row is the copy ceiling: a 1 GiB bf16 device copy),
 ``attention`` on cuda, ``memory`` on cuda and on the cpu, ``crossfuse profile attention`` on cuda, then
@@ -15,6 +16,11 @@ Writes into OUT, flat, 7 files: ``results.csv`` (all suites), ``report.md`` (tab
 ``layer_norm_gbps.png``, ``attention_tflops.png``, ``memory.png``, ``profile_timeline.png``,
 ``profile_trace.json``. Needs no installation: it imports crossfuse from this checkout's ``python/``.
 ``--quick`` runs the quick suites (a check of this script on a CPU-only machine).
+
+On a GPU the session first pins the ptxas that builds every Triton kernel it compiles, ours and the peers'
+(``--ptxas``, default torch's bundled one where torch ships it): unpinned, torch.compile's first compile
+would switch it from Triton's own to torch's mid-session, and the two builds of one kernel can differ by
+several % (``crossfuse.harness.toolchain``). Every row's ``versions`` names the ptxas in use.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from crossfuse import _backend, registry  # noqa: E402
 _backend.enable_interpreter_if_no_gpu()  # before anything imports triton
 
 import torch  # noqa: E402
-from crossfuse.harness import plots, profile, report, runner, suite, timing  # noqa: E402
+from crossfuse.harness import plots, profile, report, runner, suite, timing, toolchain  # noqa: E402
 from crossfuse.harness.progress import Progress  # noqa: E402
 from crossfuse.harness.schema import CsvWriter, read_csv, versions  # noqa: E402
 
@@ -80,6 +86,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="quick suites (to check this script on a CPU)")
     names = [st[0] for st in STAGES]
     ap.add_argument("--stages", default=",".join(names), help=f"comma-separated subset of {','.join(names)}")
+    ap.add_argument(
+        "--ptxas",
+        default=None,
+        help="the ptxas that builds every Triton kernel of the session: torch (torch's bundled one, the "
+        "default where it exists), triton (Triton's own), a path, or unpinned (torch.compile then switches "
+        "it to torch's at its first compile, mid-session); see crossfuse.harness.toolchain",
+    )
     args = ap.parse_args(argv)
     chosen = [n for n in args.stages.split(",") if n]
     unknown = set(chosen) - set(names)
@@ -89,6 +102,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
+    if cuda:  # before anything compiles: every kernel of the session built by one ptxas
+        try:
+            toolchain.pin_ptxas(args.ptxas or toolchain.default_choice())
+        except ValueError as exc:
+            ap.error(str(exc))
     log(f"crossfuse GPU session -> {out}; {versions()}; interpreter={_backend.interpreter_requested()}")
     log(f"devices: cuda={torch.cuda.get_device_name(0) if cuda else 'none'}; budget {args.budget_s:.0f} s")
     suites = suite.load_suites()

@@ -185,9 +185,18 @@ def _version(dist: str) -> str | None:
         return None
 
 
-@functools.cache
 def versions() -> str:
-    """``python=3.12.3 torch=2.11.0 triton=3.6.0 crossfuse=0.1.0 cuda=12.8`` (without importing Triton)."""
+    """``python=3.12.3 torch=2.11.0 triton=3.6.0 crossfuse=0.1.0 cuda=12.8`` (without importing Triton), and
+    where a GPU is present the ptxas that builds Triton kernels now, ``ptxas=13.0.88(torch)``: read at each
+    call, since torch.compile may change it mid-run (:mod:`crossfuse.harness.toolchain`)."""
+    from .toolchain import ptxas_in_use
+
+    ptxas = ptxas_in_use() if torch.cuda.is_available() else ""
+    return _versions() + (f" ptxas={ptxas}" if ptxas else "")
+
+
+@functools.cache
+def _versions() -> str:
     from .. import __version__
 
     parts = [f"python={platform.python_version()}", f"torch={torch.__version__}"]

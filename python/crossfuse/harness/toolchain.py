@@ -1,0 +1,90 @@
+"""Which ptxas builds a run's Triton kernels.
+
+Triton turns each kernel's PTX into machine code with a ptxas: its own (in the Triton wheel) unless
+``TRITON_PTXAS_PATH`` names another. torch.compile's first compile in a process sets that variable to
+torch's bundled ptxas where it is unset, so every Triton kernel compiled after it in the process (ours, a
+peer's) is built by torch's ptxas, and Triton keys its kernel cache on the ptxas version, so the change
+does take effect. The two builds of one kernel can differ by several % (bench/results/h200/NOTES.md, runs
+197–203: Liger's float32 4096×2048 layer-norm forward ~7% faster built by torch's ptxas than by Triton
+3.6's, ours 2–3% slower). A
+measurement that compares kernels therefore pins one ptxas for the whole process before anything compiles
+(:func:`pin_ptxas`), and every row says which one built it (:func:`ptxas_in_use`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+import subprocess
+from pathlib import Path
+
+ENV = "TRITON_PTXAS_PATH"
+CHOICES = ("torch", "triton", "unpinned")
+
+
+def bundled_ptxas() -> dict[str, str]:
+    """``{"torch": path, "triton": path}`` of the ptxas binaries the torch and Triton installs ship, for those
+    present (a CPU build of torch has none; Triton's is found without importing Triton)."""
+    out = {}
+    torch_spec = importlib.util.find_spec("torch")
+    if torch_spec is not None and torch_spec.origin:
+        out["torch"] = str(Path(torch_spec.origin).parent / "bin" / "ptxas")
+    triton_spec = importlib.util.find_spec("triton")
+    if triton_spec is not None and triton_spec.submodule_search_locations:
+        root = Path(next(iter(triton_spec.submodule_search_locations)))
+        out["triton"] = str(root / "backends" / "nvidia" / "bin" / "ptxas")
+    return {k: v for k, v in out.items() if os.path.isfile(v) and os.access(v, os.X_OK)}
+
+
+def default_choice() -> str:
+    """``"torch"`` where torch ships a ptxas (the one a process that uses torch.compile ends up with, and
+    what the sessions before the pin built most kernels with), else ``"triton"``."""
+    return "torch" if "torch" in bundled_ptxas() else "triton"
+
+
+def pin_ptxas(choice: str) -> str | None:
+    """Points ``TRITON_PTXAS_PATH`` at one ptxas for the rest of the process: ``"torch"`` or ``"triton"``
+    (their bundled binaries), or a path to an executable; ``"unpinned"`` leaves the variable as it is (and
+    torch.compile may then change it mid-run). Call it before anything compiles. Returns the path pinned (None
+    for ``"unpinned"``)."""
+    if choice == "unpinned":
+        return None
+    found = bundled_ptxas()
+    if choice in ("torch", "triton"):
+        if choice not in found:
+            have = ", ".join(found) or "none"
+            raise ValueError(f"ptxas: this {choice} install ships no ptxas (bundled ones found: {have})")
+        path = found[choice]
+    else:
+        path = choice
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise ValueError(f"ptxas must be one of {', '.join(CHOICES)} or an executable, got {choice!r}")
+    os.environ[ENV] = path
+    return path
+
+
+@functools.cache
+def ptxas_version(path: str) -> str:
+    """The ``X.Y.Z`` release of the ptxas at ``path`` (from ``--version``), or ``"unknown"``."""
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    m = re.search(r"V(\d+\.\d+\.\d+)", text) or re.search(r"release (\d+\.\d+)", text)
+    return m.group(1) if m else "unknown"
+
+
+def ptxas_in_use() -> str:
+    """``<version>(<whose>)`` of the ptxas Triton would use now: the one ``TRITON_PTXAS_PATH`` names (torch's,
+    Triton's, or else its path), else Triton's own; ``""`` where there is none."""
+    found = bundled_ptxas()
+    path = os.environ.get(ENV) or found.get("triton")
+    if not path:
+        return ""
+    whose = next((k for k, v in found.items() if os.path.realpath(v) == os.path.realpath(path)), path)
+    return f"{ptxas_version(path)}({whose})"
+
+
+__all__ = ["CHOICES", "ENV", "bundled_ptxas", "default_choice", "pin_ptxas", "ptxas_in_use", "ptxas_version"]

@@ -1,0 +1,74 @@
+"""crossfuse.harness.toolchain: the ptxas a measurement pins, and the rows that say which one built them."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+from crossfuse.harness import schema, toolchain
+
+
+def _fake_ptxas(tmp_path, banner: str):
+    """An executable that prints ``banner`` on ``--version``, as ptxas does."""
+    path = tmp_path / "ptxas"
+    path.write_text(f"#!/bin/sh\necho '{banner}'\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+BANNER = "ptxas: NVIDIA (R) Ptx optimizing assembler\\nCuda compilation tools, release 12.8, V12.8.93"
+
+
+def test_pin_a_path_sets_the_variable_and_rows_name_its_version(tmp_path, monkeypatch):
+    monkeypatch.delenv(toolchain.ENV, raising=False)
+    fake = _fake_ptxas(tmp_path, BANNER)
+    assert toolchain.pin_ptxas(fake) == fake
+    assert os.environ[toolchain.ENV] == fake
+    assert toolchain.ptxas_in_use() == f"12.8.93({fake})"
+    # rows read it at each call (torch.compile may change it mid-run); only where a GPU is present
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert schema.versions().endswith(f" ptxas=12.8.93({fake})")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "ptxas=" not in schema.versions()
+
+
+def test_unpinned_leaves_the_variable_alone(tmp_path, monkeypatch):
+    fake = _fake_ptxas(tmp_path, BANNER)
+    monkeypatch.setenv(toolchain.ENV, fake)
+    assert toolchain.pin_ptxas("unpinned") is None
+    assert os.environ[toolchain.ENV] == fake
+    monkeypatch.delenv(toolchain.ENV)
+    assert toolchain.pin_ptxas("unpinned") is None
+    assert toolchain.ENV not in os.environ
+
+
+def test_a_bad_choice_is_an_error_naming_it(tmp_path, monkeypatch):
+    monkeypatch.delenv(toolchain.ENV, raising=False)
+    with pytest.raises(ValueError, match="ptxas must be one of torch, triton, unpinned or an executable"):
+        toolchain.pin_ptxas(str(tmp_path / "no-such-ptxas"))
+    not_executable = tmp_path / "plain"
+    not_executable.write_text("")
+    with pytest.raises(ValueError, match=r"got '.*plain'"):
+        toolchain.pin_ptxas(str(not_executable))
+    assert toolchain.ENV not in os.environ  # nothing pinned on an error
+
+
+def test_bundled_choices(monkeypatch):
+    monkeypatch.delenv(toolchain.ENV, raising=False)
+    found = toolchain.bundled_ptxas()
+    for whose in ("torch", "triton"):
+        if whose in found:
+            assert toolchain.pin_ptxas(whose) == found[whose]
+            assert os.access(found[whose], os.X_OK)
+            assert toolchain.ptxas_in_use().endswith(f"({whose})")
+        else:
+            with pytest.raises(ValueError, match=f"this {whose} install ships no ptxas"):
+                toolchain.pin_ptxas(whose)
+    assert toolchain.default_choice() == ("torch" if "torch" in found else "triton")
+
+
+def test_version_of_something_that_is_not_ptxas(tmp_path):
+    assert toolchain.ptxas_version(_fake_ptxas(tmp_path, "hello")) == "unknown"
+    assert toolchain.ptxas_version(str(tmp_path / "missing")) == "unknown"
