@@ -72,3 +72,40 @@ def test_bundled_choices(monkeypatch):
 def test_version_of_something_that_is_not_ptxas(tmp_path):
     assert toolchain.ptxas_version(_fake_ptxas(tmp_path, "hello")) == "unknown"
     assert toolchain.ptxas_version(str(tmp_path / "missing")) == "unknown"
+
+
+def test_pinned_restores_the_variable_after_the_block_and_after_an_error(tmp_path, monkeypatch):
+    fake = _fake_ptxas(tmp_path, BANNER)
+    monkeypatch.setenv(toolchain.ENV, "/before")
+    with toolchain.pinned(fake) as path:
+        assert path == fake and os.environ[toolchain.ENV] == fake
+    assert os.environ[toolchain.ENV] == "/before"
+    with pytest.raises(ValueError), toolchain.pinned(str(tmp_path / "missing")):
+        pass
+    assert os.environ[toolchain.ENV] == "/before"
+    monkeypatch.delenv(toolchain.ENV)
+    with toolchain.pinned(fake):
+        pass
+    assert toolchain.ENV not in os.environ
+
+
+def test_crossfuse_bench_on_cuda_pins_for_the_run_only(tmp_path, monkeypatch, capsys):
+    # the cuda path without a GPU: the device check and the run itself replaced, the rest of the command real
+    from crossfuse import cli
+    from crossfuse.harness import runner
+
+    seen = []
+    monkeypatch.setattr(cli, "_device", lambda arg: "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runner, "device_name", lambda device: "a GPU")
+    monkeypatch.setattr(cli, "_run_bench", lambda *a: seen.append(os.environ.get(toolchain.ENV)) or 0)
+    monkeypatch.delenv(toolchain.ENV, raising=False)
+    fake = _fake_ptxas(tmp_path, BANNER)
+    out = str(tmp_path / "out")
+    assert cli.main(["bench", "layer_norm", "--quick", "--out", out, "--ptxas", fake]) == 0
+    assert seen == [fake] and toolchain.ENV not in os.environ
+    assert cli.main(["bench", "layer_norm", "--quick", "--out", out, "--replace", "--ptxas", "bogus"]) == 2
+    assert "--ptxas: ptxas must be one of torch, triton, unpinned or an executable" in capsys.readouterr().err
+    assert seen == [fake] and toolchain.ENV not in os.environ  # nothing ran, nothing pinned
+    assert cli.main(["bench", "layer_norm", "--quick", "--out", out, "--replace", "--ptxas", "unpinned"]) == 0
+    assert seen == [fake, None]

@@ -28,6 +28,7 @@ import importlib.metadata  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from contextlib import ExitStack  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -198,7 +199,7 @@ def _collapse_skips(results: list) -> list:
 
 
 def cmd_bench(args) -> int:
-    from .harness import runner, suite
+    from .harness import runner, suite, toolchain
 
     try:
         suites = suite.load_suites(args.suites)
@@ -224,7 +225,13 @@ def cmd_bench(args) -> int:
     if device == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
     try:
-        return _run_bench(args, s, device, dtypes, ops, impls, out, csv_path)
+        with ExitStack() as stack:
+            if device == "cuda":  # one ptxas builds every kernel of the run (crossfuse.harness.toolchain)
+                try:
+                    stack.enter_context(toolchain.pinned(args.ptxas or toolchain.default_choice()))
+                except ValueError as exc:
+                    raise UsageError(f"--ptxas: {exc}") from None
+            return _run_bench(args, s, device, dtypes, ops, impls, out, csv_path)
     finally:
         torch.set_num_threads(threads)  # as it was: main() may be called in a process that goes on
 
@@ -474,6 +481,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="torch's CPU threads while timing on the CPU (default 1: a pool of threads on a busy machine "
         "turns some calls into waits of milliseconds; 0: torch's default)",
+    )
+    b.add_argument(
+        "--ptxas",
+        help="on cuda, the ptxas that builds every Triton kernel of the run, ours and the peers': torch "
+        "(torch's bundled one, the default where torch ships it), triton (Triton's own), a path, or unpinned "
+        "(torch.compile then switches it to torch's at its first compile, mid-run)",
     )
     b.add_argument(
         "--append", action="store_true", help="add to an OUT/results.csv that already holds this suite's rows"

@@ -13,6 +13,7 @@ measurement that compares kernels therefore pins one ptxas for the whole process
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -65,6 +66,20 @@ def pin_ptxas(choice: str) -> str | None:
     return path
 
 
+@contextlib.contextmanager
+def pinned(choice: str):
+    """:func:`pin_ptxas` for the duration of a ``with`` block, ``TRITON_PTXAS_PATH`` as it was afterwards (a
+    command run inside a process that goes on). Kernels compiled inside keep their builds."""
+    saved = os.environ.get(ENV)
+    try:
+        yield pin_ptxas(choice)
+    finally:
+        if saved is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = saved
+
+
 @functools.cache
 def ptxas_version(path: str) -> str:
     """The ``X.Y.Z`` release of the ptxas at ``path`` (from ``--version``), or ``"unknown"``."""
@@ -87,4 +102,13 @@ def ptxas_in_use() -> str:
     return f"{ptxas_version(path)}({whose})"
 
 
-__all__ = ["CHOICES", "ENV", "bundled_ptxas", "default_choice", "pin_ptxas", "ptxas_in_use", "ptxas_version"]
+__all__ = [
+    "CHOICES",
+    "ENV",
+    "bundled_ptxas",
+    "default_choice",
+    "pin_ptxas",
+    "pinned",
+    "ptxas_in_use",
+    "ptxas_version",
+]
