@@ -10,6 +10,14 @@ import torch
 from crossfuse.harness import schema, toolchain
 
 
+@pytest.fixture(autouse=True)
+def _clean_environment(tmp_path, monkeypatch):
+    """Neither variable set, a home of the test's own: whatever a test pins is undone after it."""
+    monkeypatch.delenv(toolchain.ENV, raising=False)
+    monkeypatch.delenv(toolchain.CACHE_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
 def _fake_ptxas(tmp_path, banner: str):
     """An executable that prints ``banner`` on ``--version``, as ptxas does."""
     path = tmp_path / "ptxas"
@@ -22,10 +30,12 @@ BANNER = "ptxas: NVIDIA (R) Ptx optimizing assembler\\nCuda compilation tools, r
 
 
 def test_pin_a_path_sets_the_variable_and_rows_name_its_version(tmp_path, monkeypatch):
-    monkeypatch.delenv(toolchain.ENV, raising=False)
     fake = _fake_ptxas(tmp_path, BANNER)
     assert toolchain.pin_ptxas(fake) == fake
     assert os.environ[toolchain.ENV] == fake
+    # a kernel cache of that ptxas's own (no build of another ptxas loaded under the same key)
+    cache = os.environ[toolchain.CACHE_ENV]
+    assert cache.startswith(str(tmp_path / "home" / ".triton" / "cache-ptxas-12.8.93-"))
     assert toolchain.ptxas_in_use() == f"12.8.93({fake})"
     # rows read it at each call (torch.compile may change it mid-run); only where a GPU is present
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -44,23 +54,23 @@ def test_unpinned_leaves_the_variable_alone(tmp_path, monkeypatch):
     assert toolchain.ENV not in os.environ
 
 
-def test_a_bad_choice_is_an_error_naming_it(tmp_path, monkeypatch):
-    monkeypatch.delenv(toolchain.ENV, raising=False)
+def test_a_bad_choice_is_an_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match="ptxas must be one of torch, triton, unpinned or an executable"):
         toolchain.pin_ptxas(str(tmp_path / "no-such-ptxas"))
     not_executable = tmp_path / "plain"
     not_executable.write_text("")
     with pytest.raises(ValueError, match=r"got '.*plain'"):
         toolchain.pin_ptxas(str(not_executable))
-    assert toolchain.ENV not in os.environ  # nothing pinned on an error
+    assert toolchain.ENV not in os.environ and toolchain.CACHE_ENV not in os.environ  # nothing pinned
 
 
 def test_bundled_choices(monkeypatch):
-    monkeypatch.delenv(toolchain.ENV, raising=False)
     found = toolchain.bundled_ptxas()
     for whose in ("torch", "triton"):
+        monkeypatch.delenv(toolchain.CACHE_ENV, raising=False)
         if whose in found:
             assert toolchain.pin_ptxas(whose) == found[whose]
+            assert os.environ[toolchain.CACHE_ENV].endswith(f"-{whose}")
             assert os.access(found[whose], os.X_OK)
             assert toolchain.ptxas_in_use().endswith(f"({whose})")
         else:
@@ -74,19 +84,22 @@ def test_version_of_something_that_is_not_ptxas(tmp_path):
     assert toolchain.ptxas_version(str(tmp_path / "missing")) == "unknown"
 
 
-def test_pinned_restores_the_variable_after_the_block_and_after_an_error(tmp_path, monkeypatch):
+def test_pinned_restores_the_variables_after_the_block_and_after_an_error(tmp_path, monkeypatch):
     fake = _fake_ptxas(tmp_path, BANNER)
     monkeypatch.setenv(toolchain.ENV, "/before")
+    monkeypatch.setenv(toolchain.CACHE_ENV, "/my/cache")
     with toolchain.pinned(fake) as path:
         assert path == fake and os.environ[toolchain.ENV] == fake
+        assert os.environ[toolchain.CACHE_ENV] == "/my/cache"  # a cache the user chose is kept
     assert os.environ[toolchain.ENV] == "/before"
     with pytest.raises(ValueError), toolchain.pinned(str(tmp_path / "missing")):
         pass
     assert os.environ[toolchain.ENV] == "/before"
     monkeypatch.delenv(toolchain.ENV)
+    monkeypatch.delenv(toolchain.CACHE_ENV)
     with toolchain.pinned(fake):
-        pass
-    assert toolchain.ENV not in os.environ
+        assert "cache-ptxas-12.8.93-" in os.environ[toolchain.CACHE_ENV]
+    assert toolchain.ENV not in os.environ and toolchain.CACHE_ENV not in os.environ
 
 
 def test_crossfuse_bench_on_cuda_pins_for_the_run_only(tmp_path, monkeypatch, capsys):
@@ -99,11 +112,10 @@ def test_crossfuse_bench_on_cuda_pins_for_the_run_only(tmp_path, monkeypatch, ca
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(runner, "device_name", lambda device: "a GPU")
     monkeypatch.setattr(cli, "_run_bench", lambda *a: seen.append(os.environ.get(toolchain.ENV)) or 0)
-    monkeypatch.delenv(toolchain.ENV, raising=False)
     fake = _fake_ptxas(tmp_path, BANNER)
     out = str(tmp_path / "out")
     assert cli.main(["bench", "layer_norm", "--quick", "--out", out, "--ptxas", fake]) == 0
-    assert seen == [fake] and toolchain.ENV not in os.environ
+    assert seen == [fake] and toolchain.ENV not in os.environ and toolchain.CACHE_ENV not in os.environ
     assert cli.main(["bench", "layer_norm", "--quick", "--out", out, "--replace", "--ptxas", "bogus"]) == 2
     assert "--ptxas: ptxas must be one of torch, triton, unpinned or an executable" in capsys.readouterr().err
     assert seen == [fake] and toolchain.ENV not in os.environ  # nothing ran, nothing pinned

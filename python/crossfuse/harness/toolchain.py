@@ -1,20 +1,24 @@
 """Which ptxas builds a run's Triton kernels.
 
 Triton turns each kernel's PTX into machine code with a ptxas: its own (in the Triton wheel) unless
-``TRITON_PTXAS_PATH`` names another. torch.compile's first compile in a process sets that variable to
-torch's bundled ptxas where it is unset, so every Triton kernel compiled after it in the process (ours, a
-peer's) is built by torch's ptxas, and Triton keys its kernel cache on the ptxas version, so the change
-does take effect. The two builds of one kernel can differ by several % (bench/results/h200/NOTES.md, runs
-197–203: Liger's float32 4096×2048 layer-norm forward ~7% faster built by torch's ptxas than by Triton
-3.6's, ours 2–3% slower). A
-measurement that compares kernels therefore pins one ptxas for the whole process before anything compiles
-(:func:`pin_ptxas`), and every row says which one built it (:func:`ptxas_in_use`).
+``TRITON_PTXAS_PATH`` names another, read at each compile. torch.compile's first compile in a process sets
+that variable to torch's bundled ptxas where it is unset, so every Triton kernel compiled after it in the
+process (ours, a peer's) is built by torch's ptxas. The two builds of one kernel can differ by several %
+(bench/results/h200/NOTES.md, runs 197–203: Liger's float32 4096×2048 layer-norm forward ~7% faster built
+by torch's ptxas than by Triton 3.6's, ours 2–3% slower). Triton's on-disk cache key holds the ptxas
+version of the process's first compile (the backend's hash is computed once), so builds made after such a
+switch are stored under the first one's key, where a later run may load them.
+
+A measurement that compares kernels therefore pins one ptxas for the whole process before anything
+compiles, with a kernel cache of its own for that ptxas (:func:`pin_ptxas`), and every row says which
+ptxas was in use (:func:`ptxas_in_use`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import os
 import re
@@ -22,6 +26,7 @@ import subprocess
 from pathlib import Path
 
 ENV = "TRITON_PTXAS_PATH"
+CACHE_ENV = "TRITON_CACHE_DIR"
 CHOICES = ("torch", "triton", "unpinned")
 
 
@@ -47,9 +52,11 @@ def default_choice() -> str:
 
 def pin_ptxas(choice: str) -> str | None:
     """Points ``TRITON_PTXAS_PATH`` at one ptxas for the rest of the process: ``"torch"`` or ``"triton"``
-    (their bundled binaries), or a path to an executable; ``"unpinned"`` leaves the variable as it is (and
-    torch.compile may then change it mid-run). Call it before anything compiles. Returns the path pinned (None
-    for ``"unpinned"``)."""
+    (their bundled binaries), or a path to an executable; ``"unpinned"`` leaves the variables as they are
+    (and torch.compile may then change the ptxas mid-run). Where ``TRITON_CACHE_DIR`` is unset it also points
+    Triton's kernel cache at a folder of that ptxas's own (``~/.triton/cache-ptxas-<version>-<whose>``), so
+    no build of another ptxas stored under the same key is loaded. Call it before anything compiles. Returns
+    the path pinned (None for ``"unpinned"``)."""
     if choice == "unpinned":
         return None
     found = bundled_ptxas()
@@ -63,21 +70,26 @@ def pin_ptxas(choice: str) -> str | None:
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise ValueError(f"ptxas must be one of {', '.join(CHOICES)} or an executable, got {choice!r}")
     os.environ[ENV] = path
+    if not os.environ.get(CACHE_ENV):
+        tag = choice if choice in found else hashlib.sha1(os.path.realpath(path).encode()).hexdigest()[:10]
+        os.environ[CACHE_ENV] = str(Path.home() / ".triton" / f"cache-ptxas-{ptxas_version(path)}-{tag}")
     return path
 
 
 @contextlib.contextmanager
 def pinned(choice: str):
-    """:func:`pin_ptxas` for the duration of a ``with`` block, ``TRITON_PTXAS_PATH`` as it was afterwards (a
-    command run inside a process that goes on). Kernels compiled inside keep their builds."""
-    saved = os.environ.get(ENV)
+    """:func:`pin_ptxas` for the duration of a ``with`` block, ``TRITON_PTXAS_PATH`` and ``TRITON_CACHE_DIR``
+    as they were afterwards (a command run inside a process that goes on). Kernels compiled inside keep their
+    builds."""
+    saved = {name: os.environ.get(name) for name in (ENV, CACHE_ENV)}
     try:
         yield pin_ptxas(choice)
     finally:
-        if saved is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @functools.cache
@@ -103,6 +115,7 @@ def ptxas_in_use() -> str:
 
 
 __all__ = [
+    "CACHE_ENV",
     "CHOICES",
     "ENV",
     "bundled_ptxas",
