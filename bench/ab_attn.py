@@ -66,10 +66,15 @@ def main(argv=None) -> int:
     shapes = ap.add_mutually_exclusive_group()
     shapes.add_argument("--seed", action="store_true", help="float32 at the seed's layout and shapes")
     shapes.add_argument("--heads", action="store_true", help="bf16 B=4 L=4096, H=16 and 64 (the extras')")
+    from crossfuse.harness import toolchain
+
+    toolchain.add_argument(ap)
     args = ap.parse_args(argv)
     from crossfuse._backend import require_cuda
 
     require_cuda("bench/ab_attn.py")
+    toolchain.pin_for(ap, args.ptxas)
+    print(f"ptxas: {toolchain.ptxas_in_use()}", flush=True)
     import torch
     from crossfuse import _tuning
     from crossfuse.harness import timing

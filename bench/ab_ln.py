@@ -69,10 +69,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES), help="MxN,...")
     ap.add_argument("--kinds", default="fwd,bwd")
+    from crossfuse.harness import toolchain
+
+    toolchain.add_argument(ap)
     args = ap.parse_args(argv)
     from crossfuse._backend import require_cuda
 
     require_cuda("bench/ab_ln.py")
+    toolchain.pin_for(ap, args.ptxas)
+    print(f"ptxas: {toolchain.ptxas_in_use()}", flush=True)
     import torch
     from crossfuse.harness import timing
     from crossfuse.ops import layer_norm as new

@@ -86,13 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="quick suites (to check this script on a CPU)")
     names = [st[0] for st in STAGES]
     ap.add_argument("--stages", default=",".join(names), help=f"comma-separated subset of {','.join(names)}")
-    ap.add_argument(
-        "--ptxas",
-        default=None,
-        help="the ptxas that builds every Triton kernel of the session: torch (torch's bundled one, the "
-        "default where it exists), triton (Triton's own), a path, or unpinned (torch.compile then switches "
-        "it to torch's at its first compile, mid-session); see crossfuse.harness.toolchain",
-    )
+    toolchain.add_argument(ap)
     args = ap.parse_args(argv)
     chosen = [n for n in args.stages.split(",") if n]
     unknown = set(chosen) - set(names)
@@ -103,10 +97,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     if cuda:  # before anything compiles: every kernel of the session built by one ptxas
-        try:
-            toolchain.pin_ptxas(args.ptxas or toolchain.default_choice())
-        except ValueError as exc:
-            ap.error(str(exc))
+        toolchain.pin_for(ap, args.ptxas)
     log(f"crossfuse GPU session -> {out}; {versions()}; interpreter={_backend.interpreter_requested()}")
     log(f"devices: cuda={torch.cuda.get_device_name(0) if cuda else 'none'}; budget {args.budget_s:.0f} s")
     suites = suite.load_suites()

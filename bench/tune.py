@@ -467,21 +467,14 @@ def main(argv=None) -> int:
         default=None,
         help="stop timing after this many seconds (from the start); the rest is marked 'budget'",
     )
-    ap.add_argument(
-        "--ptxas",
-        default=None,
-        help="the ptxas that builds every candidate: torch (the default where torch ships one: what the "
-        "sessions pin), triton, a path, or unpinned; see crossfuse.harness.toolchain",
-    )
-    args = ap.parse_args(argv)
-    from crossfuse._backend import require_cuda
     from crossfuse.harness import toolchain
 
+    toolchain.add_argument(ap)
+    args = ap.parse_args(argv)
+    from crossfuse._backend import require_cuda
+
     require_cuda("bench/tune.py")
-    try:  # before any compile, here and in the workers (they inherit the environment)
-        toolchain.pin_ptxas(args.ptxas or toolchain.default_choice())
-    except ValueError as exc:
-        ap.error(str(exc))
+    toolchain.pin_for(ap, args.ptxas)  # before any compile, here and in the workers (they inherit it)
     log(f"ptxas: {toolchain.ptxas_in_use()}")
     only = set(args.only.split(",")) if args.only else {"ln", "attn"}
     if only - set(groups):

@@ -121,3 +121,18 @@ def test_crossfuse_bench_on_cuda_pins_for_the_run_only(tmp_path, monkeypatch, ca
     assert seen == [fake] and toolchain.ENV not in os.environ  # nothing ran, nothing pinned
     assert cli.main(["bench", "layer_norm", "--quick", "--out", out, "--replace", "--ptxas", "unpinned"]) == 0
     assert seen == [fake, None]
+
+
+def test_pin_for_makes_a_bad_choice_the_parsers_usage_error(tmp_path, capsys):
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="probe")
+    toolchain.add_argument(ap, "on cuda, ")
+    assert "on cuda, the ptxas" in ap.format_help().replace("\n", " ").replace("  ", " ")
+    fake = _fake_ptxas(tmp_path, BANNER)
+    assert toolchain.pin_for(ap, ap.parse_args(["--ptxas", fake]).ptxas) == fake
+    with pytest.raises(SystemExit) as exc:
+        toolchain.pin_for(ap, ap.parse_args(["--ptxas", "bogus"]).ptxas)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "ptxas must be one of torch, triton, unpinned or an executable, got 'bogus'" in err

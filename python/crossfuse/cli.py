@@ -438,6 +438,8 @@ def _seed(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .harness import toolchain
+
     p = argparse.ArgumentParser(
         prog="crossfuse", description="crossfuse: check, benchmark and profile the registered implementations"
     )
@@ -482,12 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch's CPU threads while timing on the CPU (default 1: a pool of threads on a busy machine "
         "turns some calls into waits of milliseconds; 0: torch's default)",
     )
-    b.add_argument(
-        "--ptxas",
-        help="on cuda, the ptxas that builds every Triton kernel of the run, ours and the peers': torch "
-        "(torch's bundled one, the default where torch ships it), triton (Triton's own), a path, or unpinned "
-        "(torch.compile then switches it to torch's at its first compile, mid-run)",
-    )
+    toolchain.add_argument(b, "on cuda, ")
     b.add_argument(
         "--append", action="store_true", help="add to an OUT/results.csv that already holds this suite's rows"
     )

@@ -9,6 +9,7 @@
 * :mod:`.runner`: runs a suite over the registry's implementations, one row per measurement.
 * :mod:`.report`, :mod:`.plots`: markdown tables (pivot, ratio to the best peer), PNG plots.
 * :mod:`.profile`: the PyTorch profiler on the attention implementations.
+* :mod:`.toolchain`: the one ptxas a measuring run pins, and which one built each row.
 
 Nothing here imports Triton at import time (Triton kernels are imported by the registry's callables on
 first use), so a program can still choose Triton's interpreter after importing the harness.

@@ -76,6 +76,28 @@ def pin_ptxas(choice: str) -> str | None:
     return path
 
 
+def add_argument(parser, when: str = "") -> None:
+    """The ``--ptxas`` option of the commands and scripts that measure (argparse); ``when`` starts its help
+    (for example ``"on cuda, "``)."""
+    parser.add_argument(
+        "--ptxas",
+        default=None,
+        help=f"{when}the ptxas that builds every Triton kernel of the run, ours and the peers': torch "
+        "(torch's bundled one, the default where torch ships it), triton (Triton's own), a path, or unpinned "
+        "(torch.compile then switches it to torch's at its first compile, mid-run); "
+        "see crossfuse.harness.toolchain",
+    )
+
+
+def pin_for(parser, choice: str | None) -> str | None:
+    """:func:`pin_ptxas` of the ``--ptxas`` given (or :func:`default_choice`); a bad one is ``parser``'s
+    usage error."""
+    try:
+        return pin_ptxas(choice or default_choice())
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
 @contextlib.contextmanager
 def pinned(choice: str):
     """:func:`pin_ptxas` for the duration of a ``with`` block, ``TRITON_PTXAS_PATH`` and ``TRITON_CACHE_DIR``
@@ -118,8 +140,10 @@ __all__ = [
     "CACHE_ENV",
     "CHOICES",
     "ENV",
+    "add_argument",
     "bundled_ptxas",
     "default_choice",
+    "pin_for",
     "pin_ptxas",
     "pinned",
     "ptxas_in_use",
