@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="quick suites (to check this script on a CPU)")
     names = [st[0] for st in STAGES]
     ap.add_argument("--stages", default=",".join(names), help=f"comma-separated subset of {','.join(names)}")
-    toolchain.add_argument(ap)
+    toolchain.add_argument(ap, "on cuda, ")
     args = ap.parse_args(argv)
     chosen = [n for n in args.stages.split(",") if n]
     unknown = set(chosen) - set(names)

@@ -228,7 +228,7 @@ def cmd_bench(args) -> int:
         with ExitStack() as stack:
             if device == "cuda":  # one ptxas builds every kernel of the run (crossfuse.harness.toolchain)
                 try:
-                    stack.enter_context(toolchain.pinned(args.ptxas or toolchain.default_choice()))
+                    stack.enter_context(toolchain.pinned(args.ptxas))
                 except ValueError as exc:
                     raise UsageError(f"--ptxas: {exc}") from None
             return _run_bench(args, s, device, dtypes, ops, impls, out, csv_path)
