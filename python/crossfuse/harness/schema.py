@@ -186,10 +186,10 @@ def _version(dist: str) -> str | None:
 
 
 def versions() -> str:
-    """``python=3.12.3 torch=2.11.0 triton=3.6.0 crossfuse=0.1.0 cuda=12.8`` (without importing Triton), and
-    in a process with a GPU (its CPU rows too) the ptxas that builds Triton kernels for that GPU now,
-    ``ptxas=13.0.88(torch)``: read at each call, since torch.compile may change it mid-run
-    (:mod:`crossfuse.harness.toolchain`)."""
+    """``python=3.12.3 torch=2.11.0 triton=3.6.0 crossfuse=0.1.0 cuda=12.8``, and in a process with a GPU (its
+    CPU rows too) the ptxas that builds Triton kernels for that GPU now, ``ptxas=13.0.88(torch)``: read at
+    each call, since torch.compile may change it mid-run (:mod:`crossfuse.harness.toolchain`, which asks
+    Triton's CUDA backend there). Without a GPU nothing here imports Triton."""
     from .toolchain import ptxas_in_use
 
     ptxas = ptxas_in_use() if torch.cuda.is_available() else ""

@@ -56,8 +56,10 @@ def bundled_ptxas() -> dict[str, str]:
         found = [p for p in places if _executable(p)]
         if found:
             out["torch"] = str(found[0])
-    if triton_dir is not None and _executable(triton_dir / "backends" / "nvidia" / "bin" / "ptxas"):
-        out["triton"] = str(triton_dir / "backends" / "nvidia" / "bin" / "ptxas")
+    if triton_dir is not None:
+        own = triton_dir / "backends" / "nvidia" / "bin" / "ptxas"
+        if _executable(own):
+            out["triton"] = str(own)
     return out
 
 
@@ -158,7 +160,8 @@ def ptxas_version(path: str) -> str:
 
 def _triton_choice(arch: int) -> str | None:
     """The ptxas path Triton itself would use now for GPUs of ``arch`` (e.g. 90), where this Triton says so
-    (``triton.backends.nvidia.compiler.get_ptxas``, Triton 3.6 and 3.9); None otherwise."""
+    (``triton.backends.nvidia.compiler.get_ptxas(arch)``, as Triton 3.9 has it); None where it has no such
+    function or no CUDA backend."""
     try:
         from triton.backends.nvidia.compiler import get_ptxas
 
@@ -180,8 +183,8 @@ def ptxas_in_use(arch: int | None = None) -> str:
         try:
             major, minor = torch.cuda.get_device_capability()
             arch = 10 * major + minor
-        except (AssertionError, RuntimeError):  # no GPU here
-            arch = None
+        except (AssertionError, RuntimeError):  # no GPU here: the environment variables tell
+            pass
     if arch is not None:
         path = _triton_choice(arch)
     path = path or os.environ.get(ENV) or found.get("triton")
