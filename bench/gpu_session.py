@@ -2,7 +2,7 @@
 ~6 minutes (a budget of 330 s by default, plus start-up).
 
     PYTHONUNBUFFERED=1 python bench/gpu_session.py OUT [--budget-s 330] [--stages a,b] [--quick]
-                                                       [--ptxas torch|triton|PATH|unpinned]
+                                                       [--ptxas torch|triton|PATH|unpinned] [--rounds N]
 
 Stages, in order: ``layer_norm`` on cuda (its first row is the copy ceiling: a 1 GiB bf16 device copy),
 ``attention`` on cuda, ``memory`` on cuda and on the cpu, ``crossfuse profile attention`` on cuda, then
@@ -86,8 +86,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="quick suites (to check this script on a CPU)")
     names = [st[0] for st in STAGES]
     ap.add_argument("--stages", default=",".join(names), help=f"comma-separated subset of {','.join(names)}")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure each point's implementations this many times, each round in another order, keeping "
+        "each one's median round (crossfuse.harness.runner; the stage's time grows about as much)",
+    )
     toolchain.add_argument(ap, "on cuda, ")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     chosen = [n for n in args.stages.split(",") if n]
     unknown = set(chosen) - set(names)
     if unknown:
@@ -124,7 +133,7 @@ def main(argv=None) -> int:
                         why = f" ({s.reason})" if s.reason else ""
                         log(f"profile {s.label}: {len(s.kernels)} kernels{why}")
                     continue
-                r = runner.Runner(device, writer, quick=args.quick, deadline=deadline)
+                r = runner.Runner(device, writer, quick=args.quick, deadline=deadline, rounds=args.rounds)
                 if not args.quick:
                     r.config = CPU_MEMORY_TIMING if (what, device) == ("memory", "cpu") else GPU_TIMING
                 s = suites[what]

@@ -132,6 +132,8 @@ def test_bench_filters_budget_and_paths_that_cannot_work_exit_2(tmp_path, capsys
     for budget in ("-5", "0"):
         assert cli.main([*base, "--budget-s", budget, "--out", str(tmp_path / "c")]) == 2
         assert "--budget-s must be" in capsys.readouterr().err
+    assert cli.main([*base, "--rounds", "0", "--out", str(tmp_path / "c")]) == 2
+    assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
     assert not any((tmp_path / d).exists() for d in "abc")  # nothing written
     a_file = tmp_path / "afile"
     a_file.write_text("not a folder")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import itertools
 import json
 import math
 import time
@@ -35,6 +36,10 @@ def registered(*impls):
 
 def _raise_runtime(**_):
     raise RuntimeError("deliberately broken implementation")
+
+
+def _layer_norm(x, weight, bias, eps):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
 def _raise_interrupt(**_):
@@ -310,6 +315,66 @@ def test_cuda_timing_and_memory():
 # ----------------------------------------------------------------------------------------------------
 # the runner
 # ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_round_orders_vary_every_implementations_predecessor(n):
+    orders = runner.round_orders(n, 6)
+    assert len(orders) == 6 and all(sorted(o) == list(range(n)) for o in orders)
+    assert orders[0] == list(range(n)) and orders[1] == list(range(n))[::-1]
+    assert runner.round_orders(n, 1) == [list(range(n))]
+    if n >= 3:  # a pair adjacent in the first order is not adjacent, in that order, in the next two
+        pairs = [set(itertools.pairwise(o)) for o in orders[:3]]
+        assert not pairs[0] & pairs[1] and not pairs[0] & pairs[2]
+
+
+def test_median_row_takes_the_middle_timed_round():
+    rounds = [row(ms_p50=3.0, note="a"), row(ms_p50=1.0, note="b"), row(ms_p50=2.0, note="c")]
+    got = runner.median_row(rounds)
+    assert got.ms_p50 == 2.0 and got.note.startswith("median of 3 of 3 rounds") and got.note.endswith("; c")
+    assert "1-3 ms" in got.note
+    # an untimed round (the budget ran out) does not count; the lower middle of an even count
+    got = runner.median_row([row(ms_p50=4.0), row(status="skip", note="time budget"), row(ms_p50=2.0)])
+    assert got.ms_p50 == 2.0 and "median of 2 of 3 rounds" in got.note
+    # no timed round: the first round's row as it is
+    skip = row(status="skip", note="why")
+    assert runner.median_row([skip, row(status="skip", note="other")]) is skip
+    assert runner.median_row([rounds[0]]) is rounds[0]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
+def test_runner_rejects_bad_rounds(bad):
+    with pytest.raises(ValueError, match="rounds must be an integer >= 1"):
+        runner.Runner("cpu", quick=True, rounds=bad)
+
+
+def test_rounds_measure_each_point_in_varied_orders_and_write_one_row_per_mode(tmp_path, monkeypatch):
+    names = ("test_r0", "test_r1", "test_r2")
+    fakes = [registry.Implementation("layer_norm", n, "python", _layer_norm) for n in names]
+    broken = registry.Implementation("layer_norm", "test_broken", "python", _raise_runtime)
+    s = tiny_suite()
+    path = tmp_path / "r.csv"
+    with registered(*fakes, broken), schema.CsvWriter(path) as w:
+        once = runner.Runner("cpu", quick=True).run(s, impls=["test_*"])
+        measured = []
+        measure = runner.Runner.measure
+
+        def traced(self, suite, p, impl, shared=None):
+            measured.append(impl.name)
+            return measure(self, suite, p, impl, shared)
+
+        monkeypatch.setattr(runner.Runner, "measure", traced)
+        r = runner.Runner("cpu", w, quick=True, rounds=3)
+        rows = r.run(s, impls=["test_*"])
+        count = r.count(s, impls=["test_*"])
+    assert len(rows) == count == len(once) == len(schema.read_csv(path))
+    assert [(x.impl, x.mode) for x in rows] == [(x.impl, x.mode) for x in once]
+    timed = [x for x in rows if x.impl != "test_broken"]
+    assert all(x.status == "ok" and "median of 3 of 3 rounds" in x.note for x in timed)
+    failed = [x for x in rows if x.impl == "test_broken"]
+    assert failed and all(x.status == "error" and "deliberately broken" in x.note for x in failed)
+    # the rounds' orders; test_broken (listed last) is measured in the first round only
+    assert measured == [*names, "test_broken", *names[::-1], "test_r0", "test_r2", "test_r1"]
 
 
 def test_a_failing_implementation_is_an_error_row_and_the_run_goes_on(tmp_path):

@@ -4,7 +4,7 @@
                       [--dtype DTYPE ...] [--side python|julia] [--seed N]
     crossfuse bench   SUITE [--device cpu|cuda] [--dtype DTYPE ...] [--quick] [--out DIR]
                       [--op OP ...] [--impl PATTERN ...] [--suites FILE] [--budget-s S]
-                      [--append | --replace]
+                      [--rounds N] [--append | --replace]
     crossfuse report  CSV [--out DIR] [--no-plots] [--force]
     crossfuse profile attention [--device cpu|cuda] [--shape BxHxLxD] [--dtype DTYPE] [--causal] [--out DIR]
     crossfuse info
@@ -212,6 +212,8 @@ def cmd_bench(args) -> int:
     s = suites[args.suite]
     if args.budget_s is not None and not args.budget_s > 0:
         raise UsageError(f"--budget-s must be a number of seconds > 0, got {args.budget_s}")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
     if args.threads < 0:
         raise UsageError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     if args.append and args.replace:
@@ -248,7 +250,7 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -
     deadline = time.monotonic() + args.budget_s if args.budget_s else None
     t0 = time.monotonic()
     with writer:
-        r = runner.Runner(device, writer, quick=args.quick, deadline=deadline)
+        r = runner.Runner(device, writer, quick=args.quick, deadline=deadline, rounds=args.rounds)
         total = r.count(s, dtypes, ops, impls)
         print(
             f"crossfuse bench {s.name}{' --quick' if args.quick else ''} on {device} ({r.device_name}): "
@@ -477,6 +479,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--suites", help="suite file (default: bench/suites.py of this checkout)")
     b.add_argument("--budget-s", type=float, help="stop measuring after this many seconds (skip rows after)")
+    b.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure each point's implementations this many times, each round in another order, and keep "
+        "each one's median round (default 1: one measurement, in the suite's order)",
+    )
     b.add_argument(
         "--threads",
         type=int,

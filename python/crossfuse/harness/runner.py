@@ -26,12 +26,21 @@ For one implementation at one point (op, shape, dtype, options) the runner
    The first call (compilation, autotuning) is not timed. Any exception (including out-of-memory)
    becomes an ``error`` row, memory is freed and the run goes on. ``KeyboardInterrupt`` stops the run;
    rows are written (and flushed) as they are measured, so everything before it is kept.
+
+With ``rounds`` > 1 a point's implementations are measured that many times, each round in another order
+(:func:`round_orders`), and each row is the round with the median ``ms_p50`` (its note says so and gives
+the rounds' range). A single measurement can depend on what ran just before it: on the H200, whatever is
+measured right after torch.compile's layer norm runs 6-8% faster at float32 4096x2048, ours and Liger's
+alike (bench/results/h200/NOTES.md, runs 209-210), and a session measures each point's implementations in
+one fixed order. Rows are then written once all rounds of their point are done.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
+import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -166,7 +175,8 @@ class Runner:
     """Runs suites on one device and writes rows as they are measured.
 
     ``writer``: a :class:`CsvWriter` (or None); ``on_row``: called with each row after it is written;
-    ``deadline``: a ``time.monotonic()`` value after which nothing new is measured (``skip`` rows).
+    ``deadline``: a ``time.monotonic()`` value after which nothing new is measured (``skip`` rows);
+    ``rounds``: how many times each point's implementations are measured, in varied orders (module doc).
     """
 
     def __init__(
@@ -177,7 +187,11 @@ class Runner:
         config: timing.TimingConfig | None = None,
         deadline: float | None = None,
         on_row: Callable[[Row], None] | None = None,
+        rounds: int = 1,
     ):
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+        self.rounds = rounds
         self.device = str(device)
         self.devtype = torch.device(device).type
         if self.devtype == "cuda" and not torch.cuda.is_available():
@@ -209,16 +223,30 @@ class Runner:
         start = len(self.rows)
         if suite.copy_ceiling is not None:
             self._emit(self.copy_row(suite))
-        last, shared = None, None
+        groups: list[tuple[Point, list]] = []  # the plan's pairs, one group per point, in order
         for p, impl in self.plan(suite, dtypes, ops, impls):
-            if last is not p:
-                shared = None  # frees the previous point's tensors
-                if last is not None and self.devtype == "cuda":
-                    torch.cuda.empty_cache()
-                last = p
-                shared = _Lazy(lambda p=p: PointData(p, self.device))
-            for row in self.measure(suite, p, impl, shared):
-                self._emit(row)
+            if not groups or groups[-1][0] is not p:
+                groups.append((p, []))
+            groups[-1][1].append(impl)
+        for i, (p, chosen) in enumerate(groups):
+            if i and self.devtype == "cuda":
+                torch.cuda.empty_cache()  # the previous point's tensors are gone
+            shared = _Lazy(lambda p=p: PointData(p, self.device))
+            if self.rounds == 1:
+                for impl in chosen:
+                    for row in self.measure(suite, p, impl, shared):
+                        self._emit(row)
+                continue
+            measured: list[list[list[Row]]] = [[] for _ in chosen]  # [impl][round] -> rows by mode
+            for r, order in enumerate(round_orders(len(chosen), self.rounds)):
+                for k in order:
+                    if r and not any(row.ms_p50 is not None for row in measured[k][0]):
+                        continue  # skipped, not timed or failed in the first round: once is enough
+                    measured[k].append(list(self.measure(suite, p, chosen[k], shared)))
+            for per_round in measured:
+                for rows in zip(*per_round, strict=True):  # one mode, every round
+                    self._emit(median_row(list(rows)))
+            shared = None
         return self.rows[start:]
 
     def _emit(self, row: Row) -> None:
@@ -471,6 +499,36 @@ class Runner:
             peak_bytes=mem.peak_bytes,
             note=note,
         )
+
+
+def round_orders(n: int, rounds: int) -> list[list[int]]:
+    """The orders in which :meth:`Runner.run` measures a point's ``n`` implementations in each of ``rounds``
+    rounds: as listed, reversed, the even positions then the odd ones, then seeded shuffles. For n >= 3 no
+    two implementations adjacent in the first order are adjacent, in that order, in the second or third, so
+    an implementation does not keep the predecessor that may have sped it up or slowed it down."""
+    base = list(range(n))
+    fixed = [base, base[::-1], base[0::2] + base[1::2]]
+    orders = fixed[:rounds]
+    for r in range(len(orders), rounds):
+        order = base[:]
+        random.Random(r).shuffle(order)
+        orders.append(order)
+    return orders
+
+
+def median_row(rows: list[Row]) -> Row:
+    """One implementation's row of one mode from its rows of several rounds: the timed round with the
+    median ``ms_p50`` (the lower middle of an even count), its note saying so; with no timed round, the
+    first round's row (a skip or error row says the same in every round but for the budget)."""
+    timed = sorted((r for r in rows if r.status == "ok" and r.ms_p50 is not None), key=lambda r: r.ms_p50)
+    if not timed:
+        return rows[0]
+    mid = timed[(len(timed) - 1) // 2]
+    if len(rows) == 1:
+        return mid
+    lo, hi = timed[0].ms_p50, timed[-1].ms_p50
+    said = f"median of {len(timed)} of {len(rows)} rounds in varied orders (p50 {lo:.4g}-{hi:.4g} ms)"
+    return dataclasses.replace(mid, note="; ".join(s for s in (said, mid.note) if s))
 
 
 def _backward_only(impl, out: torch.Tensor, leaves: list, dy: torch.Tensor) -> Callable[[], object]:
