@@ -10,7 +10,8 @@ the report. Each stage has a deadline (its share of ``--budget-s``): what a stag
 time becomes ``skip`` rows ("time budget"), and time a stage leaves over goes to the next.
 ``--stages`` runs a subset (e.g. two calls: ``layer_norm,memory-cuda,memory-cpu`` and
 ``attention,profile``), appending to the same CSV. Rows are appended to the CSV as they
-are measured, so a killed session keeps everything measured so far.
+are measured (with ``--rounds``, as each point's rounds end), so a killed session keeps everything
+measured so far.
 
 Writes into OUT, flat, 7 files: ``results.csv`` (all suites), ``report.md`` (tables + profile),
 ``layer_norm_gbps.png``, ``attention_tflops.png``, ``memory.png``, ``profile_timeline.png``,
@@ -91,7 +92,8 @@ def main(argv=None) -> int:
         type=int,
         default=1,
         help="measure each point's implementations this many times, each round in another order, keeping "
-        "each one's median round (crossfuse.harness.runner; the stage's time grows about as much)",
+        "each one's median round (crossfuse.harness.runner); a stage's deadline stays as it is, so more "
+        "rounds may leave its last points as 'time budget' skip rows: raise --budget-s with them",
     )
     toolchain.add_argument(ap, "on cuda, ")
     args = ap.parse_args(argv)

@@ -333,9 +333,14 @@ def test_median_row_takes_the_middle_timed_round():
     got = runner.median_row(rounds)
     assert got.ms_p50 == 2.0 and got.note.startswith("median of 3 of 3 rounds") and got.note.endswith("; c")
     assert "1-3 ms" in got.note
-    # an untimed round (the budget ran out) does not count; the lower middle of an even count
-    got = runner.median_row([row(ms_p50=4.0), row(status="skip", note="time budget"), row(ms_p50=2.0)])
-    assert got.ms_p50 == 2.0 and "median of 2 of 3 rounds" in got.note
+    # an untimed round (the budget ran out) does not count; the slower middle of an even count
+    budget = row(status="skip", note=schema.BUDGET_SPENT)
+    got = runner.median_row([row(ms_p50=4.0), budget, row(ms_p50=2.0)])
+    assert got.ms_p50 == 4.0 and "median of 2 of 3 rounds" in got.note and "round 2" not in got.note
+    # a round that failed where others were timed is named; one timed round says so
+    got = runner.median_row([row(ms_p50=4.0), row(status="error", note="OutOfMemoryError: x"), budget])
+    assert got.ms_p50 == 4.0
+    assert got.note.startswith("timed in 1 of 3 rounds; round 2: error: OutOfMemoryError")
     # no timed round: the first round's row as it is
     skip = row(status="skip", note="why")
     assert runner.median_row([skip, row(status="skip", note="other")]) is skip
@@ -375,6 +380,44 @@ def test_rounds_measure_each_point_in_varied_orders_and_write_one_row_per_mode(t
     assert failed and all(x.status == "error" and "deliberately broken" in x.note for x in failed)
     # the rounds' orders; test_broken (listed last) is measured in the first round only
     assert measured == [*names, "test_broken", *names[::-1], "test_r0", "test_r2", "test_r1"]
+
+
+def test_an_interrupt_in_a_later_round_keeps_the_rounds_done(tmp_path, monkeypatch):
+    fakes = [registry.Implementation("layer_norm", n, "python", _layer_norm) for n in ("test_a", "test_b")]
+    seen: list[str] = []
+    measure = runner.Runner.measure
+
+    def interrupted(self, suite, p, impl, shared=None):
+        seen.append(impl.name)
+        if len(seen) == 4:  # round 2 (reversed), its second implementation: test_a
+            raise KeyboardInterrupt
+        return measure(self, suite, p, impl, shared)
+
+    monkeypatch.setattr(runner.Runner, "measure", interrupted)
+    path = tmp_path / "r.csv"
+    with registered(*fakes), schema.CsvWriter(path) as w:
+        with pytest.raises(KeyboardInterrupt):
+            runner.Runner("cpu", w, quick=True, rounds=3).run(tiny_suite(), impls=["test_*"])
+    assert seen == ["test_a", "test_b", "test_b", "test_a"]
+    kept = schema.read_csv(path)
+    # test_a: its one whole round; test_b: the median of its two, written when the interrupt came
+    assert list(zip(kept["impl"], kept["mode"], strict=True)) == [
+        ("test_a", "fwd"), ("test_a", "bwd"), ("test_b", "fwd"), ("test_b", "bwd")]  # fmt: skip
+    assert (kept["status"] == "ok").all()
+    notes = kept["note"].fillna("").tolist()
+    assert not any("rounds" in n for n in notes[:2])
+    assert all("median of 2 of 2 rounds" in n for n in notes[2:])
+
+
+def test_bench_passes_rounds_to_the_runner(tmp_path):
+    from crossfuse import cli
+
+    out = tmp_path / "b"
+    args = ["bench", "layer_norm", "--quick", "--device=cpu", "--impl=python/torch", "--op=layer_norm"]
+    assert cli.main([*args, "--dtype=float32", "--rounds=3", "--out", str(out)]) == 0
+    rows = schema.read_csv(out / "results.csv")
+    timed = rows[(rows["status"] == "ok") & (rows["op"] == "layer_norm")]  # not the copy ceiling's row
+    assert len(timed) > 0 and timed["note"].str.startswith("median of 3 of 3 rounds").all()
 
 
 def test_a_failing_implementation_is_an_error_row_and_the_run_goes_on(tmp_path):

@@ -484,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="measure each point's implementations this many times, each round in another order, and keep "
-        "each one's median round (default 1: one measurement, in the suite's order)",
+        "each one's median round (default 1: one measurement each, in the registry's order)",
     )
     b.add_argument(
         "--threads",

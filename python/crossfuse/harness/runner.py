@@ -25,14 +25,18 @@ For one implementation at one point (op, shape, dtype, options) the runner
 
    The first call (compilation, autotuning) is not timed. Any exception (including out-of-memory)
    becomes an ``error`` row, memory is freed and the run goes on. ``KeyboardInterrupt`` stops the run;
-   rows are written (and flushed) as they are measured, so everything before it is kept.
+   rows are written (and flushed) as they are measured (with ``rounds``, as each point's rounds end), so
+   everything before it is kept.
 
 With ``rounds`` > 1 a point's implementations are measured that many times, each round in another order
 (:func:`round_orders`), and each row is the round with the median ``ms_p50`` (its note says so and gives
 the rounds' range). A single measurement can depend on what ran just before it: on the H200, whatever is
 measured right after torch.compile's layer norm runs 6-8% faster at float32 4096x2048, ours and Liger's
 alike (bench/results/h200/NOTES.md, runs 209-210), and a session measures each point's implementations in
-one fixed order. Rows are then written once all rounds of their point are done.
+one fixed order. Rows are then written once all rounds of their point are done (interrupted, from the
+rounds done), so ``on_row`` fires for a point's rows together. Every round checks relerr again (one more
+call per implementation). With two implementations the third order is the first again: a median of three
+then still keeps a predecessor's effect on the second.
 """
 
 from __future__ import annotations
@@ -172,7 +176,7 @@ class PointData:
 
 
 class Runner:
-    """Runs suites on one device and writes rows as they are measured.
+    """Runs suites on one device and writes rows as they are measured (with ``rounds`` > 1, per point).
 
     ``writer``: a :class:`CsvWriter` (or None); ``on_row``: called with each row after it is written;
     ``deadline``: a ``time.monotonic()`` value after which nothing new is measured (``skip`` rows);
@@ -228,26 +232,35 @@ class Runner:
             if not groups or groups[-1][0] is not p:
                 groups.append((p, []))
             groups[-1][1].append(impl)
+        shared = None
         for i, (p, chosen) in enumerate(groups):
+            shared = None  # frees the previous point's tensors
             if i and self.devtype == "cuda":
-                torch.cuda.empty_cache()  # the previous point's tensors are gone
+                torch.cuda.empty_cache()
             shared = _Lazy(lambda p=p: PointData(p, self.device))
             if self.rounds == 1:
                 for impl in chosen:
                     for row in self.measure(suite, p, impl, shared):
                         self._emit(row)
-                continue
-            measured: list[list[list[Row]]] = [[] for _ in chosen]  # [impl][round] -> rows by mode
+            else:
+                self._run_rounds(suite, p, chosen, shared)
+        return self.rows[start:]
+
+    def _run_rounds(self, suite: Suite, p: Point, chosen: list, shared: _Lazy) -> None:
+        """The point's implementations measured in ``self.rounds`` rounds (:func:`round_orders`), then one
+        row per implementation and mode (:func:`median_row`). Interrupted, it writes the rows of the rounds
+        done first (an implementation without a whole round has none), then lets the interrupt through."""
+        measured: list[list[list[Row]]] = [[] for _ in chosen]  # [impl][round] -> its rows, one per mode
+        try:
             for r, order in enumerate(round_orders(len(chosen), self.rounds)):
                 for k in order:
                     if r and not any(row.ms_p50 is not None for row in measured[k][0]):
                         continue  # skipped, not timed or failed in the first round: once is enough
                     measured[k].append(list(self.measure(suite, p, chosen[k], shared)))
+        finally:
             for per_round in measured:
-                for rows in zip(*per_round, strict=True):  # one mode, every round
+                for rows in zip(*per_round, strict=True):  # one mode, every round done
                     self._emit(median_row(list(rows)))
-            shared = None
-        return self.rows[start:]
 
     def _emit(self, row: Row) -> None:
         if self.writer is not None:
@@ -518,17 +531,23 @@ def round_orders(n: int, rounds: int) -> list[list[int]]:
 
 def median_row(rows: list[Row]) -> Row:
     """One implementation's row of one mode from its rows of several rounds: the timed round with the
-    median ``ms_p50`` (the lower middle of an even count), its note saying so; with no timed round, the
-    first round's row (a skip or error row says the same in every round but for the budget)."""
+    median ``ms_p50`` (of an even count, the slower middle one: the effect the rounds are for speeds a call
+    up), its note saying so; with no timed round, the first round's row (a skip or error row says the same
+    in every round but for the budget). A round that failed where others were timed is named in the note."""
     timed = sorted((r for r in rows if r.status == "ok" and r.ms_p50 is not None), key=lambda r: r.ms_p50)
     if not timed:
         return rows[0]
-    mid = timed[(len(timed) - 1) // 2]
+    mid = timed[len(timed) // 2]
     if len(rows) == 1:
         return mid
-    lo, hi = timed[0].ms_p50, timed[-1].ms_p50
-    said = f"median of {len(timed)} of {len(rows)} rounds in varied orders (p50 {lo:.4g}-{hi:.4g} ms)"
-    return dataclasses.replace(mid, note="; ".join(s for s in (said, mid.note) if s))
+    if len(timed) == 1:
+        said = f"timed in 1 of {len(rows)} rounds"
+    else:
+        lo, hi = timed[0].ms_p50, timed[-1].ms_p50
+        said = f"median of {len(timed)} of {len(rows)} rounds in varied orders (p50 {lo:.4g}-{hi:.4g} ms)"
+    failed = [f"round {i + 1}: {r.status}: {r.note}" for i, r in enumerate(rows)
+              if r.status != "ok" and r.note != BUDGET_SPENT]  # fmt: skip
+    return dataclasses.replace(mid, note="; ".join(s for s in (said, *failed[:1], mid.note) if s))
 
 
 def _backward_only(impl, out: torch.Tensor, leaves: list, dy: torch.Tensor) -> Callable[[], object]:
