@@ -516,11 +516,15 @@ class Runner:
 
 def round_orders(n: int, rounds: int) -> list[list[int]]:
     """The orders in which :meth:`Runner.run` measures a point's ``n`` implementations in each of ``rounds``
-    rounds: as listed, reversed, the even positions then the odd ones, then seeded shuffles. For n >= 3 no
-    two implementations adjacent in the first order are adjacent, in that order, in the second or third, so
-    an implementation does not keep the predecessor that may have sped it up or slowed it down."""
+    rounds: as listed; reversed, but with the last one kept last (so that the second round does not begin
+    with the implementation that ended the first: a state one measurement leaves can outlast the next one,
+    NOTES runs 197 and 212); the even positions then the odd ones; then seeded shuffles. For n >= 3 no two
+    implementations adjacent in the first order are adjacent, in that order, in the second or third, nor
+    across the rounds' boundaries, so an implementation does not keep the predecessor that may have sped it
+    up or slowed it down. With n = 2 the second order is the reversed one and the third the first again."""
     base = list(range(n))
-    fixed = [base, base[::-1], base[0::2] + base[1::2]]
+    second = base[-2::-1] + base[-1:] if n >= 3 else base[::-1]
+    fixed = [base, second, base[0::2] + base[1::2]]
     orders = fixed[:rounds]
     for r in range(len(orders), rounds):
         order = base[:]
