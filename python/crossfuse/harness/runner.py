@@ -232,9 +232,8 @@ class Runner:
             if not groups or groups[-1][0] is not p:
                 groups.append((p, []))
             groups[-1][1].append(impl)
-        shared = None
         for i, (p, chosen) in enumerate(groups):
-            shared = None  # frees the previous point's tensors
+            shared = None  # frees the previous point's tensors before the cache is emptied
             if i and self.devtype == "cuda":
                 torch.cuda.empty_cache()
             shared = _Lazy(lambda p=p: PointData(p, self.device))
