@@ -2,10 +2,15 @@
 
 * CUDA: CUDA events around each call, after warm-up; the L2 cache is flushed before every repeat by
   zeroing a 256 MiB buffer (larger than any current L2), outside the timed region (the method of
-  ``triton.testing.do_bench``, written out here so it does not depend on a Triton version). A GPU
-  spin longer than the call's CPU enqueue time precedes each start event, so the time is the GPU's
-  (kernels and the gaps between them), not Python or launch overhead. The number of repeats is chosen
-  from an estimate so that they take about ``rep_ms``, within ``[min_reps, max_reps]``.
+  ``triton.testing.do_bench``, written out here so it does not depend on a Triton version). Before
+  the flush, lines that earlier kernels loaded with ``evict_last`` (persisting) priority are set back
+  to normal (the driver's ``cuCtxResetPersistingL2Cache``): the zeroing's normal-priority writes never
+  evict them, so without the reset a call reads for free whatever part of its inputs an earlier kernel
+  (its own earlier repeat included) kept that way, 5-9% of a float32 4096×2048 layer norm's time on the
+  H200 (bench/results/h200/NOTES.md, runs 219-220). A GPU spin longer than the call's CPU enqueue time
+  precedes each start event, so the time is the GPU's (kernels and the gaps between them), not Python
+  or launch overhead. The number of repeats is chosen from an estimate so that they take about
+  ``rep_ms``, within ``[min_reps, max_reps]``.
 * CPU: ``time.perf_counter`` around each call, after warm-up; no cache flush.
 
 The callable is whatever is measured (the runner builds it: a forward, the gradient call of a retained
@@ -14,6 +19,7 @@ graph, or both); its first call (compilation, autotuning) is the caller's busine
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +48,10 @@ class TimingConfig:
     cuda_min_reps: int = 10
     cuda_max_reps: int = 200
     flush_l2: bool = True
+    # with flush_l2: persisting L2 lines reset to normal before every repeat's flush (see the module's
+    # docstring); the reset acts when called, not in stream order, so each repeat then begins with a
+    # synchronisation
+    reset_persisting_l2: bool = True
     cpu_warmup_s: float = 0.05
     cpu_rep_s: float = 0.3
     cpu_min_reps: int = 5
@@ -94,12 +104,45 @@ def l2_flush_buffer(device) -> torch.Tensor:
     return _FLUSH[idx]
 
 
+_PERSISTING_RESET: list = []  # [the driver's cuCtxResetPersistingL2Cache, or None], once looked up
+
+
+def persisting_l2_reset() -> Callable[[], int] | None:
+    """The CUDA driver's ``cuCtxResetPersistingL2Cache`` (through ctypes; it returns a ``CUresult``, 0 on
+    success, and acts on the calling thread's current context), or None where the driver library or the
+    function cannot be loaded."""
+    if not _PERSISTING_RESET:
+        fn = None
+        for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+            try:
+                fn = ctypes.CDLL(name).cuCtxResetPersistingL2Cache
+            except (OSError, AttributeError):
+                continue
+            fn.restype, fn.argtypes = ctypes.c_int, []
+            break
+        _PERSISTING_RESET.append(fn)
+    return _PERSISTING_RESET[0]
+
+
+def _reset_persisting_l2() -> bool:
+    """Persisting L2 lines back to normal priority now; False (and no further tries in this process)
+    where the driver refuses (a GPU without persisting L2 lines, before compute capability 8)."""
+    fn = persisting_l2_reset()
+    if fn is None:
+        return False
+    if fn() != 0:
+        _PERSISTING_RESET[0] = None
+        return False
+    return True
+
+
 def _gpu_sleep():
     return getattr(torch.cuda, "_sleep", None)
 
 
 def time_cuda(fn: Callable[[], object], device="cuda", config: TimingConfig = DEFAULT) -> Timing:
-    """Percentiles of ``fn()``'s GPU time between two CUDA events, L2 flushed before every repeat.
+    """Percentiles of ``fn()``'s GPU time between two CUDA events, L2 flushed before every repeat (its
+    persisting lines reset to normal first, where ``config.reset_persisting_l2`` and the driver allow).
 
     The CPU time ``fn`` needs to enqueue its work (Python, autograd, launches) is measured during the
     warm-up; before each repeat a GPU spin (``torch.cuda._sleep``) longer than that keeps the GPU busy
@@ -129,7 +172,11 @@ def time_cuda(fn: Callable[[], object], device="cuda", config: TimingConfig = DE
     reps = _clamp(config.cuda_rep_ms / max(est, 1e-6), config.cuda_min_reps, config.cuda_max_reps)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    reset = cache is not None and config.reset_persisting_l2 and persisting_l2_reset() is not None
     for i in range(reps):
+        if reset:
+            torch.cuda.synchronize(device)  # the reset acts when called: after the previous repeat ran
+            reset = _reset_persisting_l2()
         if cache is not None:
             cache.zero_()
         if sleep is not None:
@@ -166,5 +213,10 @@ def alternate(calls: dict, rounds: int, device="cuda", config: TimingConfig = DE
 
 def method(device) -> str:
     if torch.device(device).type == "cuda":
-        return "CUDA events, L2 flushed (256 MiB zero) and launch overhead hidden by a GPU spin"
+        reset = persisting_l2_reset() is not None
+        return (
+            "CUDA events, L2 flushed (256 MiB zero"
+            + (", persisting lines reset first" if reset else "")
+            + ") and launch overhead hidden by a GPU spin"
+        )
     return "time.perf_counter around each call"
