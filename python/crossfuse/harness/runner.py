@@ -30,13 +30,14 @@ For one implementation at one point (op, shape, dtype, options) the runner
 
 With ``rounds`` > 1 a point's implementations are measured that many times, each round in another order
 (:func:`round_orders`), and each row is the round with the median ``ms_p50`` (its note says so and gives
-the rounds' range). A single measurement can depend on what ran just before it: on the H200, whatever is
-measured right after torch.compile's layer norm runs 6-8% faster at float32 4096x2048, ours and Liger's
-alike (bench/results/h200/NOTES.md, runs 209-210), and a session measures each point's implementations in
-one fixed order. Rows are then written once all rounds of their point are done (interrupted, from the
-rounds done), so ``on_row`` fires for a point's rows together. Every round checks relerr again (one more
-call per implementation). With two implementations the third order is the first again: a median of three
-then still keeps a predecessor's effect on the second.
+the rounds' range). A single measurement depended on what ran just before it until the timer reset
+persisting L2 lines before each repeat (:mod:`.timing`; on the H200, a whole-row layer norm measured after a
+kernel that loaded its input with evict_last ran 5-9% faster: bench/results/h200/NOTES.md, runs 209-222),
+and a session measures each point's implementations in one fixed order: rounds guard against what is left
+(drifts of the card between measurements). Rows are then written once all rounds of their point are
+done (interrupted, from the rounds done), so ``on_row`` fires for a point's rows together. Every round
+checks relerr again (one more call per implementation). With two implementations the third order is the
+first again.
 """
 
 from __future__ import annotations
