@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import itertools
 import json
 import math
@@ -13,8 +14,6 @@ import time
 import pandas as pd
 import pytest
 import torch
-import triton
-import triton.language as tl
 from crossfuse import _backend, registry
 from crossfuse.harness import memory, plots, profile, report, runner, schema, suite, timing
 
@@ -323,7 +322,8 @@ def test_persisting_l2_reset_falls_back_when_refused(monkeypatch):
 
     monkeypatch.setattr(timing, "_PERSISTING_RESET", [refuse])
     assert timing.persisting_l2_reset() is refuse
-    assert timing._reset_persisting_l2() is False and calls == [1]
+    with pytest.warns(RuntimeWarning, match="CUresult 801"):
+        assert timing._reset_persisting_l2() is False and calls == [1]
     # refused once: not called again in this process, and the timer's method no longer claims it
     assert timing.persisting_l2_reset() is None and timing._reset_persisting_l2() is False and calls == [1]
     assert "persisting" not in timing.method("cuda")
@@ -331,36 +331,16 @@ def test_persisting_l2_reset_falls_back_when_refused(monkeypatch):
     assert timing._reset_persisting_l2() is True and "persisting lines reset" in timing.method("cuda")
 
 
-@triton.jit
-def _touch_kernel(X, n, OUT, BLOCK: tl.constexpr, POLICY: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    v = tl.load(X + offs, mask=offs < n, other=0.0, eviction_policy=POLICY)
-    tl.store(OUT + tl.program_id(0), tl.sum(v, axis=0))
+def test_persisting_l2_reset_is_none_without_a_driver(monkeypatch):
+    import ctypes
 
+    def no_library(name):
+        raise OSError(f"{name}: cannot open shared object file")
 
-def stale_line_ratios(config, rounds=5):
-    """A layer-norm forward's time (float32 4096×2048, whole rows, its configuration fixed here) measured
-    by the timer with ``config`` after a read of x with evict_last, over its time after the persisting
-    lines were reset by hand, ``rounds`` times alternated. Below 1 where the timer lets the call read the
-    lines that read left in L2."""
-    from crossfuse.ops import layer_norm as ln
-
-    x = torch.randn(4096, 2048, device="cuda")
-    w, b = torch.randn(2048, device="cuda"), torch.randn(2048, device="cuda")
-    cfg = ln.LaunchConfig(2, 2048, 4, 4, prefetch=True, keep_params=True)
-    part = torch.empty(x.numel() // 4096, device="cuda")
-
-    def after(stale):
-        torch.cuda.synchronize()
-        if stale:
-            _touch_kernel[(part.numel(),)](x, x.numel(), part, BLOCK=4096, POLICY="evict_last")
-        else:
-            assert timing._reset_persisting_l2(), "the driver refused the reset"
-        torch.cuda.synchronize()
-        return timing.time_cuda(lambda: ln.layer_norm_fwd(x, w, b, 1e-5, config=cfg), "cuda", config).p50
-
-    after(False)  # compiles
-    return [after(True) / after(False) for _ in range(rounds)]
+    monkeypatch.setattr(timing, "_PERSISTING_RESET", [])
+    monkeypatch.setattr(ctypes, "CDLL", no_library)
+    assert timing.persisting_l2_reset() is None and timing._reset_persisting_l2() is False
+    assert "persisting" not in timing.method("cuda")
 
 
 @pytest.mark.gpu
@@ -368,12 +348,18 @@ def test_cuda_timer_is_blind_to_persisting_l2_lines():
     """A kernel that loads x with evict_last leaves lines of x in L2 that zeroing the flush buffer does
     not evict; the timer resets them to normal before each flush, so a call that reads x measures the
     same after such a load as without it (NOTES.md, runs 219-222: without the reset the whole-row
-    forward read part of x from L2 and ran 5-9% faster)."""
+    forward read part of x from L2 and ran 5-9% faster). Skipped, saying so, on a GPU where the stale
+    lines do not move the call even without the reset: there the test could not tell the timers apart."""
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("evict_last (persisting) L2 lines need compute capability 8+")
+    from _l2_lines import stale_line_ratios  # tests/: needs Triton
+
     assert timing.persisting_l2_reset() is not None, "the driver's cuCtxResetPersistingL2Cache did not load"
+    without = stale_line_ratios(dataclasses.replace(timing.QUICK, reset_persisting_l2=False))
+    if sorted(without)[len(without) // 2] > 0.97:
+        pytest.skip(f"stale persisting lines do not move the call on this GPU even unreset: {without}")
     ratios = stale_line_ratios(timing.QUICK)
-    assert sorted(ratios)[len(ratios) // 2] > 0.97, ratios
+    assert sorted(ratios)[len(ratios) // 2] > 0.97, (ratios, without)
     assert "persisting lines reset" in timing.method("cuda")
 
 

@@ -187,13 +187,19 @@ def _version(dist: str) -> str | None:
 
 def versions() -> str:
     """``python=3.12.3 torch=2.11.0 triton=3.6.0 crossfuse=0.1.0 cuda=12.8``, and in a process with a GPU (its
-    CPU rows too) the ptxas that builds Triton kernels for that GPU now, ``ptxas=13.0.88(torch)``: read at
-    each call, since torch.compile may change it mid-run (:mod:`crossfuse.harness.toolchain`, which asks
+    CPU rows too) whether the CUDA timer resets persisting L2 lines before each repeat, ``l2reset=on`` or
+    ``off`` (:mod:`crossfuse.harness.timing`; off where the driver refused), and the ptxas that builds
+    Triton kernels for that GPU now, ``ptxas=13.0.88(torch)``: both read at each call, since either may
+    change mid-run (torch.compile may switch the ptxas: :mod:`crossfuse.harness.toolchain`, which asks
     Triton's CUDA backend there). Without a GPU nothing here imports Triton."""
+    from .timing import persisting_l2_reset
     from .toolchain import ptxas_in_use
 
-    ptxas = ptxas_in_use() if torch.cuda.is_available() else ""
-    return _versions() + (f" ptxas={ptxas}" if ptxas else "")
+    if not torch.cuda.is_available():
+        return _versions()
+    ptxas = ptxas_in_use()
+    l2reset = "on" if persisting_l2_reset() is not None else "off"
+    return _versions() + f" l2reset={l2reset}" + (f" ptxas={ptxas}" if ptxas else "")
 
 
 @functools.cache

@@ -4,7 +4,8 @@
   zeroing a 256 MiB buffer (larger than any current L2), outside the timed region (the method of
   ``triton.testing.do_bench``, written out here so it does not depend on a Triton version). Before
   the flush, lines that earlier kernels loaded with ``evict_last`` (persisting) priority are set back
-  to normal (the driver's ``cuCtxResetPersistingL2Cache``): the zeroing's normal-priority writes never
+  to normal (the driver's ``cuCtxResetPersistingL2Cache``, after a synchronisation: the call acts when
+  made, not in stream order): the zeroing's normal-priority writes never
   evict them, so without the reset a call reads for free whatever part of its inputs an earlier kernel
   (its own earlier repeat included) kept that way, 5-9% of a float32 4096×2048 layer norm's time on the
   H200 (bench/results/h200/NOTES.md, runs 219-220). A GPU spin longer than the call's CPU enqueue time
@@ -19,8 +20,10 @@ graph, or both); its first call (compilation, autotuning) is the caller's busine
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -124,14 +127,24 @@ def persisting_l2_reset() -> Callable[[], int] | None:
     return _PERSISTING_RESET[0]
 
 
-def _reset_persisting_l2() -> bool:
-    """Persisting L2 lines back to normal priority now; False (and no further tries in this process)
-    where the driver refuses (a GPU without persisting L2 lines, before compute capability 8)."""
+def _reset_persisting_l2(device=None) -> bool:
+    """Persisting L2 lines of ``device`` (default: the current one) back to normal priority now; False,
+    with a warning and no further tries in this process, where the driver refuses (it returns an error
+    code)."""
     fn = persisting_l2_reset()
     if fn is None:
         return False
-    if fn() != 0:
+    # the driver call acts on the calling thread's current context: make it the device's
+    with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+        rc = fn()
+    if rc != 0:
         _PERSISTING_RESET[0] = None
+        warnings.warn(
+            f"cuCtxResetPersistingL2Cache returned CUresult {rc}: the CUDA timer goes on without resetting "
+            "persisting L2 lines (rows' versions say l2reset=off)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return False
     return True
 
@@ -176,7 +189,7 @@ def time_cuda(fn: Callable[[], object], device="cuda", config: TimingConfig = DE
     for i in range(reps):
         if reset:
             torch.cuda.synchronize(device)  # the reset acts when called: after the previous repeat ran
-            reset = _reset_persisting_l2()
+            reset = _reset_persisting_l2(device)
         if cache is not None:
             cache.zero_()
         if sleep is not None:
