@@ -3,11 +3,12 @@
     python bench/profile_ln_bwd.py [--reps 20] [--module OLD_LAYER_NORM_PY]
 
 For each anchor shape and dtype: the backward of ``crossfuse.ops.layer_norm`` is run ``--reps`` times
-(the L2 flushed before each and a GPU spin while the CPU queues the launches, as the sessions' timer
-does), and the mean GPU time of each kernel it launches is printed in launch order, with their sum and
-the time from the first kernel's start to the last one's end (so the gaps between kernels show). The
-code's tables are used (``CROSSFUSE_TUNED_CONFIGS`` if set), or with ``--module`` those of an earlier
-``layer_norm.py`` (for example ``git show REV:python/crossfuse/ops/layer_norm.py > /tmp/old.py``).
+(the L2 flushed before each, its persisting lines reset first, and a GPU spin while the CPU queues the
+launches, as the sessions' timer does), and the mean GPU time of each kernel it launches is printed in
+launch order, with their sum and the time from the first kernel's start to the last one's end (so the gaps
+between kernels show). The code's tables are used (``CROSSFUSE_TUNED_CONFIGS`` if set), or with
+``--module`` those of an earlier ``layer_norm.py`` (for example
+``git show REV:python/crossfuse/ops/layer_norm.py > /tmp/old.py``).
 """
 
 from __future__ import annotations
@@ -30,14 +31,13 @@ def main(argv=None) -> int:
 
     require_cuda("bench/profile_ln_bwd.py")
     import torch
-    from crossfuse.harness.timing import l2_flush_buffer
+    from crossfuse.harness.timing import flush_l2
     from crossfuse.ops import layer_norm as ln
     from torch.profiler import ProfilerActivity, profile
 
     if args.module:
         ln = load_ops_module(args.module, "_profiled_layer_norm")
 
-    flush = l2_flush_buffer("cuda")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     for m, n in shapes:
         for dtype in (torch.bfloat16, torch.float32):
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.reps):
-                    flush.zero_()
+                    flush_l2("cuda")
                     torch.cuda._sleep(5_000_000)  # ~2.5 ms: the GPU busy while the CPU queues the launches
                     ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True)
                     torch.cuda.synchronize()

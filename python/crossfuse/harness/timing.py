@@ -149,6 +149,16 @@ def _reset_persisting_l2(device=None) -> bool:
     return True
 
 
+def flush_l2(device="cuda", reset_persisting: bool = True) -> None:
+    """Empty ``device``'s L2 as :func:`time_cuda` does before every repeat: its persisting lines reset to
+    normal first (after a synchronisation: the reset acts when called, not in stream order), where
+    ``reset_persisting`` and the driver allow, then :func:`l2_flush_buffer` zeroed (queued)."""
+    if reset_persisting and persisting_l2_reset() is not None:
+        torch.cuda.synchronize(device)
+        _reset_persisting_l2(device)
+    l2_flush_buffer(device).zero_()
+
+
 def _gpu_sleep():
     return getattr(torch.cuda, "_sleep", None)
 
@@ -185,13 +195,9 @@ def time_cuda(fn: Callable[[], object], device="cuda", config: TimingConfig = DE
     reps = _clamp(config.cuda_rep_ms / max(est, 1e-6), config.cuda_min_reps, config.cuda_max_reps)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    reset = cache is not None and config.reset_persisting_l2 and persisting_l2_reset() is not None
     for i in range(reps):
-        if reset:
-            torch.cuda.synchronize(device)  # the reset acts when called: after the previous repeat ran
-            reset = _reset_persisting_l2(device)
         if cache is not None:
-            cache.zero_()
+            flush_l2(device, config.reset_persisting_l2)
         if sleep is not None:
             sleep(cycles)
         starts[i].record()
