@@ -1,11 +1,14 @@
 """Probe: what of the mended CUDA timer moved the figures, and which of torch.compile's kernels left
-persisting L2 lines in the old sessions (both open after runs 213-222, bench/results/h200/NOTES.md).
+persisting L2 lines in the old sessions (both open after runs 213-222, bench/results/h200/NOTES.md;
+answered by run 224, ``bench/results/h200/probe_run224_timer_sync.txt``: the synchronisation moved the
+level, and neither of torch.compile's measurements leaves lines that matter).
 
     python bench/probe_timer_sync.py [--shapes 4096x2048,4096x4096] [--rounds 3] [--no-compile]
 
 Part 1, in a fresh process (nothing loaded with ``evict_last`` yet): our whole-row forward, then our
 chunked forward, float32, each timed under three timers in turn, ``--rounds`` times: ``old`` (no
-synchronisation, no reset: ``TimingConfig.reset_persisting_l2=False``), ``sync only`` (the new timer's
+synchronisation, no reset: ``reset_persisting_l2=False, sync_each_repeat=False``; when run 224 ran it, the
+first alone meant both), ``sync only`` (the new timer's
 synchronisation before each repeat, through a reset that does nothing) and ``new`` (synchronisation and
 ``cuCtxResetPersistingL2Cache``). If ``sync only`` moves the whole-row kernel as ``new`` does, the
 synchronisation made the difference; if only ``new`` does, the reset.
@@ -46,7 +49,7 @@ def main(argv=None) -> int:
     from crossfuse.ops import layer_norm as ln
 
     new = probe_timing()
-    old = dataclasses.replace(new, reset_persisting_l2=False)
+    old = dataclasses.replace(new, reset_persisting_l2=False, sync_each_repeat=False)
     real = timing.persisting_l2_reset()
     if real is None:
         raise SystemExit("the driver's cuCtxResetPersistingL2Cache did not load: nothing to compare")

@@ -331,6 +331,35 @@ def test_persisting_l2_reset_falls_back_when_refused(monkeypatch):
     assert timing._reset_persisting_l2() is True and "persisting lines reset" in timing.method("cuda")
 
 
+def test_flush_l2_synchronises_whether_or_not_the_reset_runs(monkeypatch):
+    """The timer's level must not depend on the driver: a refused or missing reset leaves the
+    synchronisation before each repeat's flush in place (run 224: it alone moves 4096-row layer norms
+    1-5% on the H200); the reset, where it runs, always follows one."""
+    events = []
+    buf = torch.ones(8)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    monkeypatch.setattr(timing, "l2_flush_buffer", lambda device="cuda": buf)
+    monkeypatch.setattr(timing, "_reset_persisting_l2", lambda device=None: events.append("reset") or True)
+
+    monkeypatch.setattr(timing, "_PERSISTING_RESET", [None])  # no reset in this process
+    timing.flush_l2("cuda")
+    assert events == ["sync"] and not buf.any()
+    events.clear(), buf.fill_(1)
+    timing.flush_l2("cuda", synchronize=False)
+    assert events == [] and not buf.any()
+
+    monkeypatch.setattr(timing, "_PERSISTING_RESET", [lambda: 0])
+    events.clear()
+    timing.flush_l2("cuda")
+    assert events == ["sync", "reset"]
+    events.clear()
+    timing.flush_l2("cuda", synchronize=False)  # the reset still needs its synchronisation
+    assert events == ["sync", "reset"]
+    events.clear()
+    timing.flush_l2("cuda", reset_persisting=False)
+    assert events == ["sync"]
+
+
 def test_persisting_l2_reset_is_none_without_a_driver(monkeypatch):
     import ctypes
 
@@ -355,7 +384,8 @@ def test_cuda_timer_is_blind_to_persisting_l2_lines():
     from _l2_lines import stale_line_ratios  # tests/: needs Triton
 
     assert timing.persisting_l2_reset() is not None, "the driver's cuCtxResetPersistingL2Cache did not load"
-    without = stale_line_ratios(dataclasses.replace(timing.QUICK, reset_persisting_l2=False))
+    old_timer = dataclasses.replace(timing.QUICK, reset_persisting_l2=False, sync_each_repeat=False)
+    without = stale_line_ratios(old_timer)
     if sorted(without)[len(without) // 2] > 0.97:
         pytest.skip(f"stale persisting lines do not move the call on this GPU even unreset: {without}")
     ratios = stale_line_ratios(timing.QUICK)
