@@ -344,7 +344,8 @@ def test_flush_l2_synchronises_whether_or_not_the_reset_runs(monkeypatch):
     monkeypatch.setattr(timing, "_PERSISTING_RESET", [None])  # no reset in this process
     timing.flush_l2("cuda")
     assert events == ["sync"] and not buf.any()
-    events.clear(), buf.fill_(1)
+    events.clear()
+    buf.fill_(1)
     timing.flush_l2("cuda", synchronize=False)
     assert events == [] and not buf.any()
 
