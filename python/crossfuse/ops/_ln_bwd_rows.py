@@ -24,7 +24,7 @@ import functools
 import torch
 import triton
 
-from .._backend import compute_capability_major
+from .._backend import bind_cuda_context, compute_capability_major
 
 try:
     from triton.experimental import gluon
@@ -219,6 +219,7 @@ def usable(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool) -> bool
 def _row_boxes(t: torch.Tensor):
     """A descriptor over the contiguous (M, N) ``t`` as (M * N / BOX_W, BOX_W), one row per box."""
     M, N = t.shape
+    bind_cuda_context(t)  # Triton fills the descriptor before it makes a context current
     flat = t.view(M * N // BOX_W, BOX_W)
     bits = t.element_size() * 8
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)

@@ -93,11 +93,13 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
 
 from .. import _tuning
 from .._backend import (
+    bind_cuda_context,
     check_runnable,
     compute_capability_major,
     device_parallelism,
     interpreter_problem,
     is_interpreted,
+    on_input_device,
     quiet_interpreter,
 )
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
@@ -1211,6 +1213,7 @@ def _gdc_usable(t: torch.Tensor) -> bool:
 
 def _row_desc(t: torch.Tensor, cfg: LaunchConfig):
     """A tensor descriptor over the (M, N) view ``t``, boxes of one row tile."""
+    bind_cuda_context(t)  # Triton fills the descriptor before it makes a context current
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [cfg.block_m, cfg.block_n])
 
 
@@ -1225,6 +1228,7 @@ def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
 
 
 @quiet_interpreter
+@on_input_device
 def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConfig | None = None,
                    out: torch.Tensor | None = None):  # fmt: skip
     """Forward on a 2-D ``x`` with unit column stride. Returns ``(y, mean, rstd)``; ``y`` contiguous, or
@@ -1306,6 +1310,7 @@ def _scratch(dx: torch.Tensor, acc: torch.dtype, elems: int) -> tuple[int, torch
 
 
 @quiet_interpreter
+@on_input_device
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, compute_dw: bool, compute_db: bool,
                    config: LaunchConfig | None = None):  # fmt: skip
     """Backward on 2-D ``dy`` and ``x`` (unit column stride). Returns ``(dx, dw, db)``; dw/db may be None.
@@ -1435,6 +1440,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
 
 
 @quiet_interpreter
+@on_input_device
 def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int, order: dict | None = None) -> None:
     """dw (db) = the column sums of the first ``p`` rows of the (p, n) partials ``dw_part`` (``db_part``),
     cast to dw's (db's) dtype; a None partial buffer skips its sum. ``max_p`` bounds ``p`` for the

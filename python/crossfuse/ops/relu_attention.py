@@ -68,10 +68,12 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
 
 from .. import _tuning
 from .._backend import (
+    bind_cuda_context,
     check_runnable,
     compute_capability_major,
     interpreter_problem,
     is_interpreted,
+    on_input_device,
     quiet_interpreter,
 )
 from .._validate import (
@@ -1010,6 +1012,7 @@ def _bh_d_strides(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 @quiet_interpreter
+@on_input_device
 def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_scale: float, out=None,
                        config: AttnConfig | None = None):  # fmt: skip
     """Forward on [B, H, L, D] views (unit stride on D; ``v`` may have unit stride on L instead).
@@ -1089,6 +1092,7 @@ def _tma_usable(interp: bool, *tensors: torch.Tensor) -> bool:
 
 def _desc(t: torch.Tensor, rows: int):
     """A rank-4 tensor descriptor over the [B, H, L, D] view ``t``, boxes of ``rows`` x D."""
+    bind_cuda_context(t)  # Triton fills the descriptor before it makes a context current
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]])
 
 
@@ -1190,6 +1194,7 @@ def _tf32_copies(dtype: torch.dtype, interp: bool) -> bool:
 
 
 @quiet_interpreter
+@on_input_device
 def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, relu_scale: float,
                        dq=None, dk=None, dv=None, configs: tuple | None = None,
                        trans_copies: bool | None = None):  # fmt: skip
