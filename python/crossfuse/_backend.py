@@ -156,10 +156,15 @@ def _capability_major(device_index: int) -> int:
     return torch.cuda.get_device_capability(device_index)[0]
 
 
+def _cuda_index(device: torch.device) -> int:
+    """The index of a CUDA ``device`` (the current device's where it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def compute_capability_major(t: torch.Tensor) -> int:
     """The major compute capability of the CUDA device holding ``t`` (cached: the query cost 2.4–4.7 µs
     of CPU per call, and the launchers ask on every call)."""
-    return _capability_major(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return _capability_major(_cuda_index(t.device))
 
 
 _THREAD = threading.local()
@@ -176,9 +181,10 @@ def bind_cuda_context(t: torch.Tensor) -> None:
     allocator hands out cached blocks without a CUDA call, so a backward made only of crossfuse's kernels
     may be the first CUDA work there (run 230). A runtime call binds the primary context as the runtime
     does on first use: ``cudaStreamQuery`` of the current stream, which neither waits nor launches."""
-    if t.device.type != "cuda":
+    device = t.device
+    if device.type != "cuda":
         return
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    index = _cuda_index(device)
     bound = getattr(_THREAD, "devices", None)
     if bound is None:
         bound = _THREAD.devices = set()
@@ -190,5 +196,5 @@ def bind_cuda_context(t: torch.Tensor) -> None:
 def device_parallelism(t: torch.Tensor) -> int:
     """How many programs fill the device: SM count on CUDA, a small number under the interpreter."""
     if t.device.type == "cuda":
-        return num_sms(t.device.index if t.device.index is not None else torch.cuda.current_device())
+        return num_sms(_cuda_index(t.device))
     return 4
