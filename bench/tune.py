@@ -204,6 +204,9 @@ def code_tables() -> dict:
             entry["coop"] = True
         if c.smem_rows:
             entry["smem_rows"] = True
+        if c.slices > 1:
+            entry["slices"] = c.slices
+            entry["lag"] = c.lag
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"

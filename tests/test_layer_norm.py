@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import glob
 import math
+import os
+import shutil
+import subprocess
+import sys
 
 import crossfuse
 import pytest
@@ -705,41 +710,158 @@ def test_smem_rows_backward_against_float64(dtype, m, n, cfg, weight, grads, gen
     check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg)
 
 
+def _grouped(n: int, slices: int, stages: int, lag: int, warps: int):
+    """A grouped entry (the Gluon kernel that splits each row between ``slices`` programs)."""
+    return ln_mod.LaunchConfig(1, n, warps, 1, tma_stages=stages, smem_rows=True, slices=slices, lag=lag)
+
+
+def _group_launches(monkeypatch) -> list:
+    """Records the groups of each launch of the grouped Gluon backward by layer_norm_bwd."""
+    calls, launch = [], ln_mod._ln_bwd_rows.launch_groups
+
+    def spy(*args, **kwargs):
+        calls.append(args[10])  # groups
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(ln_mod._ln_bwd_rows, "launch_groups", spy)
+    return calls
+
+
 @pytest.mark.gpu
-def test_smem_rows_backward_only_where_it_can_run(gen, monkeypatch):
-    # where the Gluon kernel cannot run, a table entry that asks for it takes the Triton kernels of
-    # SMEM_ROWS_FALLBACK, with results within the same tolerances: float32, rows that are not contiguous,
-    # N not a power of 2 or below 4096, another Triton
-    cfg = ln_mod.launch_config(16384, torch.bfloat16, "bwd", 4096)
-    assert cfg.smem_rows
+@pytest.mark.parametrize("grads", [(True, True), (True, False), (False, True), (False, False)],
+                         ids=["dw and db", "dw only", "db only", "dx only"])  # fmt: skip
+@pytest.mark.parametrize(
+    "m, n, cfg, weight",
+    [pytest.param(4101, 16384, _grouped(16384, 4, 8, 2, 16), True, id="4101x16384, 4 slices, partials in dx"),
+     pytest.param(4101, 16384, _grouped(16384, 2, 6, 1, 16), True, id="4101x16384, 2 slices, lag 1"),
+     pytest.param(300, 8192, _grouped(8192, 4, 6, 3, 8), True, id="300x8192, lag 3, partials in a buffer"),
+     pytest.param(20000, 4096, _grouped(4096, 8, 4, 2, 2), False, id="20000x4096, 8 slices, no weight"),
+     pytest.param(5, 16384, _grouped(16384, 4, 8, 2, 16), True, id="5 rows: fewer rows than groups"),
+     pytest.param(1, 16384, _grouped(16384, 2, 3, 1, 16), True, id="one row: the lag past the end")],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
+                         ids=["bfloat16", "float16", "float32"])  # fmt: skip
+def test_grouped_backward_against_float64(dtype, m, n, cfg, weight, grads, gen, monkeypatch):
+    # the Gluon backward that splits each row between a group of programs, which exchange their shares
+    # of the row sums through L2 and use them `lag` rows later (GPU only): rows far from zero mean, every
+    # combination of gradients, with and without weight, the partial sums in dx's last rows and in a
+    # buffer, fewer rows than groups, a single row; then the same gradients bit for bit when run again
+    # (the shares are added in slice order whichever program posts last); float32 rows take fewer
+    # buffers, as many as fit
+    x = randn((m, n), dtype, "cuda", gen, mean=3.0, std=2.0)
+    w = randn((n,), dtype, "cuda", gen, mean=1.0, std=0.5) if weight else None
+    dy = randn((m, n), dtype, "cuda", gen)
+    if not ln_mod._ln_bwd_rows.groups_usable(x, dy, w, False, cfg.slices):
+        pytest.skip("needs Gluon in Triton 3.6 (GLUON_TRITON) and compute capability 9+")
+    fit = ln_mod._ln_bwd_rows.group_stages_that_fit(n, x.element_size(), cfg.slices)
+    cfg = cfg._replace(tma_stages=min(cfg.tma_stages, fit))
+    calls = _group_launches(monkeypatch)
+    _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
+    got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    assert len(calls) == 1 and 1 <= calls[0] <= m, calls  # the grouped kernel ran, at most a group a row
+    ones = torch.ones(n, device="cuda", dtype=dtype)  # without weight, dw is the gradient of a weight of ones
+    check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg)
+
+
+# A backward under compute-sanitizer (run as its own process): dx a whole number of 2 MiB, so that the
+# caching allocator gives it a segment of its own and the scratch in its last rows ends where the
+# allocation does; a read past the shares of the row sums is then outside every allocation, which memcheck
+# reports (and which faults the kernel on a real run whenever nothing is mapped after the segment)
+_SANITIZED_BACKWARD = """
+import sys, torch
+from crossfuse.ops import layer_norm as ln
+for m, n, dtype, slices, stages, lag, warps in {cases}:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    w = torch.randn(n, device="cuda", dtype=dtype, generator=g)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    _, mean, rstd = ln.layer_norm_fwd(x, w, None, 1e-5)
+    cfg = ln.LaunchConfig(1, n, warps, 1, tma_stages=stages, smem_rows=True, slices=slices, lag=lag)
+    ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
+    torch.cuda.synchronize()
+print("done")
+"""
+
+
+def _compute_sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    return found or next(iter(sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer"))), None)
+
+
+@pytest.mark.gpu
+def test_grouped_backward_reads_nothing_past_its_buffers(gen):
+    # the grouped kernel's last iterations finish the rows still waiting (LAG of them) and ask for shares
+    # of rows past the last: those addresses must stay in bounds, whatever they read
+    x = randn((8, 16384), torch.bfloat16, "cuda", gen)
+    if not ln_mod._ln_bwd_rows.groups_usable(x, x, x[0], False, 2):
+        pytest.skip("needs Gluon in Triton 3.6 (GLUON_TRITON) and compute capability 9+")
+    sanitizer = _compute_sanitizer()
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer not found (CUDA's toolkit)")
+    cases = [(256, 16384, "torch.bfloat16", 8, 12, 3, 8), (2048, 16384, "torch.bfloat16", 2, 4, 2, 8),
+             (1024, 16384, "torch.float32", 2, 3, 1, 16)]  # fmt: skip
+    for m, n, dtype, *_ in cases:  # dx a whole number of 2 MiB, its scratch in its last rows
+        assert m * n * (2 if "bfloat16" in dtype else 4) % (2 << 20) == 0
+    listed = ", ".join(f"({m}, {n}, {dtype}, {s}, {st}, {lag}, {w})" for m, n, dtype, s, st, lag, w in cases)
+    code = _SANITIZED_BACKWARD.format(cases=f"[{listed}]")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    cmd = [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c", code]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0 and "done" in run.stdout, (run.returncode, run.stdout[-3000:], run.stderr)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["whole rows", "grouped"])
+def test_smem_rows_backward_only_where_it_can_run(kind, gen, monkeypatch):
+    # where a Gluon kernel cannot run, a table entry that asks for it takes the Triton kernels of
+    # SMEM_ROWS_FALLBACK, with results within the same tolerances. The whole-row kernel: float32, rows that
+    # are not contiguous, N not a power of 2 or below 4096, another Triton. The grouped one (which takes
+    # float32): rows that are not contiguous, N not a power of 2, N = 2048 (slices of 4 box rows, fewer than
+    # the entry's 8 warps), another Triton
+    if kind == "whole rows":
+        cfg = ln_mod.LaunchConfig(1, 16384, 16, 1, tma_stages=3, smem_rows=True)
+        usable, launch = ln_mod._ln_bwd_rows.usable, "launch"
+    else:
+        cfg = ln_mod.launch_config(16384, torch.bfloat16, "bwd", 4096)
+        assert cfg.smem_rows and cfg.slices > 1 and cfg.num_warps == 8
+
+        def usable(x, dy, w, interpreted):
+            rows = ln_mod._ln_bwd_rows
+            fits = not rows.groups_launch_unfit(x.shape[1], x.element_size(), cfg.slices, cfg.num_warps,
+                                                cfg.tma_stages, cfg.lag)  # fmt: skip
+            return rows.groups_usable(x, dy, w, interpreted, cfg.slices) and fits
+
+        launch = "launch_groups"
     base = randn((64, 2 * 16384), torch.bfloat16, "cuda", gen)
     cases = {
-        "float32": randn((64, 16384), torch.float32, "cuda", gen),
         "strided rows": base[:, :16384],
         "N = 12288": randn((64, 12288), torch.bfloat16, "cuda", gen),
         "N = 2048": randn((64, 2048), torch.bfloat16, "cuda", gen),
     }
+    if kind == "whole rows":
+        cases["float32"] = randn((64, 16384), torch.float32, "cuda", gen)
     good = randn((64, 16384), torch.bfloat16, "cuda", gen)
-    if not ln_mod._ln_bwd_rows.usable(good, good, good[0], False):
+    if not usable(good, good, good[0], False):
         pytest.skip("needs Gluon in Triton 3.6 (GLUON_TRITON) and compute capability 9+")
     # Gluon's API changes between Triton releases: another version than the one the kernel was tested
     # with takes the Triton kernels
     monkeypatch.setattr(ln_mod._ln_bwd_rows, "triton_version", lambda: (3, 9))
-    assert not ln_mod._ln_bwd_rows.usable(good, good, good[0], False)
+    assert not usable(good, good, good[0], False)
     monkeypatch.undo()
-    calls = _smem_rows_launches(monkeypatch)
+    calls, real = [], getattr(ln_mod._ln_bwd_rows, launch)
+    monkeypatch.setattr(ln_mod._ln_bwd_rows, launch, lambda *a, **k: calls.append(a) or real(*a, **k))
     for name, x in cases.items():
         n = x.shape[1]
         w = randn((n,), x.dtype, "cuda", gen)
         dy = randn(x.shape, x.dtype, "cuda", gen)
-        assert not ln_mod._ln_bwd_rows.usable(x, dy, w, False), name
+        assert not usable(x, dy, w, False), name
         _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
         dx, dw, db = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
         leaves = [t.double().requires_grad_(True) for t in (x, w, torch.zeros(n, device="cuda"))]
         layer_norm_ref(*leaves, 1e-5).backward(dy.double())
-        for got, leaf, kind in zip((dx, dw, db), leaves, ("bwd", "reduced", "reduced"), strict=True):
-            tol = ln_tol(x.dtype, kind, x.shape[0], got.dtype)
-            assert relerr(got, leaf.grad) <= tol, (name, kind, relerr(got, leaf.grad), tol)
+        for got, leaf, kind_ in zip((dx, dw, db), leaves, ("bwd", "reduced", "reduced"), strict=True):
+            tol = ln_tol(x.dtype, kind_, x.shape[0], got.dtype)
+            assert relerr(got, leaf.grad) <= tol, (name, kind_, relerr(got, leaf.grad), tol)
     assert calls == []
 
 
@@ -761,16 +883,40 @@ def test_smem_rows_launch_rejects_a_launch_that_cannot_run(programs, warps, stag
         rows.launch(x, x, x, w, stats, stats, part, part, programs, 8, True, True, warps, stages)
 
 
-def test_smem_rows_entry_falls_back_off_the_gpu(device, gen):
+@pytest.mark.parametrize(
+    "groups, slices, warps, stages, lag, words",
+    [(0, 4, 16, 8, 2, "groups must be from 1 to the row count 8"), (9, 4, 16, 8, 2, "groups must be"),
+     (2, 4, 32, 8, 2, "warps must be a power of 2 from 1 to N / slices / 256 = 16"),
+     (2, 4, 12, 8, 2, "warps must be"), (2, 4, 16, 8, 0, "lag must be at least 1"),
+     (2, 4, 16, 3, 2, "stages from lag \\+ 2"), (2, 4, 16, 15, 2, "to what fits in shared memory")],
+)  # fmt: skip
+def test_grouped_launch_rejects_a_launch_that_cannot_run(groups, slices, warps, stages, lag, words):
+    # the grouped kernel's launcher checks what its kernel assumes before anything is compiled: at most a
+    # group per row, warps that tile a slice's box rows, buffers for the rows waiting on their shares and
+    # at least one loading, no more than fit in shared memory (15 x 16 KB do not)
+    x = torch.zeros((8, 16384), dtype=torch.bfloat16)
+    w, stats = torch.ones(16384, dtype=torch.bfloat16), torch.zeros(8)
+    part = torch.zeros((max(groups, 1), 16384))
+    shares, tickets = torch.zeros(8 * 2 * slices, dtype=torch.int64), torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=words):
+        ln_mod._ln_bwd_rows.launch_groups(x, x, x, w, stats, stats, shares, tickets, part, part, groups, 8,
+                                          True, True, slices, warps, stages, lag)  # fmt: skip
+
+
+@pytest.mark.parametrize("cfg", [ln_mod.LaunchConfig(1, 4096, 8, 2, tma_stages=3, smem_rows=True),
+                                 _grouped(4096, 4, 6, 2, 4)], ids=["whole rows", "grouped"])  # fmt: skip
+def test_smem_rows_entry_falls_back_off_the_gpu(cfg, device, gen):
     # under the interpreter (CI) the table's Gluon entries are never launched: the backward runs the
     # fallback's Triton kernels and matches the same entry run as the fallback itself, bit for bit
     m, n = 8, 4096
     x = randn((m, n), torch.bfloat16, device, gen, mean=1.0)
     w, dy = randn((n,), torch.bfloat16, device, gen), randn((m, n), torch.bfloat16, device, gen)
-    if ln_mod._ln_bwd_rows.usable(x, dy, w, ln_mod.is_interpreted(ln_mod._ln_bwd_kernel)):
-        pytest.skip("the Gluon kernel runs here: the GPU tests cover it")
+    interpreted = ln_mod.is_interpreted(ln_mod._ln_bwd_kernel)
+    if ln_mod._ln_bwd_rows.usable(x, dy, w, interpreted) or ln_mod._ln_bwd_rows.groups_usable(
+        x, dy, w, interpreted, cfg.slices
+    ):
+        pytest.skip("the Gluon kernels run here: the GPU tests cover them")
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
-    cfg = ln_mod.LaunchConfig(1, 4096, 8, 2, tma_stages=3, smem_rows=True)
     fallback = ln_mod.smem_rows_fallback(cfg, n, x.element_size(), m)
     got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
     want = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=fallback)

@@ -146,6 +146,7 @@ def test_code_tables_round_trip_through_a_tuned_file(tuned_file):
     assert any(c.prefetch for c in layer_norm.TUNED.values())
     assert any(c.keep_params for c in layer_norm.TUNED.values())
     assert any(c.smem_rows for c in layer_norm.TUNED.values())
+    assert any(c.slices > 1 for c in layer_norm.TUNED.values())
 
 
 def test_every_layer_norm_flag_of_an_entry_reaches_the_config():

@@ -15,6 +15,22 @@ when; the layer-norm launcher falls back to its other kernels otherwise. Gluon i
 API changes between Triton releases (3.9 has no ``thread_barrier``, for one), so the kernel is used only
 with the Triton minor version it was written and tested for (``GLUON_TRITON``: compiled for sm_90 and
 run on an H200 with 3.6); other versions take the Triton kernels.
+
+The second kernel here, for the longest rows, splits each row between a *group* of ``SLICES`` programs,
+each owning ``N / SLICES`` columns (``_ln_bwd_groups_kernel``). The whole-row kernel keeps a float32 dw
+and db of the whole row in every program, and all of them are written at the end: 132 x N x 8 bytes
+(17 MB at N = 16384) that live in dx's last rows, whose dx must then be computed again from x and dy
+(528 rows of 4096 in bf16, 13% more traffic). A program of a group keeps only its slice's dw and db, so
+that scratch, and the rows recomputed, shrink ``SLICES`` times, and its row slices are small enough for
+several to stream through shared memory at once. The price is the exchange of the two row sums: each
+program posts its slice's shares of a row to L2 as 64-bit words (value | a tag), each written once by
+one atomic exchange, and uses the group's shares ``LAG`` rows later, by which time they have usually
+arrived (the words are asked for an iteration before they are used); where not, it polls them until
+every tag is set. The shares are added in slice order, so
+every program of a group computes the same c1 and c2, and dx does not depend on the schedule. The
+programs of a group wait for each other, so they take their place from a ticket counter as they start
+(as the cooperative Triton kernel does): the programs that run hold the lowest tickets, every group but
+the last of them is complete, and the grid is one program per SM.
 """
 
 from __future__ import annotations
@@ -182,6 +198,185 @@ if gluon is not None:
             gl.store(DB_part + pid * N + cols1, db1)
 
 
+    @gluon.jit
+    def _slice_g(xb, dyb, w, mean, layout: gl.constexpr, HAS_WEIGHT: gl.constexpr):
+        """``(x - mean, dy, g = dy * w)`` of a row slice, from its shared-memory buffers, in float32
+        (``w``: the slice's weight, in registers)."""
+        xc = xb.load(layout).to(gl.float32) - mean
+        dy = dyb.load(layout).to(gl.float32)
+        if HAS_WEIGHT:
+            g = dy * w
+        else:
+            g = dy
+        return xc, dy, g
+
+    @gluon.jit
+    def _add_pairs(a0, b0, a1, b1):
+        return a0 + a1, b0 + b1
+
+    @gluon.jit
+    def _posted(v):
+        """The 64-bit word that posts the float32 ``v``: its bits below, a tag of 1 above (the words are
+        zero until posted, so a word is complete exactly when its tag is set)."""
+        return (v.to(gl.int32, bitcast=True).to(gl.int64) & 0xFFFFFFFF) | 0x100000000
+
+    @gluon.jit
+    def _unposted(w):
+        """The float32 posted in the 64-bit word ``w`` (see ``_posted``)."""
+        return (w & 0xFFFFFFFF).to(gl.int32).to(gl.float32, bitcast=True)
+
+    @gluon.jit(do_not_specialize=["M", "DX_M"])  # a new row count reuses the compiled kernel
+    def _ln_bwd_groups_kernel(
+        DX,  # input gradient, (M, N), row stride stride_dxm
+        Xd,  # x as a (M * N / BOX_W, BOX_W) descriptor, boxes [BOX_R, BOX_W] (one row slice each)
+        DYd,  # dy, likewise
+        W,  # weight, (N,); unused unless HAS_WEIGHT
+        Mean,  # (M,) float32
+        Rstd,  # (M,) float32
+        Shares,  # (M, 2, SLICES) int64, zero at launch: the slices' two row sums, posted (_posted)
+        Tickets,  # (1,) int32, zero at launch: the places handed out
+        DW_part,  # partial dw, (groups, N) float32; unused unless COMPUTE_DW
+        DB_part,  # partial db, (groups, N) float32; unused unless COMPUTE_DB
+        stride_dxm,
+        M,
+        DX_M,  # dx is stored for rows below DX_M only (dw and db take every row)
+        inv_n,  # 1 / N (exact: N is a power of 2)
+        SLICES: gl.constexpr,  # programs per row (a group)
+        BOX_R: gl.constexpr,  # box rows of a slice: a slice is BOX_R * BOX_W columns
+        BOX_W: gl.constexpr,
+        STAGES: gl.constexpr,  # row-slice buffers in shared memory
+        LAG: gl.constexpr,  # rows between a slice's sums and its dx (STAGES - 1 - LAG rows load ahead)
+        VEC: gl.constexpr,  # elements of 16 bytes: what a thread reads of a box row at a time
+        HAS_WEIGHT: gl.constexpr,
+        COMPUTE_DW: gl.constexpr,
+        COMPUTE_DB: gl.constexpr,
+        WARPS: gl.constexpr,
+    ):
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
+        # the group's SLICES shares of a row, every thread holding all of them (a sum within the thread)
+        shares_layout: gl.constexpr = gl.BlockedLayout([SLICES], [32], [WARPS], [0])
+        NS: gl.constexpr = BOX_R * BOX_W  # columns of a slice
+        N: gl.constexpr = NS * SLICES
+        AHEAD: gl.constexpr = STAGES - 1 - LAG
+        groups = gl.num_programs(0) // SLICES
+        ticket = gl.atomic_add(Tickets, 1, sem="relaxed")
+        part = ticket % SLICES
+        group = ticket // SLICES
+        r = gl.arange(0, BOX_R, layout=gl.SliceLayout(1, layout))
+        c = gl.arange(0, BOX_W, layout=gl.SliceLayout(0, layout))
+        cols = part * NS + r[:, None] * BOX_W + c[None, :]  # this slice's columns
+        k = gl.arange(0, SLICES, layout=shares_layout)
+
+        xs = gl.allocate_shared_memory(Xd.dtype, [STAGES, BOX_R, BOX_W], Xd.layout)
+        dys = gl.allocate_shared_memory(DYd.dtype, [STAGES, BOX_R, BOX_W], DYd.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(STAGES):
+            mbarrier.init(bars.index(b), count=1)
+        if HAS_WEIGHT:
+            w = gl.load(W + cols).to(gl.float32)
+        else:  # a placeholder, not read
+            w = gl.zeros([BOX_R, BOX_W], gl.float32, layout)
+        stage_bytes: gl.constexpr = 2 * Xd.block_type.nbytes
+        boxes: gl.constexpr = N // BOX_W  # box rows of a whole row
+        at = part * BOX_R  # this slice's first box row within a row
+
+        mine = gl.cdiv(M - group, groups)  # rows group, group + groups, ...
+        for a in gl.static_range(AHEAD):  # the first rows' copies
+            ok = a < mine
+            first = (group + a * groups) * boxes + at
+            mbarrier.expect(bars.index(a), stage_bytes, pred=ok)
+            tma.async_copy_global_to_shared(Xd, [first, 0], bars.index(a), xs.index(a), pred=ok)
+            tma.async_copy_global_to_shared(DYd, [first, 0], bars.index(a), dys.index(a), pred=ok)
+
+        dw = gl.zeros([BOX_R, BOX_W], gl.float32, layout)
+        db = gl.zeros([BOX_R, BOX_W], gl.float32, layout)
+        mean_i = gl.load(Mean + group)
+        rstd_i = gl.load(Rstd + group)
+        # with LAG >= 2 the shares a row needs are asked for an iteration before the one that uses them
+        # (an L2 round trip under the load of the copies takes longer than a slice's sums), so first
+        # those of row 1 - LAG; with LAG = 1 that row is being posted then, so they are asked for at the
+        # start of the iteration that uses them
+        EARLY: gl.constexpr = LAG >= 2
+        at_j = Shares + (group + gl.maximum(1 - LAG, 0) * groups).to(gl.int64) * (2 * SLICES)
+        s1s = gl.load(at_j + k, volatile=True)
+        s2s = gl.load(at_j + SLICES + k, volatile=True)
+        # iteration i sums row i (its slice's shares posted) and finishes row i - LAG (its dx, dw and db)
+        for i in range(mine + LAG):
+            # the copy AHEAD rows on goes into the buffer row i - LAG - 1 left (every thread finished
+            # reading it at the end of the previous iteration)
+            ahead = i + AHEAD
+            b_ahead = ahead % STAGES
+            fence_async_shared()
+            mbarrier.expect(bars.index(b_ahead), stage_bytes, pred=ahead < mine)
+            at_ahead = (group + ahead * groups) * boxes + at
+            tma.async_copy_global_to_shared(Xd, [at_ahead, 0], bars.index(b_ahead), xs.index(b_ahead),
+                                            pred=ahead < mine)  # fmt: skip
+            tma.async_copy_global_to_shared(DYd, [at_ahead, 0], bars.index(b_ahead), dys.index(b_ahead),
+                                            pred=ahead < mine)  # fmt: skip
+            # row i - LAG is finished now (its shares asked for last iteration); row i + 1 - LAG's
+            # shares are asked for now
+            j = i - LAG
+            row_j = group + gl.maximum(j, 0) * groups
+            at_j = Shares + row_j.to(gl.int64) * (2 * SLICES)
+            if EARLY:  # past the last row (the drain's last iteration) a row in bounds, not read
+                row_n = gl.minimum(group + gl.maximum(j + 1, 0) * groups, M - 1)
+                at_n = Shares + row_n.to(gl.int64) * (2 * SLICES)
+            else:
+                at_n = at_j
+            s1n = gl.load(at_n + k, volatile=True)
+            s2n = gl.load(at_n + SLICES + k, volatile=True)
+            if not EARLY:
+                s1s = s1n
+                s2s = s2n
+            mean_j = gl.load(Mean + row_j)
+            rstd_j = gl.load(Rstd + row_j)
+            nxt = gl.minimum(group + (i + 1) * groups, M - 1)
+            mean_n = gl.load(Mean + nxt)
+            rstd_n = gl.load(Rstd + nxt)
+            if i < mine:
+                row_i = group + i * groups
+                buf = i % STAGES
+                mbarrier.wait(bars.index(buf), (i // STAGES) & 1)
+                xc, _, g = _slice_g(xs.index(buf), dys.index(buf), w, mean_i, layout, HAS_WEIGHT)
+                # the two sums in one reduction (one trip through shared memory for both), over the slice
+                # flattened: each thread adds all its elements before the shuffles; rstd once, at the end
+                s1, s2 = gl.reduce((gl.reshape(xc * g, [NS]), gl.reshape(g, [NS])), 0, _add_pairs)
+                s1 = s1 * rstd_i
+                at_i = Shares + row_i.to(gl.int64) * (2 * SLICES)
+                gl.atomic_xchg(at_i + part, _posted(s1), sem="relaxed")
+                gl.atomic_xchg(at_i + SLICES + part, _posted(s2), sem="relaxed")
+            if j >= 0:
+                # every share posted: the tags set (a word is written once, whole)
+                while gl.min(gl.minimum(s1s, s2s), axis=0) <= 0xFFFFFFFF:
+                    s1s = gl.load(at_j + k, volatile=True)
+                    s2s = gl.load(at_j + SLICES + k, volatile=True)
+                c1 = gl.sum(_unposted(s1s), axis=0) * inv_n  # in slice order: the same in every program
+                c2 = gl.sum(_unposted(s2s), axis=0) * inv_n
+                b_j = j % STAGES
+                xc, dy, g = _slice_g(xs.index(b_j), dys.index(b_j), w, mean_j, layout, HAS_WEIGHT)
+                xhat = xc * rstd_j
+                # (g - (xhat * c1 + c2)) * rstd, as two fused multiply-adds
+                dx = g * rstd_j - (xhat * (c1 * rstd_j) + c2 * rstd_j)
+                gl.store(DX + row_j.to(gl.int64) * stride_dxm + cols, dx.to(DX.dtype.element_ty),
+                         mask=row_j < DX_M)  # fmt: skip
+                if COMPUTE_DW:
+                    dw += dy * xhat
+                if COMPUTE_DB:
+                    db += dy
+            gl.thread_barrier()  # every thread is done with row j's buffer: the next iteration refills it
+            mean_i = mean_n
+            rstd_i = rstd_n
+            s1s = s1n
+            s2s = s2n
+
+        for b in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(b))
+        if COMPUTE_DW:
+            gl.store(DW_part + group * N + cols, dw)
+        if COMPUTE_DB:
+            gl.store(DB_part + group * N + cols, db)
+
+
 @functools.cache
 def triton_version() -> tuple[int, int]:
     """Triton's (major, minor) version."""
@@ -216,14 +411,16 @@ def usable(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool) -> bool
     return stages_that_fit(N, x.element_size(), weight is not None) >= 2
 
 
-def _row_boxes(t: torch.Tensor):
-    """A descriptor over the contiguous (M, N) ``t`` as (M * N / BOX_W, BOX_W), one row per box."""
+def _row_boxes(t: torch.Tensor, slices: int = 1):
+    """A descriptor over the contiguous (M, N) ``t`` as (M * N / BOX_W, BOX_W), one row per box, or one
+    ``1 / slices`` of a row."""
     M, N = t.shape
     bind_cuda_context(t)  # Triton fills the descriptor before it makes a context current
     flat = t.view(M * N // BOX_W, BOX_W)
     bits = t.element_size() * 8
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
-    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [N // BOX_W, BOX_W], layout)
+    box = [N // BOX_W // slices, BOX_W]
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), box, layout)
 
 
 def launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs: int, dx_m: int, compute_dw: bool,
@@ -247,4 +444,75 @@ def launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs: int, dx_m:
     )  # fmt: skip
 
 
-__all__ = ["launch", "stages_that_fit", "usable"]
+def group_stages_that_fit(n: int, esize: int, slices: int) -> int:
+    """Row-slice buffers (x and dy) that fit one program of the grouped kernel's shared memory."""
+    return (SMEM_BYTES - 1024) // (2 * n // slices * esize)
+
+
+def groups_usable(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool, slices: int) -> bool:
+    """Whether the grouped kernel can take the backward of ``x`` and ``dy`` ((M, N) views) with rows in
+    ``slices`` slices: Gluon present in the Triton of ``GLUON_TRITON``, a GPU of compute capability 9+,
+    bfloat16, float16 or float32 (weight alike), N a power of 2 whose slices are at least ``BOX_W``
+    columns, contiguous rows with 16-byte aligned bases, a group per row at most."""
+    if gluon is None or interpreted or x.device.type != "cuda" or triton_version() != GLUON_TRITON:
+        return False
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or dy.dtype != x.dtype:
+        return False
+    if weight is not None and (weight.dtype != x.dtype or not weight.is_contiguous()):
+        return False
+    M, N = x.shape
+    if slices < 2 or slices & (slices - 1) or N & (N - 1) or N // slices < BOX_W:
+        return False
+    if compute_capability_major(x) < 9 or any(t.stride(1) != 1 or t.stride(0) != N or t.data_ptr() % 16
+                                              for t in (x, dy)):  # fmt: skip
+        return False
+    return M * (N // BOX_W) < 2**31  # the copy engine's row coordinates are 32-bit
+
+
+def groups_launch_unfit(n: int, esize: int, slices: int, warps: int, stages: int, lag: int) -> str | None:
+    """Why the grouped kernel cannot run rows of ``n`` ``esize``-byte elements in ``slices`` slices on
+    ``warps`` warps with ``stages`` buffers of which ``lag`` wait for shares (None if it can): warps at most
+    one per box row of a slice, buffers for the waiting rows and at least one loading, no more than fit."""
+    box_r = n // slices // BOX_W
+    if not 1 <= warps <= box_r or warps & (warps - 1):
+        return f"warps must be a power of 2 from 1 to N / slices / {BOX_W} = {box_r}, got {warps}"
+    if not 1 <= lag or not lag + 2 <= stages <= group_stages_that_fit(n, esize, slices):
+        return (f"lag must be at least 1 and stages from lag + 2 to what fits in shared memory, "
+                f"got lag {lag}, stages {stages}")  # fmt: skip
+    return None
+
+
+def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, dw_part, db_part, groups: int, dx_m: int,
+                  compute_dw: bool, compute_db: bool, slices: int, warps: int, stages: int,
+                  lag: int) -> None:  # fmt: skip
+    """The grouped kernel (see the module docstring): ``groups`` groups of ``slices`` programs, each
+    group's float32 shares of dw and db in its row of ``dw_part`` / ``db_part`` ((groups, N);
+    placeholders when not computed); ``shares`` ((M, 2, slices) int64) and ``tickets`` ((1,) int32) zero
+    at launch; ``stages`` row-slice buffers of which ``lag`` hold rows waiting for the group's shares, on
+    ``warps`` warps (at most one per box row of a slice); see :func:`groups_usable`."""
+    M, N = x.shape
+    if not 1 <= groups <= M:
+        raise ValueError(f"groups must be from 1 to the row count {M}, got {groups}")
+    unfit = groups_launch_unfit(N, x.element_size(), slices, warps, stages, lag)
+    if unfit:
+        raise ValueError(unfit)
+    if shares.dtype != torch.int64 or shares.numel() < M * 2 * slices or tickets.dtype != torch.int32:
+        raise ValueError("shares must hold (M, 2, slices) int64 and tickets an int32")
+    _ln_bwd_groups_kernel[(groups * slices,)](
+        dx, _row_boxes(x, slices), _row_boxes(dy, slices), weight if weight is not None else x, mean, rstd,
+        shares, tickets, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N, SLICES=slices,
+        BOX_R=N // slices // BOX_W, BOX_W=BOX_W, STAGES=stages, LAG=lag, VEC=16 // x.element_size(),
+        HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps,
+        num_warps=warps,
+    )  # fmt: skip
+
+
+__all__ = [
+    "group_stages_that_fit",
+    "groups_launch_unfit",
+    "groups_usable",
+    "launch",
+    "launch_groups",
+    "stages_that_fit",
+    "usable",
+]

@@ -1040,6 +1040,11 @@ class LaunchConfig(NamedTuple):
     # twice (crossfuse.ops._ln_bwd_rows), launched with num_warps, tma_stages row buffers and
     # programs_per_sm; where it cannot run (_ln_bwd_rows.usable), the entry of SMEM_ROWS_FALLBACK
     smem_rows: bool = False
+    # with smem_rows: each row split between a group of `slices` programs (_ln_bwd_rows's grouped kernel),
+    # each streaming its slice of the rows through tma_stages buffers and finishing a row `lag` rows
+    # after posting its shares of the row's sums; 1 = whole rows
+    slices: int = 1
+    lag: int = 1
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -1074,8 +1079,11 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 2, 4096, True): LaunchConfig(1, 4096, 8, 2, tma_stages=3, smem_rows=True),  # 3973 GB/s (3806)
     ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 8, 1, tma_stages=3, smem_rows=True),  # 3054 GB/s (2732)
     ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 8, 1, tma_stages=3, smem_rows=True),  # 4001 GB/s (3600)
-    ("bwd", 2, 16384, False): LaunchConfig(1, 16384, 16, 1, tma_stages=3, smem_rows=True),  # 2972 (2271)
-    ("bwd", 2, 16384, True): LaunchConfig(1, 16384, 16, 1, tma_stages=3, smem_rows=True),
+    # each row split between the two programs of a group (the grouped Gluon kernel, 8 warps, 4 buffers,
+    # a row finished 2 rows after its sums): 3014 GB/s against the whole-row Gluon entry's 2726 at
+    # 4096x16384, 3406 against 3187 at 8192x16384 (session 37's run 4, alternated in one process)
+    ("bwd", 2, 16384, False): LaunchConfig(1, 16384, 8, 1, tma_stages=4, smem_rows=True, slices=2, lag=2),
+    ("bwd", 2, 16384, True): LaunchConfig(1, 16384, 8, 1, tma_stages=4, smem_rows=True, slices=2, lag=2),
     ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 2111 GB/s (run 64; the old 1967)
     ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 4044 GB/s (run 44, kept)
     ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2314 GB/s (run 44, kept)
@@ -1084,8 +1092,10 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 4, 4096, True): LaunchConfig(1, 4096, 8, 1, tma_stages=3),  # 4057 GB/s (run 44, kept)
     ("bwd", 4, 8192, False): LaunchConfig(1, 8192, 16, 1),  # 3361 GB/s (run 44)
     ("bwd", 4, 8192, True): LaunchConfig(1, 8192, 16, 1),  # 3941 GB/s (run 44)
-    ("bwd", 4, 16384, False): LaunchConfig(2, 4096, 16, 1, prefetch=True, coop=True),  # 3153 GB/s (run 49)
-    ("bwd", 4, 16384, True): LaunchConfig(2, 4096, 16, 1, prefetch=True, coop=True),  # 3437 GB/s (run 49)
+    # the grouped Gluon kernel, two programs a row, 3 buffers: 3831 GB/s against the cooperative entry's 3286
+    # at 4096x16384, 4033 against 3406 at 8192x16384 (session 37's run 4, alternated in one process)
+    ("bwd", 4, 16384, False): LaunchConfig(1, 16384, 8, 1, tma_stages=3, smem_rows=True, slices=2, lag=1),
+    ("bwd", 4, 16384, True): LaunchConfig(1, 16384, 8, 1, tma_stages=3, smem_rows=True, slices=2, lag=1),
     # statistics about each row's first element (v33): 1.026x the same launch without (run 185)
     ("fwd", 2, 1024, False): LaunchConfig(2, 1024, 2, 0, keep_params=True, shifted=True),  # 1824 GB/s
     ("fwd", 2, 1024, True): LaunchConfig(2, 1024, 2, 0, keep_params=True),  # 4004 GB/s (run 38, kept)
@@ -1123,14 +1133,17 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
 
 TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
 
-# Where the Gluon kernel of the smem_rows entries cannot run (a GPU before compute capability 9, a
-# Triton without Gluon, rows that are not contiguous): the Triton kernels' entries they replaced (run 44).
+# Where the Gluon kernels of the smem_rows entries cannot run (a GPU before compute capability 9, a
+# Triton without Gluon, rows that are not contiguous): the Triton kernels' entries they replaced (runs 44
+# and 49).
 SMEM_ROWS_FALLBACK: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 2, 4096, True): LaunchConfig(2, 4096, 16, 1, tma_stages=3),  # 3680 GB/s (run 44, kept)
     ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 16, 4, prefetch=True),  # 2521 GB/s (run 44)
     ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 16, 1, tma_stages=3),  # 3522 GB/s (run 44, kept)
     ("bwd", 2, 16384, False): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2159 GB/s (run 44, kept)
     ("bwd", 2, 16384, True): LaunchConfig(2, 2048, 8, 2, prefetch=True),  # 2477 GB/s (run 44, kept)
+    ("bwd", 4, 16384, False): LaunchConfig(2, 4096, 16, 1, prefetch=True, coop=True),  # 3153 GB/s (run 49)
+    ("bwd", 4, 16384, True): LaunchConfig(2, 4096, 16, 1, prefetch=True, coop=True),  # 3437 GB/s (run 49)
 }
 
 
@@ -1334,17 +1347,30 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
                 t.zero_()
         return dx, dw, db
     cfg = config or launch_config(N, x.dtype, "bwd", M)
-    smem_rows = cfg.smem_rows and _ln_bwd_rows.usable(x, dy, weight, is_interpreted(_ln_bwd_kernel))
-    if cfg.smem_rows and not smem_rows:  # a Triton kernel in its place
-        cfg = smem_rows_fallback(cfg, N, x.element_size(), M)
+    if cfg.smem_rows:  # a Gluon kernel, where it can run; else the Triton kernels in its place
+        interpreted = is_interpreted(_ln_bwd_kernel)
+        if cfg.slices > 1:  # and a launch that fits these rows (an entry of another N may not)
+            usable = _ln_bwd_rows.groups_usable(x, dy, weight, interpreted, cfg.slices) and not (
+                _ln_bwd_rows.groups_launch_unfit(N, x.element_size(), cfg.slices, cfg.num_warps,
+                                                 cfg.tma_stages, cfg.lag)
+            )  # fmt: skip
+        else:
+            usable = _ln_bwd_rows.usable(x, dy, weight, interpreted)
+        if not usable:
+            cfg = smem_rows_fallback(cfg, N, x.element_size(), M)
+    grouped = cfg.smem_rows and cfg.slices > 1  # rows split between the programs of a group
+    smem_rows = cfg.smem_rows and not grouped  # whole rows
     w = weight if weight is not None else x
     sms = device_parallelism(x)
     col_blocks = triton.cdiv(N, cfg.block_n)
     # the cooperative kernel's programs wait for each other: not under the interpreter, which runs one
     # program at a time, unless a row is one slab (then the split backward gives the same results)
     coop = cfg.coop and (col_blocks == 1 or not is_interpreted(_ln_bwd_coop_kernel))
-    whole_rows = col_blocks == 1 and not coop
-    if whole_rows:
+    whole_rows = col_blocks == 1 and not coop and not grouped
+    if grouped:  # one program per SM (programs_per_sm), in groups of `slices`; a row of partials a group
+        max_programs = max(1, max(1, cfg.programs_per_sm) * sms // cfg.slices)
+        programs = min(M, max_programs)
+    elif whole_rows:
         programs = backward_programs(cfg, M, x.element_size(), sms)
         max_programs = max(1, cfg.programs_per_sm) * sms
     else:
@@ -1355,7 +1381,9 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     part = _align(programs * N)
     at_db = part if compute_dw else 0
     at_c1 = at_db + part if compute_db else at_db
-    if whole_rows:
+    if grouped:  # the shares of the row sums, (M, 2, slices) int64, and the ticket counter
+        extra = (_align(4 * cfg.slices * M), _align(1))
+    elif whole_rows:
         extra = (0, 0)
     elif coop:
         extra = (_align(programs * 4 * col_blocks * cfg.block_m), _align(programs + 1))
@@ -1374,7 +1402,14 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     gdc = _gdc_usable(x)
     first = dict(GDC=gdc)
     then = dict(GDC=True, launch_pdl=True) if gdc else first
-    if smem_rows:
+    if grouped:
+        scratch[at_c1 : at_c2 + 1].zero_()  # shares and tickets: one memset
+        _ln_bwd_rows.launch_groups(
+            dx, dy, x, weight, mean, rstd, scratch[at_c1:at_c2].view(torch.int64),
+            scratch[at_c2 : at_c2 + 1].view(torch.int32), dw_part, db_part, programs, M - R, compute_dw,
+            compute_db, cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag,
+        )  # fmt: skip
+    elif smem_rows:
         _ln_bwd_rows.launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs, M - R, compute_dw,
                             compute_db, cfg.num_warps, cfg.tma_stages)  # fmt: skip
     elif whole_rows:
@@ -1433,7 +1468,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             # Gluon kernel too: that kernel again over the R rows measured 0.94x at bf16 4096x8192 (run 114)
             _ln_bwd_rowsums_kernel[(R,)](
                 dy, x, w, mean, rstd, dx, dx, dx, dy.stride(0), x.stride(0), dx.stride(0), M - R, M, N,
-                BLOCK_N=2048 if smem_rows else cfg.block_n, WRITE_DX=True, UNROLL=4, num_warps=8, **flags,
+                BLOCK_N=2048 if cfg.smem_rows else cfg.block_n, WRITE_DX=True, UNROLL=4, num_warps=8, **flags,
                 **then,
             )  # fmt: skip
     return dx, dw, db
