@@ -667,6 +667,10 @@ def test_dependent_launches_change_nothing(dtype, m, n, cfg, grads, gen, monkeyp
             assert (a is None and b is None) or torch.equal(a, b)
 
 
+# the whole-row Gluon entry of bf16 rows of 16384 before the grouped kernel took the table's place
+_WHOLE_16384 = ln_mod.LaunchConfig(1, 16384, 16, 1, tma_stages=3, smem_rows=True)
+
+
 def _smem_rows_launches(monkeypatch) -> list:
     """Records each launch of the Gluon backward (crossfuse.ops._ln_bwd_rows) by layer_norm_bwd."""
     calls, launch = [], ln_mod._ln_bwd_rows.launch
@@ -684,10 +688,10 @@ def _smem_rows_launches(monkeypatch) -> list:
                          ids=["dw and db", "dw only", "db only", "dx only"])  # fmt: skip
 @pytest.mark.parametrize(
     "m, n, cfg, weight",
-    [pytest.param(4101, 16384, None, True, id="4101x16384, the table (partials in dx)"),
+    [pytest.param(4101, 16384, _WHOLE_16384, True, id="4101x16384, 16 warps (partials in dx)"),
      pytest.param(300, 8192, None, True, id="300x8192, the table (partials in a buffer of their own)"),
      pytest.param(20000, 4096, None, False, id="20000x4096, the table, no weight"),
-     pytest.param(5, 16384, None, True, id="5 rows: fewer rows than programs"),
+     pytest.param(5, 16384, _WHOLE_16384, True, id="5 rows: fewer rows than programs"),
      pytest.param(2000, 4096, ln_mod.LaunchConfig(1, 4096, 4, 3, tma_stages=2, smem_rows=True), True,
                   id="2000x4096, 4 warps, 2 buffers, 3 programs per SM")],
 )  # fmt: skip
@@ -732,7 +736,9 @@ def _group_launches(monkeypatch) -> list:
                          ids=["dw and db", "dw only", "db only", "dx only"])  # fmt: skip
 @pytest.mark.parametrize(
     "m, n, cfg, weight",
-    [pytest.param(4101, 16384, _grouped(16384, 4, 8, 2, 16), True, id="4101x16384, 4 slices, partials in dx"),
+    [pytest.param(4101, 16384, None, True, id="4101x16384, the table (partials in dx)"),
+     pytest.param(5, 16384, None, True, id="5 rows, the table: fewer rows than groups"),
+     pytest.param(4101, 16384, _grouped(16384, 4, 8, 2, 16), True, id="4101x16384, 4 slices, partials in dx"),
      pytest.param(4101, 16384, _grouped(16384, 2, 6, 1, 16), True, id="4101x16384, 2 slices, lag 1"),
      pytest.param(300, 8192, _grouped(8192, 4, 6, 3, 8), True, id="300x8192, lag 3, partials in a buffer"),
      pytest.param(20000, 4096, _grouped(4096, 8, 4, 2, 2), False, id="20000x4096, 8 slices, no weight"),
@@ -751,6 +757,9 @@ def test_grouped_backward_against_float64(dtype, m, n, cfg, weight, grads, gen, 
     x = randn((m, n), dtype, "cuda", gen, mean=3.0, std=2.0)
     w = randn((n,), dtype, "cuda", gen, mean=1.0, std=0.5) if weight else None
     dy = randn((m, n), dtype, "cuda", gen)
+    if cfg is None:  # the table's entry
+        cfg = ln_mod.launch_config(n, dtype, "bwd", m)
+        assert cfg.smem_rows and cfg.slices > 1, cfg
     if not ln_mod._ln_bwd_rows.groups_usable(x, dy, w, False, cfg.slices):
         pytest.skip("needs Gluon in Triton 3.6 (GLUON_TRITON) and compute capability 9+")
     fit = ln_mod._ln_bwd_rows.group_stages_that_fit(n, x.element_size(), cfg.slices)

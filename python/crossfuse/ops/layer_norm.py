@@ -57,6 +57,10 @@ Design:
   ``crossfuse.ops._ln_bwd_rows``: one program per SM brings each row into shared memory with the copy
   engine and reads it from there twice, its float32 dw/db sums in registers, so x and dy are read once
   (compute capability 9+; elsewhere, and under the interpreter, SMEM_ROWS_FALLBACK's Triton kernels).
+  For N = 16384, in 16 bits and float32, the entries split each row between a group of ``slices``
+  programs (the grouped Gluon kernel of the same module): each keeps a slice's dw and db only, so the
+  float32 partials in dx's last rows, and the rows computed again over them, shrink ``slices`` times;
+  the programs of a group exchange their shares of the row sums through L2.
 * On compute capability 9+ the backward's kernels after the first are programmatic dependent launches:
   each starts while the one before it ends (every kernel signals its dependents when it starts) and
   waits for it (``griddepcontrol.wait``) just before it reads that kernel's results or writes what it
