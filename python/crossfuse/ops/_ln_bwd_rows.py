@@ -390,25 +390,32 @@ def stages_that_fit(n: int, esize: int, has_weight: bool) -> int:
     return min(3, (SMEM_BYTES - (n * esize if has_weight else 0) - 1024) // row)
 
 
-def usable(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool) -> bool:
-    """Whether this kernel can take the backward of ``x`` and ``dy`` ((M, N) views): Gluon present in the
-    Triton of ``GLUON_TRITON``, a GPU of compute capability 9+, bfloat16 or float16 (weight alike), N a
-    power of 2 from 4096 to 16384, contiguous rows with 16-byte aligned bases, at least two row buffers in
-    shared memory."""
+def _rows_for_gluon(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool, dtypes) -> bool:
+    """What both kernels need: Gluon present in the Triton of ``GLUON_TRITON``, a GPU of compute
+    capability 9+, ``x`` of one of ``dtypes`` (dy and weight alike), N a power of 2, contiguous rows with
+    16-byte aligned bases, row coordinates of the copy engine within 32 bits."""
     if gluon is None or interpreted or x.device.type != "cuda" or triton_version() != GLUON_TRITON:
         return False
-    if x.dtype not in (torch.bfloat16, torch.float16) or dy.dtype != x.dtype:
+    if x.dtype not in dtypes or dy.dtype != x.dtype:
         return False
     if weight is not None and (weight.dtype != x.dtype or not weight.is_contiguous()):
         return False
-    N = x.shape[1]
-    if N & (N - 1) or not 4096 <= N <= 16384 or compute_capability_major(x) < 9:
+    M, N = x.shape
+    if N & (N - 1) or compute_capability_major(x) < 9:
         return False
     if any(t.stride(1) != 1 or t.stride(0) != N or t.data_ptr() % 16 for t in (x, dy)):
         return False
-    if x.shape[0] * (N // BOX_W) >= 2**31:  # the copy engine's row coordinates are 32-bit
+    return M * (N // BOX_W) < 2**31
+
+
+def usable(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool) -> bool:
+    """Whether the whole-row kernel can take the backward of ``x`` and ``dy`` ((M, N) views): bfloat16 or
+    float16, N from 4096 to 16384, at least two row buffers in shared memory, and what
+    :func:`_rows_for_gluon` asks."""
+    if not _rows_for_gluon(x, dy, weight, interpreted, (torch.bfloat16, torch.float16)):
         return False
-    return stages_that_fit(N, x.element_size(), weight is not None) >= 2
+    N = x.shape[1]
+    return 4096 <= N <= 16384 and stages_that_fit(N, x.element_size(), weight is not None) >= 2
 
 
 def _row_boxes(t: torch.Tensor, slices: int = 1):
@@ -451,22 +458,12 @@ def group_stages_that_fit(n: int, esize: int, slices: int) -> int:
 
 def groups_usable(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool, slices: int) -> bool:
     """Whether the grouped kernel can take the backward of ``x`` and ``dy`` ((M, N) views) with rows in
-    ``slices`` slices: Gluon present in the Triton of ``GLUON_TRITON``, a GPU of compute capability 9+,
-    bfloat16, float16 or float32 (weight alike), N a power of 2 whose slices are at least ``BOX_W``
-    columns, contiguous rows with 16-byte aligned bases, a group per row at most."""
-    if gluon is None or interpreted or x.device.type != "cuda" or triton_version() != GLUON_TRITON:
+    ``slices`` slices: bfloat16, float16 or float32, slices a power of 2 of at least ``BOX_W`` columns,
+    and what :func:`_rows_for_gluon` asks."""
+    dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    if slices < 2 or slices & (slices - 1) or not _rows_for_gluon(x, dy, weight, interpreted, dtypes):
         return False
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or dy.dtype != x.dtype:
-        return False
-    if weight is not None and (weight.dtype != x.dtype or not weight.is_contiguous()):
-        return False
-    M, N = x.shape
-    if slices < 2 or slices & (slices - 1) or N & (N - 1) or N // slices < BOX_W:
-        return False
-    if compute_capability_major(x) < 9 or any(t.stride(1) != 1 or t.stride(0) != N or t.data_ptr() % 16
-                                              for t in (x, dy)):  # fmt: skip
-        return False
-    return M * (N // BOX_W) < 2**31  # the copy engine's row coordinates are 32-bit
+    return x.shape[1] // slices >= BOX_W
 
 
 def groups_launch_unfit(n: int, esize: int, slices: int, warps: int, stages: int, lag: int) -> str | None:
