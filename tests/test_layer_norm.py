@@ -671,21 +671,31 @@ def test_dependent_launches_change_nothing(dtype, m, n, cfg, grads, gen, monkeyp
 _WHOLE_16384 = ln_mod.LaunchConfig(1, 16384, 16, 1, tma_stages=3, smem_rows=True)
 
 
-def _smem_rows_launches(monkeypatch) -> list:
-    """Records each launch of the Gluon backward (crossfuse.ops._ln_bwd_rows) by layer_norm_bwd."""
-    calls, launch = [], ln_mod._ln_bwd_rows.launch
+def _gluon_launches(monkeypatch, launcher: str, programs_arg: int) -> list:
+    """Records, for each call of ``crossfuse.ops._ln_bwd_rows.<launcher>`` by layer_norm_bwd, its
+    argument ``programs_arg`` (the programs, or the groups, it launches)."""
+    calls, launch = [], getattr(ln_mod._ln_bwd_rows, launcher)
 
     def spy(*args, **kwargs):
-        calls.append(args[8])  # programs
+        calls.append(args[programs_arg])
         return launch(*args, **kwargs)
 
-    monkeypatch.setattr(ln_mod._ln_bwd_rows, "launch", spy)
+    monkeypatch.setattr(ln_mod._ln_bwd_rows, launcher, spy)
     return calls
 
 
+def _smem_rows_launches(monkeypatch) -> list:
+    """The programs of each launch of the whole-row Gluon backward."""
+    return _gluon_launches(monkeypatch, "launch", 8)
+
+
+# every combination of the parameters' gradients, for the Gluon backwards' tests
+_GRADS = pytest.mark.parametrize("grads", [(True, True), (True, False), (False, True), (False, False)],
+                                 ids=["dw and db", "dw only", "db only", "dx only"])  # fmt: skip
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("grads", [(True, True), (True, False), (False, True), (False, False)],
-                         ids=["dw and db", "dw only", "db only", "dx only"])  # fmt: skip
+@_GRADS
 @pytest.mark.parametrize(
     "m, n, cfg, weight",
     [pytest.param(4101, 16384, _WHOLE_16384, True, id="4101x16384, 16 warps (partials in dx)"),
@@ -720,20 +730,12 @@ def _grouped(n: int, slices: int, stages: int, lag: int, warps: int):
 
 
 def _group_launches(monkeypatch) -> list:
-    """Records the groups of each launch of the grouped Gluon backward by layer_norm_bwd."""
-    calls, launch = [], ln_mod._ln_bwd_rows.launch_groups
-
-    def spy(*args, **kwargs):
-        calls.append(args[10])  # groups
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(ln_mod._ln_bwd_rows, "launch_groups", spy)
-    return calls
+    """The groups of each launch of the grouped Gluon backward."""
+    return _gluon_launches(monkeypatch, "launch_groups", 10)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("grads", [(True, True), (True, False), (False, True), (False, False)],
-                         ids=["dw and db", "dw only", "db only", "dx only"])  # fmt: skip
+@_GRADS
 @pytest.mark.parametrize(
     "m, n, cfg, weight",
     [pytest.param(4101, 16384, None, True, id="4101x16384, the table (partials in dx)"),
@@ -857,8 +859,7 @@ def test_smem_rows_backward_only_where_it_can_run(kind, gen, monkeypatch):
     monkeypatch.setattr(ln_mod._ln_bwd_rows, "triton_version", lambda: (3, 9))
     assert not usable(good, good, good[0], False)
     monkeypatch.undo()
-    calls, real = [], getattr(ln_mod._ln_bwd_rows, launch)
-    monkeypatch.setattr(ln_mod._ln_bwd_rows, launch, lambda *a, **k: calls.append(a) or real(*a, **k))
+    calls = _gluon_launches(monkeypatch, launch, 0)
     for name, x in cases.items():
         n = x.shape[1]
         w = randn((n,), x.dtype, "cuda", gen)
