@@ -4,13 +4,15 @@ grouped kernel) against the code's table entry, alternated in one process.
     python bench/probe_ln_bwd_groups.py [--rounds 3] [--shapes 4096x16384,...] [--dtypes bfloat16,float32]
                                         [--candidates S:STAGES:LAG:WARPS,...] [--once S:STAGES:LAG:WARPS]
 
-For each shape and dtype: the table's backward (``layer_norm_bwd`` with ``config=None``) and each grouped
-candidate (``slices`` S, ``tma_stages`` STAGES, ``lag`` LAG, ``num_warps`` WARPS; one program per SM), each
-first checked against the table's gradients (largest difference of dx, dw, db: both are within their
-tolerances of float64 by the GPU tests; here they differ by rounding), then timed ``--rounds`` times in
-turn with the sessions' GPU timer (``crossfuse.harness.timing.time_cuda``, p50), the order reversed every
-other round. Prints GB/s (3·M·N·bytes), the share of the copy ceiling measured in the same process (bf16
-``y.copy_(x)``, 512 MiB, bytes read + written) and the ratio to the table's entry, medians of the rounds.
+For each shape and dtype: the table's backward (``layer_norm_bwd`` with ``config=None``), the same with
+the scratch rows of a grouped entry finished by the two-pass kernel (``FINISH_FROM_SHARES`` off), and each
+grouped candidate (``slices`` S, ``tma_stages`` STAGES, ``lag`` LAG, ``num_warps`` WARPS; one program per
+SM), each first checked against the table's gradients (largest difference of dx, dw, db: both are within
+their tolerances of float64 by the GPU tests; here they differ by rounding), then timed
+``--rounds`` times in turn with the sessions' GPU timer (``crossfuse.harness.timing.time_cuda``, p50), the
+order reversed every other round. Prints GB/s (3·M·N·bytes), the share of the copy ceiling measured in the
+same process (bf16 ``y.copy_(x)``, 512 MiB, bytes read + written) and the ratio to the table's entry,
+medians of the rounds.
 ``--once`` runs one candidate's backward a few times and exits (for ``ncu``).
 """
 
@@ -40,6 +42,19 @@ def grouped_config(ln, n: int, cand):
     return ln.LaunchConfig(1, n, warps, 1, tma_stages=stages, smem_rows=True, slices=slices, lag=lag)
 
 
+def with_flag(module, flag: str, fn):
+    """``fn`` with ``module.flag`` off for the call (to compare)."""
+
+    def call(**kwargs):
+        setattr(module, flag, False)
+        try:
+            return fn(**kwargs)
+        finally:
+            setattr(module, flag, True)
+
+    return call
+
+
 def copy_ceiling(torch, timing, cfg_t) -> float:
     """GB/s of a bf16 ``y.copy_(x)`` of 512 MiB, bytes read + written."""
     src = torch.ones(1 << 28, device="cuda", dtype=torch.bfloat16)
@@ -52,9 +67,10 @@ def compare(torch, timing, ln, m, n, dtype, cands, rounds, cfg_t, copy_gbps) -> 
     times; prints a line each."""
     x, w, _, dy, mean, rstd = inputs(ln, m, n, dtype)
     call = functools.partial(ln.layer_norm_bwd, dy, x, w, mean, rstd, True, True)
-    fns = {"table": call}
+    # the table with the scratch rows of a grouped entry finished by the two-pass kernel (as before v36)
+    fns = {"table": call, "table/two-pass finish": with_flag(ln, "FINISH_FROM_SHARES", call)}
     want = call()
-    diffs = {"table": "-"}
+    diffs = dict.fromkeys(fns, "-")
     for cand in cands:
         name = "S{}/st{}/lag{}/w{}".format(*cand)
         cfg = grouped_config(ln, n, cand)

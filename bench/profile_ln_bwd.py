@@ -51,12 +51,14 @@ def main(argv=None) -> int:
                     torch.cuda._sleep(5_000_000)  # ~2.5 ms: the GPU busy while the CPU queues the launches
                     ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True)
                     torch.cuda.synchronize()
-            events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-            ours = [e for e in events if not any(k in e.name.lower() for k in ("fill", "spin", "sleep"))]
-            kernels = sorted(ours, key=lambda e: e.time_range.start)
-            # the kernels of each repetition, in launch order (one stream, so back to back)
-            per_rep = len(kernels) // args.reps
-            reps = [kernels[r * per_rep : (r + 1) * per_rep] for r in range(args.reps)]
+            events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                            key=lambda e: e.time_range.start)  # fmt: skip
+            # each repetition: the flush's fill, the spin, then the backward's kernels (its own memsets
+            # among them) up to the next repetition's fill
+            spins = [i for i, e in enumerate(events) if any(k in e.name.lower() for k in ("spin", "sleep"))]
+            reps = [events[s + 1 : (spins[r + 1] - 1 if r + 1 < len(spins) else len(events))]
+                    for r, s in enumerate(spins)]  # fmt: skip
+            per_rep = min(len(rep) for rep in reps)
             span = sum(rep[-1].time_range.end - rep[0].time_range.start for rep in reps) / args.reps
             nbytes = 3 * m * n * x.element_size()
             lines = []

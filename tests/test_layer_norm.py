@@ -767,11 +767,70 @@ def test_grouped_backward_against_float64(dtype, m, n, cfg, weight, grads, gen, 
     fit = ln_mod._ln_bwd_rows.group_stages_that_fit(n, x.element_size(), cfg.slices)
     cfg = cfg._replace(tma_stages=min(cfg.tma_stages, fit))
     calls = _group_launches(monkeypatch)
+    plans, plan = [], ln_mod._finish_plan  # where the partials live in dx, how its scratch rows are finished
+    monkeypatch.setattr(ln_mod, "_finish_plan", lambda *a: plans.append(plan(*a)) or plans[-1])
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
     got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
     assert len(calls) == 1 and 1 <= calls[0] <= m, calls  # the grouped kernel ran, at most a group a row
+    if cfg.slices < 8:  # from the posted sums (_ln_bwd_finish_kernel), not the two-pass kernel; 8 slices'
+        # sums of 377 scratch rows of 4096 take 6 rows, more than its last program takes (FINISH_HOT_ROWS)
+        assert None not in plans, plans
     ones = torch.ones(n, device="cuda", dtype=dtype)  # without weight, dw is the gradient of a weight of ones
     check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg)
+
+
+def _post(v: torch.Tensor) -> torch.Tensor:
+    """float32 ``v`` as the grouped kernel posts it: its bits below a tag of 1 (int64)."""
+    return (v.float().view(torch.int32).to(torch.int64) & 0xFFFFFFFF) | (1 << 32)
+
+
+@pytest.mark.parametrize("weight", [True, False], ids=["weight", "no weight"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize(
+    "m, n, slices, programs",
+    [(80, 2048, 2, 2), (67, 4096, 4, 2), (40, 8192, 2, 1)],
+    ids=["80x2048, 2 slices", "67x4096, 4 slices", "40x8192, one group"],
+)
+def test_grouped_backward_finishes_its_scratch_rows_from_posted_sums(m, n, slices, programs, dtype, weight,
+                                                                     device, gen):  # fmt: skip
+    # what runs after the grouped kernel (which needs the GPU) when its partials live in dx's last rows:
+    # the kernel that writes those rows' dx from the row sums the grouped kernel posted, its last program
+    # taking the tiles that hold the sums and the counter once every other program has read its own.
+    # Here the scratch is laid out as layer_norm_bwd lays it out, the partials garbage, the sums posted
+    # from float64 as the grouped kernel posts them (each slice its share, rstd folded into the first),
+    # the counter at its value after the grouped kernel; dx of the scratch rows against float64, the rows
+    # above left as they were
+    x = randn((m, n), dtype, device, gen, mean=3.0, std=2.0)
+    w = randn((n,), dtype, device, gen, mean=1.0, std=0.5) if weight else None
+    dy = randn((m, n), dtype, device, gen)
+    mean = x.float().mean(1)  # the statistics as the forward saves them (float32)
+    rstd = torch.rsqrt(x.float().var(1, correction=0) + 1e-5)
+    part, shares_n = ln_mod._align(programs * n), ln_mod._align(4 * slices * m)
+    total = 2 * part + shares_n + ln_mod._align(1)
+    dx = torch.full((m, n), 7.0, dtype=dtype, device=device)
+    R, scratch = ln_mod._scratch(dx, torch.float32, total)
+    assert 0 < R < m
+    scratch[: 2 * part] = float("nan")  # the partials, read by now
+    shares = scratch[2 * part : 2 * part + shares_n].view(torch.int64)[: 2 * slices * m].view(m, 2, slices)
+    count = scratch[2 * part + shares_n :][:1].view(torch.int32)
+    g = dy.double() * (w.double() if weight else 1.0)
+    xc = x.double() - mean.double()[:, None]
+    s1 = (xc * g).view(m, slices, -1).sum(-1) * rstd.double()[:, None]
+    shares[:, 0], shares[:, 1] = _post(s1), _post(g.view(m, slices, -1).sum(-1))
+    count.fill_(programs * slices)
+    plan = ln_mod._finish_plan(dx, R, shares, slices)
+    assert plan is not None
+    hot_tile, tiles, block_n, hot_rows = plan
+    ln_mod._ln_bwd_finish_kernel[(hot_tile + 1,)](
+        dy, x, w if weight else x, mean, rstd, shares, count, dx, dy.stride(0), x.stride(0), dx.stride(0),
+        m - R, m, 1.0 / n, hot_tile, tiles, programs * slices + hot_tile, N=n, BLOCK_N=block_n, SLICES=slices,
+        HOT_ROWS=hot_rows, HAS_WEIGHT=weight,
+    )  # fmt: skip
+    xhat = xc * rstd.double()[:, None]
+    want = (g - (xhat * (xhat * g).mean(1, keepdim=True) + g.mean(1, keepdim=True))) * rstd.double()[:, None]
+    assert torch.equal(dx[: m - R], torch.full_like(dx[: m - R], 7.0))
+    err, tol = relerr(dx[m - R :], want[m - R :]), ln_tol(dtype, "bwd", m)
+    assert err <= tol, (err, tol)
 
 
 # A backward under compute-sanitizer (run as its own process): dx a whole number of 2 MiB, so that the

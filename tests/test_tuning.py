@@ -153,9 +153,9 @@ def test_every_layer_norm_flag_of_an_entry_reaches_the_config():
     # a tuned.json entry (or a bench/tune.py candidate) spells each LaunchConfig field; none may be dropped
     entry = dict(kind="bwd", n=16384, dtype="bfloat16", block_m=2, block_n=2048, num_warps=8, pps=2, unroll=2,
                  prefetch=True, keep_params=True, shifted=True, tma_stages=3, coop=True,
-                 smem_rows=True)  # fmt: skip
+                 smem_rows=True, slices=2, lag=2)  # fmt: skip
     cfg = _tuning.layer_norm_config(LaunchConfig, entry)
-    assert cfg == LaunchConfig(2, 2048, 8, 2, 2, True, True, True, 3, True, True)
+    assert cfg == LaunchConfig(2, 2048, 8, 2, 2, True, True, True, 3, True, True, 2, 2)
     assert _tuning.layer_norm_config(LaunchConfig, dict(entry, shifted=False)).shifted is False
 
 

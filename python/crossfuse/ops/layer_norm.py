@@ -731,6 +731,108 @@ def _ln_bwd_rowsums_kernel(
 
 
 @triton.jit
+def _group_sums(Shares, rows, k, SLICES: tl.constexpr, inv_n):
+    """``(c1, c2)`` of ``rows`` (a tensor of row indices; masked rows: ``rows < 0``, their sums 0) from the
+    grouped kernel's posted shares ((M, 2, SLICES) int64, see ``_ln_bwd_rows._posted``), added in slice
+    order as that kernel adds them; waits until every share is posted (its tag set)."""
+    at = Shares + tl.maximum(rows, 0).to(tl.int64)[:, None] * (2 * SLICES) + k[None, :]
+    ok = (rows >= 0)[:, None]
+    posted = 0x100000000  # a posted zero: what masked rows read
+    s1 = tl.load(at, mask=ok, other=posted, volatile=True)
+    s2 = tl.load(at + SLICES, mask=ok, other=posted, volatile=True)
+    while tl.min(tl.min(tl.minimum(s1, s2), axis=1), axis=0) <= 0xFFFFFFFF:
+        s1 = tl.load(at, mask=ok, other=posted, volatile=True)
+        s2 = tl.load(at + SLICES, mask=ok, other=posted, volatile=True)
+    c1 = tl.sum((s1 & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), axis=1) * inv_n
+    c2 = tl.sum((s2 & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), axis=1) * inv_n
+    return c1, c2
+
+
+@triton.jit
+def _finish_tile(DY, X, W, Mean, Rstd, DX, stride_dym, stride_xm, stride_dxm, row, start, cols, c1, c2,
+                 HAS_WEIGHT: tl.constexpr):  # fmt: skip
+    """dx of the tile ``start + cols`` of ``row`` from its row sums, as the grouped kernel writes it."""
+    mean = tl.load(Mean + row)
+    rstd = tl.load(Rstd + row)
+    x = tl.load(X + row * stride_xm + start + cols).to(tl.float32)
+    dy = tl.load(DY + row * stride_dym + start + cols).to(tl.float32)
+    if HAS_WEIGHT:
+        g = dy * tl.load(W + start + cols).to(tl.float32)
+    else:
+        g = dy
+    xhat = (x - mean) * rstd
+    return g * rstd - (xhat * (c1 * rstd) + c2 * rstd)
+
+
+@triton.jit(do_not_specialize=["ROW0", "HOT_TILE", "TILES", "TARGET"])
+def _ln_bwd_finish_kernel(
+    DY,  # output gradient, (M, N), row stride stride_dym
+    X,  # input, (M, N), row stride stride_xm
+    W,  # weight, (N,)
+    Mean,  # (M,) float32
+    Rstd,  # (M,) float32
+    Shares,  # (M, 2, SLICES) int64: the grouped kernel's posted shares of the row sums
+    Count,  # (1,) int32: the grouped kernel's ticket counter (its program count by now)
+    DX,  # out: input gradient, (M, N), row stride stride_dxm; its last rows hold Shares and Count
+    stride_dym,
+    stride_xm,
+    stride_dxm,
+    ROW0,  # the first row: tiles are numbered row-major from (ROW0, 0), BLOCK_N columns each
+    M,
+    inv_n,
+    HOT_TILE,  # the first tile whose bytes hold the shares of rows ROW0.. or Count (all later ones too)
+    TILES,  # tiles of the rows ROW0..M-1
+    TARGET,  # Count once each program before HOT_TILE has read its shares
+    N: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SLICES: tl.constexpr,
+    HOT_ROWS: tl.constexpr,  # a power of 2, at least the rows the hot tiles span
+    HAS_WEIGHT: tl.constexpr,
+    GDC: tl.constexpr = False,  # grid dependency control: the dx stores after _wait_for_previous
+):
+    # dx of the rows whose bytes held the grouped backward's partials, from the row sums that kernel
+    # posted (no second pass over the rows). Program t < HOT_TILE takes tile t: it reads its row's sums,
+    # loads its tile, counts itself in Count (release: its reads are done), then, once the reduction of
+    # the partials is over (_wait_for_previous), stores the tile. The tiles from HOT_TILE on overwrite the
+    # sums and the counter, so the last program takes all of them, after every other program has counted
+    # itself (acquire), its own rows' sums read first. Only that program waits for others, and it is the
+    # last one: under the interpreter, which runs programs in order, this completes too.
+    _launch_dependents(GDC)
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    k = tl.arange(0, SLICES)
+    per_row: tl.constexpr = N // BLOCK_N
+    if pid < HOT_TILE:
+        row = ROW0 + pid // per_row
+        start = (pid % per_row) * BLOCK_N
+        c1, c2 = _group_sums(Shares, tl.full([1], 0, tl.int32) + row, k, SLICES, inv_n)
+        row = row.to(tl.int64)
+        dx = _finish_tile(DY, X, W, Mean, Rstd, DX, stride_dym, stride_xm, stride_dxm, row, start, cols,
+                          tl.sum(c1, axis=0), tl.sum(c2, axis=0), HAS_WEIGHT)  # fmt: skip
+        tl.atomic_add(Count, 1, sem="release")
+        _wait_for_previous(GDC)
+        tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
+    else:
+        first = ROW0 + HOT_TILE // per_row
+        h = tl.arange(0, HOT_ROWS)
+        rows = tl.where(first + h < M, first + h, -1)
+        c1s, c2s = _group_sums(Shares, rows, k, SLICES, inv_n)
+        while tl.atomic_add(Count, 0, sem="acquire") < TARGET:
+            pass
+        _wait_for_previous(GDC)
+        for t in range(HOT_TILE, TILES):
+            row = ROW0 + t // per_row
+            start = (t % per_row) * BLOCK_N
+            at = h == row - first  # the row's sums (a sum of one nonzero term: exact)
+            c1 = tl.sum(tl.where(at, c1s, 0.0), axis=0)
+            c2 = tl.sum(tl.where(at, c2s, 0.0), axis=0)
+            row = row.to(tl.int64)
+            dx = _finish_tile(DY, X, W, Mean, Rstd, DX, stride_dym, stride_xm, stride_dxm, row, start, cols,
+                              c1, c2, HAS_WEIGHT)  # fmt: skip
+            tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
+
+
+@triton.jit
 def _slab_tiles(X, DY, stride_xm, stride_dym, rows, M, cols, col_ok, x_next, dy_next, step,
                 acc_ty: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
     """x and dy (in ``acc_ty``) of the tile ``rows`` x ``cols`` of a column-slab kernel, and the next
@@ -1313,6 +1415,32 @@ def _align(n: int, k: int = 32) -> int:
     return triton.cdiv(n, k) * k
 
 
+# False: the two-pass kernel after the grouped one too (for bench/probe_ln_bwd_groups.py's comparison)
+FINISH_FROM_SHARES = True
+FINISH_TILE_BYTES = 8192  # of x (and dy, dx) per program of _ln_bwd_finish_kernel
+FINISH_HOT_ROWS = 4  # at most this many rows of tiles for its last program (else the two-pass kernel)
+
+
+def _finish_plan(dx: torch.Tensor, R: int, shares: torch.Tensor, slices: int):
+    """``(HOT_TILE, TILES, BLOCK_N, HOT_ROWS)`` of :func:`_ln_bwd_finish_kernel` on the last ``R`` rows of
+    ``dx`` (contiguous), whose bytes hold ``shares`` ((M, 2, slices) int64, then the counter) from the
+    tile that holds the shares of row M - R on; None where those tiles would span more than
+    ``FINISH_HOT_ROWS`` rows (the two-pass kernel then)."""
+    M, N = dx.shape
+    es = dx.element_size()
+    block_n = min(N, FINISH_TILE_BYTES // es)
+    per_row = N // block_n
+    row0 = M - R
+    at = shares.data_ptr() + row0 * 2 * slices * 8 - (dx.data_ptr() + row0 * N * es)  # bytes past row0
+    if at < 0 or N % block_n:
+        return None
+    hot_tile = at // (block_n * es)
+    hot_rows = M - (row0 + hot_tile // per_row)
+    if hot_rows > FINISH_HOT_ROWS:
+        return None
+    return hot_tile, R * per_row, block_n, triton.next_power_of_2(hot_rows)
+
+
 def _scratch(dx: torch.Tensor, acc: torch.dtype, elems: int) -> tuple[int, torch.Tensor | None]:
     """``(R, buffer)``: ``elems`` values of ``acc`` in the bytes of the last R rows of ``dx`` (128-byte
     aligned), to hold the backward's float32 partial sums until those rows' own dx is written last; or
@@ -1408,9 +1536,9 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     then = dict(GDC=True, launch_pdl=True) if gdc else first
     if grouped:
         scratch[at_c1 : at_c2 + 1].zero_()  # shares and tickets: one memset
+        shares, count = scratch[at_c1:at_c2].view(torch.int64), scratch[at_c2 : at_c2 + 1].view(torch.int32)
         _ln_bwd_rows.launch_groups(
-            dx, dy, x, weight, mean, rstd, scratch[at_c1:at_c2].view(torch.int64),
-            scratch[at_c2 : at_c2 + 1].view(torch.int32), dw_part, db_part, programs, M - R, compute_dw,
+            dx, dy, x, weight, mean, rstd, shares, count, dw_part, db_part, programs, M - R, compute_dw,
             compute_db, cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag,
         )  # fmt: skip
     elif smem_rows:
@@ -1463,7 +1591,15 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     if compute_dw or compute_db:
         reduce_partials(dw_part if compute_dw else None, db_part if compute_db else None, dw, db, programs, N,
                         max_programs, then)  # fmt: skip
-    if R:  # the last R rows' dx, over the partials (read by now: the same stream), one program per tile
+    finish = _finish_plan(dx, R, shares, cfg.slices) if grouped and R and FINISH_FROM_SHARES else None
+    if finish:  # the grouped kernel posted the R rows' sums: their dx from those, in parallel
+        hot_tile, tiles, block_n, hot_rows = finish
+        _ln_bwd_finish_kernel[(hot_tile + 1,)](
+            dy, x, w, mean, rstd, shares, count, dx, dy.stride(0), x.stride(0), dx.stride(0), M - R, M,
+            1.0 / N, hot_tile, tiles, programs * cfg.slices + hot_tile, N=N, BLOCK_N=block_n,
+            SLICES=cfg.slices, HOT_ROWS=hot_rows, HAS_WEIGHT=weight is not None, num_warps=4, **then,
+        )  # fmt: skip
+    elif R:  # the last R rows' dx, over the partials (read by now: the same stream), one program per tile
         if whole_rows and not smem_rows:
             fused(M - R, M, triton.cdiv(R, cfg.block_m), False, False, then)
         else:
