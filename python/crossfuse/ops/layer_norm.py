@@ -31,8 +31,9 @@ Design:
 * The backward allocates what torch's does (dx, dw, db) and nothing more: the partials (and the split
   backward's row sums) are kept in the bytes of the last R rows of dx, whose dx the main kernels do not
   store (they still add those rows to dw and db); after the reduction a last launch writes those rows'
-  dx over the partials (``layer_norm_bwd``). Only where R would exceed a quarter of the rows (few rows)
-  do the partials get a buffer of their own.
+  dx over the partials (``layer_norm_bwd``): after the grouped kernel, from the row sums it posted
+  (``_ln_bwd_finish_kernel``), else by a second pass over each row. Only where R would exceed a quarter
+  of the rows (few rows) do the partials get a buffer of their own.
 * On compute capability 9+ a persistent config may read x (and dy) through tensor descriptors instead
   (``tma_stages``: the copy engine fills shared-memory buffers that Triton pipelines over the tile
   loop, so the tiles in flight cost no registers), where the rows are 16-byte aligned.
