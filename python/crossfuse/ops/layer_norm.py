@@ -744,13 +744,17 @@ def _group_sums(Shares, rows, k, SLICES: tl.constexpr, inv_n):
     while tl.min(tl.min(tl.minimum(s1, s2), axis=1), axis=0) <= 0xFFFFFFFF:
         s1 = tl.load(at, mask=ok, other=posted, volatile=True)
         s2 = tl.load(at + SLICES, mask=ok, other=posted, volatile=True)
-    c1 = tl.sum((s1 & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), axis=1) * inv_n
-    c2 = tl.sum((s2 & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), axis=1) * inv_n
-    return c1, c2
+    return tl.sum(_unposted(s1), axis=1) * inv_n, tl.sum(_unposted(s2), axis=1) * inv_n
 
 
 @triton.jit
-def _finish_tile(DY, X, W, Mean, Rstd, DX, stride_dym, stride_xm, stride_dxm, row, start, cols, c1, c2,
+def _unposted(w):
+    """The float32 posted in the 64-bit word ``w`` (as ``_ln_bwd_rows._unposted``, in Triton)."""
+    return (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _finish_tile(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, c1, c2,
                  HAS_WEIGHT: tl.constexpr):  # fmt: skip
     """dx of the tile ``start + cols`` of ``row`` from its row sums, as the grouped kernel writes it."""
     mean = tl.load(Mean + row)
@@ -765,7 +769,7 @@ def _finish_tile(DY, X, W, Mean, Rstd, DX, stride_dym, stride_xm, stride_dxm, ro
     return g * rstd - (xhat * (c1 * rstd) + c2 * rstd)
 
 
-@triton.jit(do_not_specialize=["ROW0", "HOT_TILE", "TILES", "TARGET"])
+@triton.jit(do_not_specialize=["ROW0", "M", "HOT_TILE", "TILES", "TARGET"])  # no recompilation across M
 def _ln_bwd_finish_kernel(
     DY,  # output gradient, (M, N), row stride stride_dym
     X,  # input, (M, N), row stride stride_xm
@@ -808,8 +812,8 @@ def _ln_bwd_finish_kernel(
         start = (pid % per_row) * BLOCK_N
         c1, c2 = _group_sums(Shares, tl.full([1], 0, tl.int32) + row, k, SLICES, inv_n)
         row = row.to(tl.int64)
-        dx = _finish_tile(DY, X, W, Mean, Rstd, DX, stride_dym, stride_xm, stride_dxm, row, start, cols,
-                          tl.sum(c1, axis=0), tl.sum(c2, axis=0), HAS_WEIGHT)  # fmt: skip
+        dx = _finish_tile(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, tl.sum(c1, axis=0),
+                          tl.sum(c2, axis=0), HAS_WEIGHT)  # fmt: skip
         tl.atomic_add(Count, 1, sem="release")
         _wait_for_previous(GDC)
         tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
@@ -828,8 +832,8 @@ def _ln_bwd_finish_kernel(
             c1 = tl.sum(tl.where(at, c1s, 0.0), axis=0)
             c2 = tl.sum(tl.where(at, c2s, 0.0), axis=0)
             row = row.to(tl.int64)
-            dx = _finish_tile(DY, X, W, Mean, Rstd, DX, stride_dym, stride_xm, stride_dxm, row, start, cols,
-                              c1, c2, HAS_WEIGHT)  # fmt: skip
+            dx = _finish_tile(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, c1, c2,
+                              HAS_WEIGHT)  # fmt: skip
             tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
 
 
