@@ -820,12 +820,7 @@ def test_grouped_backward_finishes_its_scratch_rows_from_posted_sums(m, n, slice
     count.fill_(programs * slices)
     plan = ln_mod._finish_plan(dx, R, shares, slices)
     assert plan is not None
-    hot_tile, tiles, block_n, hot_rows = plan
-    ln_mod._ln_bwd_finish_kernel[(hot_tile + 1,)](
-        dy, x, w if weight else x, mean, rstd, shares, count, dx, dy.stride(0), x.stride(0), dx.stride(0),
-        m - R, m, 1.0 / n, hot_tile, tiles, programs * slices + hot_tile, N=n, BLOCK_N=block_n, SLICES=slices,
-        HOT_ROWS=hot_rows, HAS_WEIGHT=weight,
-    )  # fmt: skip
+    ln_mod.finish_from_shares(dx, dy, x, w, mean, rstd, shares, count, R, slices, programs * slices, plan)
     xhat = xc * rstd.double()[:, None]
     want = (g - (xhat * (xhat * g).mean(1, keepdim=True) + g.mean(1, keepdim=True))) * rstd.double()[:, None]
     assert torch.equal(dx[: m - R], torch.full_like(dx[: m - R], 7.0))

@@ -1446,6 +1446,21 @@ def _finish_plan(dx: torch.Tensor, R: int, shares: torch.Tensor, slices: int):
     return hot_tile, R * per_row, block_n, triton.next_power_of_2(hot_rows)
 
 
+def finish_from_shares(dx, dy, x, weight, mean, rstd, shares, count, R: int, slices: int, launched: int, plan,
+                       order: dict | None = None) -> None:  # fmt: skip
+    """dx of the last ``R`` rows of ``dx`` from the row sums a grouped kernel of ``launched`` programs in
+    groups of ``slices`` posted in ``shares`` (its ticket counter ``count`` at ``launched``), by
+    :func:`_ln_bwd_finish_kernel` with ``plan`` (:func:`_finish_plan`); ``order``: the launch's grid
+    dependency control (see layer_norm_bwd), none by default."""
+    M, N = dx.shape
+    hot_tile, tiles, block_n, hot_rows = plan
+    _ln_bwd_finish_kernel[(hot_tile + 1,)](
+        dy, x, weight if weight is not None else x, mean, rstd, shares, count, dx, dy.stride(0), x.stride(0),
+        dx.stride(0), M - R, M, 1.0 / N, hot_tile, tiles, launched + hot_tile, N=N, BLOCK_N=block_n,
+        SLICES=slices, HOT_ROWS=hot_rows, HAS_WEIGHT=weight is not None, num_warps=4, **(order or {}),
+    )  # fmt: skip
+
+
 def _scratch(dx: torch.Tensor, acc: torch.dtype, elems: int) -> tuple[int, torch.Tensor | None]:
     """``(R, buffer)``: ``elems`` values of ``acc`` in the bytes of the last R rows of ``dx`` (128-byte
     aligned), to hold the backward's float32 partial sums until those rows' own dx is written last; or
@@ -1598,12 +1613,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
                         max_programs, then)  # fmt: skip
     finish = _finish_plan(dx, R, shares, cfg.slices) if grouped and R and FINISH_FROM_SHARES else None
     if finish:  # the grouped kernel posted the R rows' sums: their dx from those, in parallel
-        hot_tile, tiles, block_n, hot_rows = finish
-        _ln_bwd_finish_kernel[(hot_tile + 1,)](
-            dy, x, w, mean, rstd, shares, count, dx, dy.stride(0), x.stride(0), dx.stride(0), M - R, M,
-            1.0 / N, hot_tile, tiles, programs * cfg.slices + hot_tile, N=N, BLOCK_N=block_n,
-            SLICES=cfg.slices, HOT_ROWS=hot_rows, HAS_WEIGHT=weight is not None, num_warps=4, **then,
-        )  # fmt: skip
+        finish_from_shares(dx, dy, x, weight, mean, rstd, shares, count, R, cfg.slices, programs * cfg.slices,
+                           finish, then)  # fmt: skip
     elif R:  # the last R rows' dx, over the partials (read by now: the same stream), one program per tile
         if whole_rows and not smem_rows:
             fused(M - R, M, triton.cdiv(R, cfg.block_m), False, False, then)
