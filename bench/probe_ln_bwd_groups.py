@@ -2,17 +2,18 @@
 grouped kernel) against the code's table entry, alternated in one process.
 
     python bench/probe_ln_bwd_groups.py [--rounds 3] [--shapes 4096x16384,...] [--dtypes bfloat16,float32]
-                                        [--candidates S:STAGES:LAG:WARPS,...] [--once S:STAGES:LAG:WARPS]
+                                        [--candidates S:STAGES:LAG:WARPS[:P],...]
+                                        [--once S:STAGES:LAG:WARPS[:P]]
 
 For each shape and dtype: the table's backward (``layer_norm_bwd`` with ``config=None``), the same with
 the scratch rows of a grouped entry finished by the two-pass kernel (``FINISH_FROM_SHARES`` off), and each
-grouped candidate (``slices`` S, ``tma_stages`` STAGES, ``lag`` LAG, ``num_warps`` WARPS; one program per
-SM), each first checked against the table's gradients (largest difference of dx, dw, db: both are within
-their tolerances of float64 by the GPU tests; here they differ by rounding), then timed
-``--rounds`` times in turn with the sessions' GPU timer (``crossfuse.harness.timing.time_cuda``, p50), the
-order reversed every other round. Prints GB/s (3·M·N·bytes), the share of the copy ceiling measured in the
-same process (bf16 ``y.copy_(x)``, 512 MiB, bytes read + written) and the ratio to the table's entry,
-medians of the rounds.
+grouped candidate (``slices`` S, ``tma_stages`` STAGES, ``lag`` LAG, ``num_warps`` WARPS,
+``programs_per_sm`` P, 1 when not given), each first checked against the table's gradients (largest
+difference of dx, dw, db: both are within their tolerances of float64 by the GPU tests; here they differ
+by rounding), then timed ``--rounds`` times in turn with the sessions' GPU timer
+(``crossfuse.harness.timing.time_cuda``, p50), the order reversed every other round. Prints GB/s
+(3·M·N·bytes), the share of the copy ceiling measured in the same process (bf16 ``y.copy_(x)``, 512 MiB,
+bytes read + written) and the ratio to the table's entry, medians of the rounds.
 ``--once`` runs one candidate's backward a few times and exits (for ``ncu``).
 """
 
@@ -32,14 +33,17 @@ DEFAULT_CANDIDATES = (
 )
 
 
-def parse_candidate(text: str) -> tuple[int, int, int, int]:
-    slices, stages, lag, warps = (int(v) for v in text.split(":"))
-    return slices, stages, lag, warps
+def parse_candidate(text: str) -> tuple[int, int, int, int, int]:
+    """``(slices, stages, lag, warps, programs per SM)`` of ``S:STAGES:LAG:WARPS[:P]``."""
+    values = [int(v) for v in text.split(":")]
+    if len(values) not in (4, 5):
+        raise SystemExit(f"a candidate is S:STAGES:LAG:WARPS[:P], got {text!r}")
+    return (*values, 1)[:5] if len(values) == 4 else tuple(values)
 
 
 def grouped_config(ln, n: int, cand):
-    slices, stages, lag, warps = cand
-    return ln.LaunchConfig(1, n, warps, 1, tma_stages=stages, smem_rows=True, slices=slices, lag=lag)
+    slices, stages, lag, warps, per_sm = cand
+    return ln.LaunchConfig(1, n, warps, per_sm, tma_stages=stages, smem_rows=True, slices=slices, lag=lag)
 
 
 def with_flag(module, flag: str, fn):
@@ -72,7 +76,7 @@ def compare(torch, timing, ln, m, n, dtype, cands, rounds, cfg_t, copy_gbps) -> 
     want = call()
     diffs = dict.fromkeys(fns, "-")
     for cand in cands:
-        name = "S{}/st{}/lag{}/w{}".format(*cand)
+        name = "S{}/st{}/lag{}/w{}".format(*cand) + (f"/p{cand[4]}" if cand[4] != 1 else "")
         cfg = grouped_config(ln, n, cand)
         try:
             got = call(config=cfg)
@@ -103,8 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="4096x16384", help="MxN,...")
     ap.add_argument("--dtypes", default="bfloat16,float32")
-    ap.add_argument("--candidates", default=DEFAULT_CANDIDATES, help="S:STAGES:LAG:WARPS,...")
-    ap.add_argument("--once", help="S:STAGES:LAG:WARPS or 'table': run that backward 3 times, for ncu")
+    ap.add_argument("--candidates", default=DEFAULT_CANDIDATES, help="S:STAGES:LAG:WARPS[:P],...")
+    ap.add_argument("--once", help="S:STAGES:LAG:WARPS[:P] or 'table': run that backward 3 times, for ncu")
     from crossfuse.harness import toolchain
 
     toolchain.add_argument(ap)
