@@ -772,8 +772,10 @@ def test_grouped_backward_against_float64(dtype, m, n, cfg, weight, grads, gen, 
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
     got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
     assert len(calls) == 1 and 1 <= calls[0] <= m, calls  # the grouped kernel ran, at most a group a row
-    if cfg.slices < 8:  # from the posted sums (_ln_bwd_finish_kernel), not the two-pass kernel; 8 slices'
-        # sums of 377 scratch rows of 4096 take 6 rows, more than its last program takes (FINISH_HOT_ROWS)
+    # the scratch rows from the posted sums (_ln_bwd_finish_kernel), not the two-pass kernel, but where the
+    # sums of 16-bit scratch rows of 4096 in 8 slices (377 of them) take 6 rows, more than the finish
+    # kernel's last program takes (FINISH_HOT_ROWS)
+    if not (n == 4096 and cfg.slices == 8 and x.element_size() == 2):
         assert None not in plans, plans
     ones = torch.ones(n, device="cuda", dtype=dtype)  # without weight, dw is the gradient of a weight of ones
     check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg)
@@ -881,14 +883,15 @@ def test_smem_rows_backward_only_where_it_can_run(kind, gen, monkeypatch):
     # where a Gluon kernel cannot run, a table entry that asks for it takes the Triton kernels of
     # SMEM_ROWS_FALLBACK, with results within the same tolerances. The whole-row kernel: float32, rows that
     # are not contiguous, N not a power of 2 or below 4096, another Triton. The grouped one (which takes
-    # float32): rows that are not contiguous, N not a power of 2, N = 2048 (slices of 4 box rows, fewer than
-    # the entry's 8 warps), another Triton
+    # float32): rows that are not contiguous, N not a power of 2, N = 2048 (slices with fewer box rows than
+    # the entry has warps), another Triton
     if kind == "whole rows":
         cfg = ln_mod.LaunchConfig(1, 16384, 16, 1, tma_stages=3, smem_rows=True)
         usable, launch = ln_mod._ln_bwd_rows.usable, "launch"
     else:
         cfg = ln_mod.launch_config(16384, torch.bfloat16, "bwd", 4096)
-        assert cfg.smem_rows and cfg.slices > 1 and cfg.num_warps == 8
+        box_rows_2048 = 2048 // cfg.slices // ln_mod._ln_bwd_rows.BOX_W  # of a slice of a row of 2048
+        assert cfg.smem_rows and cfg.slices > 1 and cfg.num_warps > box_rows_2048, cfg
 
         def usable(x, dy, w, interpreted):
             rows = ln_mod._ln_bwd_rows
@@ -965,6 +968,21 @@ def test_grouped_launch_rejects_a_launch_that_cannot_run(groups, slices, warps, 
     with pytest.raises(ValueError, match=words):
         ln_mod._ln_bwd_rows.launch_groups(x, x, x, w, stats, stats, shares, tickets, part, part, groups, 8,
                                           True, True, slices, warps, stages, lag)  # fmt: skip
+
+
+def test_grouped_table_entries_fit_their_programs_on_an_sm():
+    # the table's grouped entries can launch (warps, lag and buffers as the launcher checks them), and
+    # their programs_per_sm programs fit one SM's shared memory together (228 KB on sm_90, of which 1 KB
+    # a program is the system's): a table entry whose buffers did not would run fewer programs an SM than
+    # it was measured with, correct but slower, with nothing to say so
+    rows = ln_mod._ln_bwd_rows
+    grouped = {key: cfg for key, cfg in ln_mod.TUNED.items() if cfg.smem_rows and cfg.slices > 1}
+    assert grouped
+    for (kind, esize, n, _), cfg in grouped.items():
+        assert kind == "bwd" and cfg.programs_per_sm >= 1, cfg
+        assert rows.groups_launch_unfit(n, esize, cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag) is None
+        buffers = cfg.tma_stages * 2 * (n // cfg.slices) * esize + 8 * cfg.tma_stages  # x and dy, barriers
+        assert cfg.programs_per_sm * (buffers + 1024) <= 228 * 1024, (n, esize, cfg)
 
 
 @pytest.mark.parametrize("cfg", [ln_mod.LaunchConfig(1, 4096, 8, 2, tma_stages=3, smem_rows=True),

@@ -61,7 +61,8 @@ Design:
   For N = 16384, in 16 bits and float32, the entries split each row between a group of ``slices``
   programs (the grouped Gluon kernel of the same module): each keeps a slice's dw and db only, so the
   float32 partials in dx's last rows, and the rows computed again over them, shrink ``slices`` times;
-  the programs of a group exchange their shares of the row sums through L2.
+  the programs of a group exchange their shares of the row sums through L2. In 16 bits the groups are
+  of 8 programs of 2 warps, 4 an SM: independent programs that do not wait at each other's barriers.
 * On compute capability 9+ the backward's kernels after the first are programmatic dependent launches:
   each starts while the one before it ends (every kernel signals its dependents when it starts) and
   waits for it (``griddepcontrol.wait``) just before it reads that kernel's results or writes what it
@@ -1190,11 +1191,12 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("bwd", 2, 4096, True): LaunchConfig(1, 4096, 8, 2, tma_stages=3, smem_rows=True),  # 3973 GB/s (3806)
     ("bwd", 2, 8192, False): LaunchConfig(1, 8192, 8, 1, tma_stages=3, smem_rows=True),  # 3054 GB/s (2732)
     ("bwd", 2, 8192, True): LaunchConfig(1, 8192, 8, 1, tma_stages=3, smem_rows=True),  # 4001 GB/s (3600)
-    # each row split between the two programs of a group (the grouped Gluon kernel, 8 warps, 4 buffers,
-    # a row finished 2 rows after its sums): 3014 GB/s against the whole-row Gluon entry's 2726 at
-    # 4096x16384, 3406 against 3187 at 8192x16384 (session 37's run 4, alternated in one process)
-    ("bwd", 2, 16384, False): LaunchConfig(1, 16384, 8, 1, tma_stages=4, smem_rows=True, slices=2, lag=2),
-    ("bwd", 2, 16384, True): LaunchConfig(1, 16384, 8, 1, tma_stages=4, smem_rows=True, slices=2, lag=2),
+    # each row split between the eight programs of a group (the grouped Gluon kernel), four programs of 2
+    # warps an SM, 4 buffers each, a row finished 2 rows after its sums: 1.015x the two programs a group,
+    # one of 8 warps an SM, at 4096x16384 and 1.024x at 8192x16384 (runs 249-250, alternated in one
+    # process); those took 3014 GB/s against the whole-row Gluon entry's 2726 (session 37's run 4)
+    ("bwd", 2, 16384, False): LaunchConfig(1, 16384, 2, 4, tma_stages=4, smem_rows=True, slices=8, lag=2),
+    ("bwd", 2, 16384, True): LaunchConfig(1, 16384, 2, 4, tma_stages=4, smem_rows=True, slices=8, lag=2),
     ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 2111 GB/s (run 64; the old 1967)
     ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 4044 GB/s (run 44, kept)
     ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2314 GB/s (run 44, kept)
@@ -1519,7 +1521,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     # program at a time, unless a row is one slab (then the split backward gives the same results)
     coop = cfg.coop and (col_blocks == 1 or not is_interpreted(_ln_bwd_coop_kernel))
     whole_rows = col_blocks == 1 and not coop and not grouped
-    if grouped:  # one program per SM (programs_per_sm), in groups of `slices`; a row of partials a group
+    if grouped:  # programs_per_sm programs an SM, in groups of `slices`; a row of partials a group
         max_programs = max(1, max(1, cfg.programs_per_sm) * sms // cfg.slices)
         programs = min(M, max_programs)
     elif whole_rows:
