@@ -1425,7 +1425,7 @@ def _align(n: int, k: int = 32) -> int:
 # False: the two-pass kernel after the grouped one too (for bench/probe_ln_bwd_groups.py's comparison)
 FINISH_FROM_SHARES = True
 FINISH_TILE_BYTES = 8192  # of x (and dy, dx) per program of _ln_bwd_finish_kernel
-FINISH_HOT_ROWS = 4  # at most this many rows of tiles for its last program (else the two-pass kernel)
+FINISH_HOT_ROWS = 4  # a power of 2: at most this many rows of tiles for its last program (else two-pass)
 
 
 def _finish_plan(dx: torch.Tensor, R: int, shares: torch.Tensor, slices: int):
@@ -1445,7 +1445,9 @@ def _finish_plan(dx: torch.Tensor, R: int, shares: torch.Tensor, slices: int):
     hot_rows = M - (row0 + hot_tile // per_row)
     if hot_rows > FINISH_HOT_ROWS:
         return None
-    return hot_tile, R * per_row, block_n, triton.next_power_of_2(hot_rows)
+    # HOT_ROWS is FINISH_HOT_ROWS whatever the rows the hot tiles span (1 to 4 with the table's entries, by
+    # the row count): a constexpr that followed them would compile the kernel again as M changes
+    return hot_tile, R * per_row, block_n, FINISH_HOT_ROWS
 
 
 def finish_from_shares(dx, dy, x, weight, mean, rstd, shares, count, R: int, slices: int, launched: int, plan,
