@@ -790,8 +790,9 @@ def _post(v: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
 @pytest.mark.parametrize(
     "m, n, slices, programs",
-    [(80, 2048, 2, 2), (67, 4096, 4, 2), (40, 8192, 2, 1)],
-    ids=["80x2048, 2 slices", "67x4096, 4 slices", "40x8192, one group"],
+    [(80, 2048, 2, 2), (67, 4096, 4, 2), (40, 8192, 2, 1), (309, 2048, 8, 16)],
+    ids=["80x2048, 2 slices", "67x4096, 4 slices", "40x8192, one group",
+         "309x2048, 8 slices: three hot tiles in bf16"],
 )
 def test_grouped_backward_finishes_its_scratch_rows_from_posted_sums(m, n, slices, programs, dtype, weight,
                                                                      device, gen):  # fmt: skip
