@@ -755,18 +755,17 @@ def _unposted(w):
 
 
 @triton.jit
-def _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, HAS_WEIGHT: tl.constexpr):
-    """``(x, g, mean, rstd)`` of the tile ``start + cols`` of ``row`` (int64), in float32 (g = dy * w)."""
+def _finish_tile(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, c1, c2,
+                 HAS_WEIGHT: tl.constexpr):  # fmt: skip
+    """dx of the tile ``start + cols`` of ``row`` from its row sums, as the grouped kernel writes it."""
+    mean = tl.load(Mean + row)
+    rstd = tl.load(Rstd + row)
     x = tl.load(X + row * stride_xm + start + cols).to(tl.float32)
-    g = tl.load(DY + row * stride_dym + start + cols).to(tl.float32)
+    dy = tl.load(DY + row * stride_dym + start + cols).to(tl.float32)
     if HAS_WEIGHT:
-        g = g * tl.load(W + start + cols).to(tl.float32)
-    return x, g, tl.load(Mean + row), tl.load(Rstd + row)
-
-
-@triton.jit
-def _finish_dx(x, g, mean, rstd, c1, c2):
-    """dx of a tile from its loads (``_finish_loads``) and its row's sums, as the grouped kernel writes it."""
+        g = dy * tl.load(W + start + cols).to(tl.float32)
+    else:
+        g = dy
     xhat = (x - mean) * rstd
     return g * rstd - (xhat * (c1 * rstd) + c2 * rstd)
 
@@ -814,9 +813,8 @@ def _ln_bwd_finish_kernel(
         start = (pid % per_row) * BLOCK_N
         c1, c2 = _group_sums(Shares, tl.full([1], 0, tl.int32) + row, k, SLICES, inv_n)
         row = row.to(tl.int64)
-        x, g, mean, rstd = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols,
-                                         HAS_WEIGHT)  # fmt: skip
-        dx = _finish_dx(x, g, mean, rstd, tl.sum(c1, axis=0), tl.sum(c2, axis=0))
+        dx = _finish_tile(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, tl.sum(c1, axis=0),
+                          tl.sum(c2, axis=0), HAS_WEIGHT)  # fmt: skip
         tl.atomic_add(Count, 1, sem="release")
         _wait_for_previous(GDC)
         tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
@@ -825,28 +823,19 @@ def _ln_bwd_finish_kernel(
         h = tl.arange(0, HOT_ROWS)
         rows = tl.where(first + h < M, first + h, -1)
         c1s, c2s = _group_sums(Shares, rows, k, SLICES, inv_n)
-        # the hot tiles go one after another, each tile's loads issued before the previous tile's store
-        # (the first before the wait): x and dy are inputs, read whenever, only the stores must wait
-        row_n = (ROW0 + HOT_TILE // per_row).to(tl.int64)
-        start_n = (HOT_TILE % per_row) * BLOCK_N
-        x_n, g_n, mean_n, rstd_n = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row_n, start_n,
-                                                 cols, HAS_WEIGHT)  # fmt: skip
         while tl.atomic_add(Count, 0, sem="acquire") < TARGET:
             pass
         _wait_for_previous(GDC)
         for t in range(HOT_TILE, TILES):
             row = ROW0 + t // per_row
             start = (t % per_row) * BLOCK_N
-            x, g, mean, rstd = x_n, g_n, mean_n, rstd_n
-            nxt = tl.minimum(t + 1, TILES - 1)  # past the last tile, that tile again (not stored)
-            row_n = (ROW0 + nxt // per_row).to(tl.int64)
-            x_n, g_n, mean_n, rstd_n = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row_n,
-                                                     (nxt % per_row) * BLOCK_N, cols, HAS_WEIGHT)  # fmt: skip
             at = h == row - first  # the row's sums (a sum of one nonzero term: exact)
             c1 = tl.sum(tl.where(at, c1s, 0.0), axis=0)
             c2 = tl.sum(tl.where(at, c2s, 0.0), axis=0)
-            dx = _finish_dx(x, g, mean, rstd, c1, c2)
-            tl.store(DX + row.to(tl.int64) * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
+            row = row.to(tl.int64)
+            dx = _finish_tile(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, c1, c2,
+                              HAS_WEIGHT)  # fmt: skip
+            tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
 
 
 @triton.jit
