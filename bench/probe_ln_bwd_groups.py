@@ -38,7 +38,7 @@ def parse_candidate(text: str) -> tuple[int, int, int, int, int]:
     values = [int(v) for v in text.split(":")]
     if len(values) not in (4, 5):
         raise SystemExit(f"a candidate is S:STAGES:LAG:WARPS[:P], got {text!r}")
-    return (*values, 1)[:5] if len(values) == 4 else tuple(values)
+    return (*values, 1) if len(values) == 4 else tuple(values)
 
 
 def grouped_config(ln, n: int, cand):
