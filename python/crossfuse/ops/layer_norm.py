@@ -26,7 +26,7 @@ Design:
   one, where the table says ``prefetch``), writes dx, and keeps its partial sums of dw and db in
   float32 registers; it writes them once to a (programs, N) float32 buffer that a second small kernel
   reduces and casts (fewer programs when M is small, so the partials stay under an eighth of the
-  traffic). That reduction runs on about 128 programs of a few columns each, so that each makes one or
+  traffic). That reduction runs on 128 or more programs of a few columns each, so that each makes one or
   two L2 round trips (``reduce_tile``). No locks, no atomics: the result does not depend on scheduling.
 * The backward allocates what torch's does (dx, dw, db) and nothing more: the partials (and the split
   backward's row sums) are kept in the bytes of the last R rows of dx, whose dx the main kernels do not
@@ -755,22 +755,23 @@ def _unposted(w):
 
 
 @triton.jit
-def _finish_tile(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, c1, c2,
-                 HAS_WEIGHT: tl.constexpr):  # fmt: skip
-    """dx of the tile ``start + cols`` of ``row`` from its row sums, as the grouped kernel writes it."""
-    mean = tl.load(Mean + row)
-    rstd = tl.load(Rstd + row)
+def _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, HAS_WEIGHT: tl.constexpr):
+    """``(x, g, mean, rstd)`` of the tile ``start + cols`` of ``row`` (int64), in float32 (g = dy * w)."""
     x = tl.load(X + row * stride_xm + start + cols).to(tl.float32)
-    dy = tl.load(DY + row * stride_dym + start + cols).to(tl.float32)
+    g = tl.load(DY + row * stride_dym + start + cols).to(tl.float32)
     if HAS_WEIGHT:
-        g = dy * tl.load(W + start + cols).to(tl.float32)
-    else:
-        g = dy
+        g = g * tl.load(W + start + cols).to(tl.float32)
+    return x, g, tl.load(Mean + row), tl.load(Rstd + row)
+
+
+@triton.jit
+def _finish_dx(x, g, mean, rstd, c1, c2):
+    """dx of a tile from its loads (``_finish_loads``) and its row's sums, as the grouped kernel writes it."""
     xhat = (x - mean) * rstd
     return g * rstd - (xhat * (c1 * rstd) + c2 * rstd)
 
 
-@triton.jit(do_not_specialize=["ROW0", "M", "HOT_TILE", "TILES", "TARGET"])  # no recompilation across M
+@triton.jit(do_not_specialize=["ROW0", "M", "HOT_TILE", "LAST_TILE", "TILES", "TARGET"])  # none across M
 def _ln_bwd_finish_kernel(
     DY,  # output gradient, (M, N), row stride stride_dym
     X,  # input, (M, N), row stride stride_xm
@@ -787,55 +788,74 @@ def _ln_bwd_finish_kernel(
     M,
     inv_n,
     HOT_TILE,  # the first tile whose bytes hold the shares of rows ROW0.. or Count (all later ones too)
+    LAST_TILE,  # the first tile whose bytes hold the shares of a row of a hot tile or Count (>= HOT_TILE)
     TILES,  # tiles of the rows ROW0..M-1
-    TARGET,  # Count once each program before HOT_TILE has read its shares
+    TARGET,  # Count once each program before HOT_TILE has read its shares (< 2**24)
     N: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SLICES: tl.constexpr,
-    HOT_ROWS: tl.constexpr,  # a power of 2, at least the rows the hot tiles span
+    HOT_ROWS: tl.constexpr,  # a power of 2, at least the rows of the tiles from LAST_TILE on
     HAS_WEIGHT: tl.constexpr,
     GDC: tl.constexpr = False,  # grid dependency control: the dx stores after _wait_for_previous
 ):
     # dx of the rows whose bytes held the grouped backward's partials, from the row sums that kernel
     # posted (no second pass over the rows). Program t < HOT_TILE takes tile t: it reads its row's sums,
     # loads its tile, counts itself in Count (release: its reads are done), then, once the reduction of
-    # the partials is over (_wait_for_previous), stores the tile. The tiles from HOT_TILE on overwrite the
-    # sums and the counter, so the last program takes all of them, after every other program has counted
-    # itself (acquire), its own rows' sums read first. Only that program waits for others, and it is the
-    # last one: under the interpreter, which runs programs in order, this completes too.
+    # the partials is over (_wait_for_previous), stores the tile. The tiles from HOT_TILE on overwrite
+    # sums: program t in HOT_TILE..LAST_TILE-1 takes tile t as the others do, but counts itself in
+    # Count's top byte and stores only once the low bytes say every program before HOT_TILE has read (its
+    # tile holds only their rows' sums); the tiles from LAST_TILE on hold the sums of the hot tiles' own
+    # rows and the counter, so the last program takes all of them, after every other program has counted
+    # itself (acquire), its own rows' sums read first. A program waits only for programs before it: under
+    # the interpreter, which runs programs in order, this completes too.
     _launch_dependents(GDC)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     k = tl.arange(0, SLICES)
     per_row: tl.constexpr = N // BLOCK_N
-    if pid < HOT_TILE:
+    if pid < LAST_TILE:
         row = ROW0 + pid // per_row
         start = (pid % per_row) * BLOCK_N
         c1, c2 = _group_sums(Shares, tl.full([1], 0, tl.int32) + row, k, SLICES, inv_n)
         row = row.to(tl.int64)
-        dx = _finish_tile(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, tl.sum(c1, axis=0),
-                          tl.sum(c2, axis=0), HAS_WEIGHT)  # fmt: skip
-        tl.atomic_add(Count, 1, sem="release")
+        x, g, mean, rstd = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols,
+                                         HAS_WEIGHT)  # fmt: skip
+        dx = _finish_dx(x, g, mean, rstd, tl.sum(c1, axis=0), tl.sum(c2, axis=0))
+        if pid < HOT_TILE:
+            tl.atomic_add(Count, 1, sem="release")
+        else:
+            tl.atomic_add(Count, 1 << 24, sem="release")
+            while (tl.atomic_add(Count, 0, sem="acquire") & 0xFFFFFF) < TARGET:
+                pass
         _wait_for_previous(GDC)
         tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
     else:
-        first = ROW0 + HOT_TILE // per_row
+        first = ROW0 + LAST_TILE // per_row
         h = tl.arange(0, HOT_ROWS)
         rows = tl.where(first + h < M, first + h, -1)
         c1s, c2s = _group_sums(Shares, rows, k, SLICES, inv_n)
-        while tl.atomic_add(Count, 0, sem="acquire") < TARGET:
+        # the tiles go one after another, each tile's loads issued before the previous tile's store (the
+        # first before the wait): x and dy are inputs, read whenever, only the stores must wait
+        row_n = (ROW0 + LAST_TILE // per_row).to(tl.int64)
+        start_n = (LAST_TILE % per_row) * BLOCK_N
+        x_n, g_n, mean_n, rstd_n = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row_n, start_n,
+                                                 cols, HAS_WEIGHT)  # fmt: skip
+        while tl.atomic_add(Count, 0, sem="acquire") < TARGET + ((LAST_TILE - HOT_TILE) << 24):
             pass
         _wait_for_previous(GDC)
-        for t in range(HOT_TILE, TILES):
+        for t in range(LAST_TILE, TILES):
             row = ROW0 + t // per_row
             start = (t % per_row) * BLOCK_N
+            x, g, mean, rstd = x_n, g_n, mean_n, rstd_n
+            nxt = tl.minimum(t + 1, TILES - 1)  # past the last tile, that tile again (not stored)
+            row_n = (ROW0 + nxt // per_row).to(tl.int64)
+            x_n, g_n, mean_n, rstd_n = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row_n,
+                                                     (nxt % per_row) * BLOCK_N, cols, HAS_WEIGHT)  # fmt: skip
             at = h == row - first  # the row's sums (a sum of one nonzero term: exact)
             c1 = tl.sum(tl.where(at, c1s, 0.0), axis=0)
             c2 = tl.sum(tl.where(at, c2s, 0.0), axis=0)
-            row = row.to(tl.int64)
-            dx = _finish_tile(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols, c1, c2,
-                              HAS_WEIGHT)  # fmt: skip
-            tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
+            dx = _finish_dx(x, g, mean, rstd, c1, c2)
+            tl.store(DX + row.to(tl.int64) * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
 
 
 @triton.jit
@@ -1104,14 +1124,15 @@ def _to_param_dtype(v, OUT):
 
 def reduce_tile(n: int, acc_size: int, max_p: int) -> tuple[int, int, int]:
     """``(BLOCK_P, BLOCK_N, num_warps)`` of the dw/db reduction of at most ``max_p`` partial rows of
-    ``n`` columns (``acc_size``-byte values). BLOCK_N: a power of 2 from 4 to 64 giving about 128
-    programs. BLOCK_P: enough for two blocks to cover ``max_p`` rows, at most 16 KB of partials per block
-    and tensor. Warps: 16 values per thread and tensor. The partials are a few MB at most, just written,
+    ``n`` columns (``acc_size``-byte values). BLOCK_N: a power of 2 from 4 to 16 giving about 128
+    programs up to n = 2048, more beyond (1024 at n = 16384: 1.01-1.02x the 256 of 64 columns at 4096
+    rows, run 255). BLOCK_P: enough for two blocks to cover ``max_p`` rows, at most 16 KB of partials per
+    block and tensor. Warps: 16 values per thread and tensor. The partials are a few MB at most, just written,
     so read from L2: what costs is each program's chain of round trips (one per 2 * BLOCK_P rows), so
     many programs, each with few trips. ``max_p`` depends on the configuration, not on the row count, so
     the kernel does not recompile as M changes."""
     per = max(1, n // 128)
-    block_n = max(4, min(64, 1 << (per.bit_length() - 1)))
+    block_n = max(4, min(16, 1 << (per.bit_length() - 1)))
     block_p = max(8, min(16384 // acc_size // block_n, triton.next_power_of_2(max_p) // 2))
     return block_p, block_n, max(1, min(8, block_p * block_n * acc_size // 2048))
 
@@ -1429,10 +1450,11 @@ FINISH_HOT_ROWS = 4  # a power of 2: at most this many rows of tiles for its las
 
 
 def _finish_plan(dx: torch.Tensor, R: int, shares: torch.Tensor, slices: int):
-    """``(HOT_TILE, TILES, BLOCK_N, HOT_ROWS)`` of :func:`_ln_bwd_finish_kernel` on the last ``R`` rows of
-    ``dx`` (contiguous), whose bytes hold ``shares`` ((M, 2, slices) int64, then the counter) from the
-    tile that holds the shares of row M - R on; None where those tiles would span more than
-    ``FINISH_HOT_ROWS`` rows (the two-pass kernel then)."""
+    """``(HOT_TILE, LAST_TILE, TILES, BLOCK_N, HOT_ROWS)`` of :func:`_ln_bwd_finish_kernel` on the last ``R``
+    rows of ``dx`` (contiguous), whose bytes hold ``shares`` ((M, 2, slices) int64, then the counter) from
+    the tile that holds the shares of row M - R on (HOT_TILE), those of the hot tiles' rows from LAST_TILE
+    on; None where the tiles from LAST_TILE on would span more than ``FINISH_HOT_ROWS`` rows (the two-pass
+    kernel then)."""
     M, N = dx.shape
     es = dx.element_size()
     block_n = min(N, FINISH_TILE_BYTES // es)
@@ -1442,12 +1464,15 @@ def _finish_plan(dx: torch.Tensor, R: int, shares: torch.Tensor, slices: int):
     if at < 0 or N % block_n:
         return None
     hot_tile = at // (block_n * es)
-    hot_rows = M - (row0 + hot_tile // per_row)
-    if hot_rows > FINISH_HOT_ROWS:
+    first = row0 + hot_tile // per_row  # the first row with a hot tile
+    last_tile = (at + (first - row0) * 2 * slices * 8) // (block_n * es)
+    if M - (row0 + last_tile // per_row) > FINISH_HOT_ROWS:
         return None
-    # HOT_ROWS is FINISH_HOT_ROWS whatever the rows the hot tiles span (1 to 4 with the table's entries, by
-    # the row count): a constexpr that followed them would compile the kernel again as M changes
-    return hot_tile, R * per_row, block_n, FINISH_HOT_ROWS
+    if hot_tile >= 1 << 23 or last_tile - hot_tile >= 1 << 7:  # Count's low 24 bits and its top byte
+        return None
+    # HOT_ROWS is FINISH_HOT_ROWS whatever the rows the last program's tiles span (1 to 4 with the table's
+    # entries, by the row count): a constexpr that followed them would compile the kernel again as M changes
+    return hot_tile, last_tile, R * per_row, block_n, FINISH_HOT_ROWS
 
 
 def finish_from_shares(dx, dy, x, weight, mean, rstd, shares, count, R: int, slices: int, launched: int, plan,
@@ -1457,11 +1482,14 @@ def finish_from_shares(dx, dy, x, weight, mean, rstd, shares, count, R: int, sli
     :func:`_ln_bwd_finish_kernel` with ``plan`` (:func:`_finish_plan`); ``order``: the launch's grid
     dependency control (see layer_norm_bwd), none by default."""
     M, N = dx.shape
-    hot_tile, tiles, block_n, hot_rows = plan
-    _ln_bwd_finish_kernel[(hot_tile + 1,)](
+    hot_tile, last_tile, tiles, block_n, hot_rows = plan
+    if launched + hot_tile >= 1 << 24:  # what Count's low bytes hold
+        raise ValueError(f"finish_from_shares: {launched} programs and a plan of {plan} overflow the counter")
+    _ln_bwd_finish_kernel[(last_tile + 1,)](
         dy, x, weight if weight is not None else x, mean, rstd, shares, count, dx, dy.stride(0), x.stride(0),
-        dx.stride(0), M - R, M, 1.0 / N, hot_tile, tiles, launched + hot_tile, N=N, BLOCK_N=block_n,
-        SLICES=slices, HOT_ROWS=hot_rows, HAS_WEIGHT=weight is not None, num_warps=4, **(order or {}),
+        dx.stride(0), M - R, M, 1.0 / N, hot_tile, last_tile, tiles, launched + hot_tile, N=N,
+        BLOCK_N=block_n, SLICES=slices, HOT_ROWS=hot_rows, HAS_WEIGHT=weight is not None, num_warps=4,
+        **(order or {}),
     )  # fmt: skip
 
 
