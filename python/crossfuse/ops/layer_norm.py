@@ -836,7 +836,7 @@ def _ln_bwd_finish_kernel(
         c1s, c2s = _group_sums(Shares, rows, k, SLICES, inv_n)
         # the tiles go one after another, each tile's loads issued before the previous tile's store (the
         # first before the wait): x and dy are inputs, read whenever, only the stores must wait
-        row_n = (ROW0 + LAST_TILE // per_row).to(tl.int64)
+        row_n = first.to(tl.int64)  # the row of tile LAST_TILE
         start_n = (LAST_TILE % per_row) * BLOCK_N
         x_n, g_n, mean_n, rstd_n = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row_n, start_n,
                                                  cols, HAS_WEIGHT)  # fmt: skip
