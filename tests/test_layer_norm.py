@@ -784,49 +784,6 @@ def _post(v: torch.Tensor) -> torch.Tensor:
     return (v.float().view(torch.int32).to(torch.int64) & 0xFFFFFFFF) | (1 << 32)
 
 
-def _grouped_outputs(m, n, slices, programs, dtype, weight, device, gen, grads=(True, True)):
-    """What the grouped kernel leaves for the kernel after it, built on the CPU (that kernel needs the GPU):
-    the inputs and statistics, dx with its last R rows' bytes holding the scratch as layer_norm_bwd lays it
-    out (dx above them 7.0: not written yet), the float32 partials of each group (rows g, g + programs, ...)
-    in column blocks, the row sums posted from float64 as the grouped kernel posts them (each slice its
-    share, rstd folded into the first), the counter at its value after the grouped kernel; and the float64
-    dx, dw and db."""
-    x = randn((m, n), dtype, device, gen, mean=3.0, std=2.0)
-    w = randn((n,), dtype, device, gen, mean=1.0, std=0.5) if weight else None
-    dy = randn((m, n), dtype, device, gen)
-    mean = x.float().mean(1)  # the statistics as the forward saves them (float32)
-    rstd = torch.rsqrt(x.float().var(1, correction=0) + 1e-5)
-    parts = sum(grads)
-    part, shares_n = ln_mod._align(programs * n), ln_mod._align(4 * slices * m)
-    total = parts * part + shares_n + ln_mod._align(1)
-    dx = torch.full((m, n), 7.0, dtype=dtype, device=device)
-    R, scratch = ln_mod._scratch(dx, torch.float32, total)
-    assert 0 < R < m
-    g = dy.double() * (w.double() if weight else 1.0)
-    xc = x.double() - mean.double()[:, None]
-    xhat = xc * rstd.double()[:, None]
-    part_bn = ln_mod.reduce_tile(n, 4, programs)[1]
-    group = torch.arange(m, device=device) % programs
-    sums = [p for p, on in zip((dy.double() * xhat, dy.double()), grads, strict=True) if on]
-    if sums:  # (blocks, parts, groups, part_bn), flattened
-        each = [torch.zeros(programs, n, dtype=torch.float64, device=device).index_add_(0, group, s).float()
-                for s in sums]  # fmt: skip
-        blocks = torch.stack([p.view(programs, n // part_bn, part_bn).transpose(0, 1) for p in each], 1)
-        scratch[: parts * programs * n] = blocks.reshape(-1)
-    else:
-        each = []
-    scratch[parts * programs * n : parts * part] = float("nan")  # the alignment's padding, read by none
-    at = parts * part
-    shares = scratch[at : at + shares_n].view(torch.int64)[: 2 * slices * m].view(m, 2, slices)
-    count = scratch[at + shares_n :][:1].view(torch.int32)
-    s1 = (xc * g).view(m, slices, -1).sum(-1) * rstd.double()[:, None]
-    shares[:, 0], shares[:, 1] = _post(s1), _post(g.view(m, slices, -1).sum(-1))
-    count.fill_(programs * slices)
-    want = (g - (xhat * (xhat * g).mean(1, keepdim=True) + g.mean(1, keepdim=True))) * rstd.double()[:, None]
-    wants = [p.double().sum(0) for p in each]  # of the float32 partials, as the kernel adds them
-    return x, w, dy, mean, rstd, dx, R, scratch, shares, count, part_bn, want, wants
-
-
 @pytest.mark.parametrize("weight", [True, False], ids=["weight", "no weight"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
 @pytest.mark.parametrize(
@@ -839,63 +796,42 @@ def _grouped_outputs(m, n, slices, programs, dtype, weight, device, gen, grads=(
 )
 def test_grouped_backward_finishes_its_scratch_rows_from_posted_sums(m, n, slices, programs, parallel, dtype,
                                                                      weight, device, gen):  # fmt: skip
-    # what runs after the grouped kernel when its partials live in dx's last rows, one launch: programs
-    # that each sum one column block of the partials into dw and db, then write the dx of the elements
-    # whose bytes that block took (no other program reads them); programs for the tiles of the scratch
-    # rows that are not wholly the blocks', their dx from the posted row sums, the tiles that hold other
-    # rows' sums once those rows' programs have read them (in parallel), the last program taking the tiles
-    # that hold the hot rows' sums and the counter once every other program has read. dx of the scratch
-    # rows against float64 (a block's bytes left unwritten would still hold its partials), the rows above
-    # left as they were, dw and db against the float64 sums of the partials
-    x, w, dy, mean, rstd, dx, R, scratch, shares, count, part_bn, want, wants = _grouped_outputs(
-        m, n, slices, programs, dtype, weight, device, gen)
+    # what runs after the grouped kernel (which needs the GPU) when its partials live in dx's last rows:
+    # the kernel that writes those rows' dx from the row sums the grouped kernel posted, the tiles that
+    # hold other rows' sums once those rows' programs have read them (in parallel), its last program
+    # taking the tiles that hold the hot rows' sums and the counter once every other program has read.
+    # Here the scratch is laid out as layer_norm_bwd lays it out, the partials garbage, the sums posted
+    # from float64 as the grouped kernel posts them (each slice its share, rstd folded into the first),
+    # the counter at its value after the grouped kernel; dx of the scratch rows against float64, the rows
+    # above left as they were
+    x = randn((m, n), dtype, device, gen, mean=3.0, std=2.0)
+    w = randn((n,), dtype, device, gen, mean=1.0, std=0.5) if weight else None
+    dy = randn((m, n), dtype, device, gen)
+    mean = x.float().mean(1)  # the statistics as the forward saves them (float32)
+    rstd = torch.rsqrt(x.float().var(1, correction=0) + 1e-5)
+    part, shares_n = ln_mod._align(programs * n), ln_mod._align(4 * slices * m)
+    total = 2 * part + shares_n + ln_mod._align(1)
+    dx = torch.full((m, n), 7.0, dtype=dtype, device=device)
+    R, scratch = ln_mod._scratch(dx, torch.float32, total)
+    assert 0 < R < m
+    scratch[: 2 * part] = float("nan")  # the partials, read by now
+    shares = scratch[2 * part : 2 * part + shares_n].view(torch.int64)[: 2 * slices * m].view(m, 2, slices)
+    count = scratch[2 * part + shares_n :][:1].view(torch.int32)
+    g = dy.double() * (w.double() if weight else 1.0)
+    xc = x.double() - mean.double()[:, None]
+    s1 = (xc * g).view(m, slices, -1).sum(-1) * rstd.double()[:, None]
+    shares[:, 0], shares[:, 1] = _post(s1), _post(g.view(m, slices, -1).sum(-1))
+    count.fill_(programs * slices)
     plan = ln_mod._finish_plan(dx, R, shares, slices)
     assert plan is not None
     if dtype == torch.bfloat16:  # HOT_TILE to LAST_TILE: the cases take both branches of the kernel
         assert plan[1] - plan[0] == parallel, plan
-    dw = torch.empty(n, dtype=dtype, device=device)
-    db = torch.empty(n, dtype=dtype, device=device)
-    assert ln_mod.reduce_and_finish(dx, dy, x, w, mean, rstd, scratch, shares, count, dw, db, R, slices,
-                                    programs, programs, part_bn, plan)  # fmt: skip
+    ln_mod.finish_from_shares(dx, dy, x, w, mean, rstd, shares, count, R, slices, programs * slices, plan)
+    xhat = xc * rstd.double()[:, None]
+    want = (g - (xhat * (xhat * g).mean(1, keepdim=True) + g.mean(1, keepdim=True))) * rstd.double()[:, None]
     assert torch.equal(dx[: m - R], torch.full_like(dx[: m - R], 7.0))
     err, tol = relerr(dx[m - R :], want[m - R :]), ln_tol(dtype, "bwd", m)
     assert err <= tol, (err, tol)
-    for got, ref in zip((dw, db), wants, strict=True):
-        assert relerr(got, ref) <= ln_tol(dtype, "reduced", m, got.dtype), relerr(got, ref)
-
-
-@pytest.mark.parametrize("grads", [(True, False), (False, True), (False, False)], ids=["dw", "db", "neither"])
-def test_grouped_backward_finish_with_some_gradients(grads, device, gen):
-    # the same launch with one of dw and db (one part per column block), or neither (no block programs:
-    # the tiles' programs write every scratch row, as they would after a grouped kernel that kept no sums)
-    m, n, slices, programs = 309, 2048, 8, 16
-    x, w, dy, mean, rstd, dx, R, scratch, shares, count, part_bn, want, wants = _grouped_outputs(
-        m, n, slices, programs, torch.bfloat16, True, device, gen, grads)
-    outs = [torch.empty(n, dtype=torch.bfloat16, device=device) if on else None for on in grads]
-    plan = ln_mod._finish_plan(dx, R, shares, slices)
-    assert ln_mod.reduce_and_finish(dx, dy, x, w, mean, rstd, scratch, shares, count, *outs, R, slices,
-                                    programs, programs, part_bn, plan)  # fmt: skip
-    assert torch.equal(dx[: m - R], torch.full_like(dx[: m - R], 7.0))
-    err, tol = relerr(dx[m - R :], want[m - R :]), ln_tol(torch.bfloat16, "bwd", m)
-    assert err <= tol, (err, tol)
-    for got, ref in zip([o for o in outs if o is not None], wants, strict=True):
-        assert relerr(got, ref) <= ln_tol(torch.bfloat16, "reduced", m, got.dtype), relerr(got, ref)
-
-
-@pytest.mark.parametrize("weight", [True, False], ids=["weight", "no weight"])
-def test_grouped_backward_reduction_alone(weight, device, gen):
-    # where the scratch rows are not the launch's (no plan: the two-pass kernel writes them after it), the
-    # block programs sum the partials and leave dx alone
-    m, n, slices, programs = 67, 4096, 4, 2
-    x, w, dy, mean, rstd, dx, R, scratch, shares, count, part_bn, _, wants = _grouped_outputs(
-        m, n, slices, programs, torch.float32, weight, device, gen)
-    before = dx.clone()
-    dw, db = torch.empty(n, device=device), torch.empty(n, device=device)
-    assert not ln_mod.reduce_and_finish(dx, dy, x, w, mean, rstd, scratch, shares, count, dw, db, R, slices,
-                                        programs, programs, part_bn, None)  # fmt: skip
-    assert torch.equal(dx.view(torch.int32), before.view(torch.int32))  # the partials' bits too
-    for got, ref in zip((dw, db), wants, strict=True):
-        assert relerr(got, ref) <= ln_tol(torch.float32, "reduced", m, got.dtype), relerr(got, ref)
 
 
 # A backward under compute-sanitizer (run as its own process): dx a whole number of 2 MiB, so that the

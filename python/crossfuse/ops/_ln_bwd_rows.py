@@ -237,8 +237,8 @@ if gluon is not None:
         Rstd,  # (M,) float32
         Shares,  # (M, 2, SLICES) int64, zero at launch: the slices' two row sums, posted (_posted)
         Tickets,  # (1,) int32, zero at launch: the places handed out
-        DW_part,  # partial dw, float32 (see PART_BN); unused unless COMPUTE_DW
-        DB_part,  # partial db, likewise; unused unless COMPUTE_DB
+        DW_part,  # partial dw, (groups, N) float32; unused unless COMPUTE_DW
+        DB_part,  # partial db, (groups, N) float32; unused unless COMPUTE_DB
         stride_dxm,
         M,
         DX_M,  # dx is stored for rows below DX_M only (dw and db take every row)
@@ -253,11 +253,6 @@ if gluon is not None:
         COMPUTE_DW: gl.constexpr,
         COMPUTE_DB: gl.constexpr,
         WARPS: gl.constexpr,
-        # 0: a group's partials in its row of (groups, N); else in column blocks of PART_BN columns, block
-        # b the PARTS * groups * PART_BN floats from b * PARTS * groups * PART_BN: every group's dw of the
-        # block, then (from DB_part = DW_part + groups * PART_BN) every group's db
-        PART_BN: gl.constexpr = 0,
-        PARTS: gl.constexpr = 1,  # COMPUTE_DW + COMPUTE_DB, where PART_BN
     ):
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
         # the group's SLICES shares of a row, every thread holding all of them (a sum within the thread)
@@ -378,14 +373,10 @@ if gluon is not None:
 
         for b in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(b))
-        if PART_BN == 0:
-            at_part = group * N + cols
-        else:
-            at_part = (cols // PART_BN) * (PARTS * groups * PART_BN) + group * PART_BN + cols % PART_BN
         if COMPUTE_DW:
-            gl.store(DW_part + at_part, dw)
+            gl.store(DW_part + group * N + cols, dw)
         if COMPUTE_DB:
-            gl.store(DB_part + at_part, db)
+            gl.store(DB_part + group * N + cols, db)
 
 
 @functools.cache
@@ -491,22 +482,16 @@ def groups_launch_unfit(n: int, esize: int, slices: int, warps: int, stages: int
 
 
 def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, dw_part, db_part, groups: int, dx_m: int,
-                  compute_dw: bool, compute_db: bool, slices: int, warps: int, stages: int, lag: int, *,
-                  part_bn: int = 0) -> None:  # fmt: skip
+                  compute_dw: bool, compute_db: bool, slices: int, warps: int, stages: int,
+                  lag: int) -> None:  # fmt: skip
     """The grouped kernel (see the module docstring): ``groups`` groups of ``slices`` programs, each
     group's float32 shares of dw and db in its row of ``dw_part`` / ``db_part`` ((groups, N);
-    placeholders when not computed), or, with ``part_bn`` (a power of 2 dividing N), in column blocks:
-    block b of ``part_bn`` columns holds every group's dw of those columns (group-major), then every
-    group's db, from ``b * parts * groups * part_bn`` (parts: the sums computed) in ``dw_part``, db from
-    ``db_part = dw_part[groups * part_bn:]`` where both are computed; ``shares`` ((M, 2, slices) int64)
-    and ``tickets`` ((1,) int32) zero at launch; ``stages`` row-slice buffers of which ``lag`` hold rows
-    waiting for the group's shares, on ``warps`` warps (at most one per box row of a slice); see
-    :func:`groups_usable`."""
+    placeholders when not computed); ``shares`` ((M, 2, slices) int64) and ``tickets`` ((1,) int32) zero
+    at launch; ``stages`` row-slice buffers of which ``lag`` hold rows waiting for the group's shares, on
+    ``warps`` warps (at most one per box row of a slice); see :func:`groups_usable`."""
     M, N = x.shape
     if not 1 <= groups <= M:
         raise ValueError(f"groups must be from 1 to the row count {M}, got {groups}")
-    if part_bn < 0 or part_bn & (part_bn - 1) or (part_bn and N % part_bn):
-        raise ValueError(f"part_bn must be 0 or a power of 2 dividing N = {N}, got {part_bn}")
     unfit = groups_launch_unfit(N, x.element_size(), slices, warps, stages, lag)
     if unfit:
         raise ValueError(unfit)
@@ -517,7 +502,7 @@ def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, dw_part, db_pa
         shares, tickets, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N, SLICES=slices,
         BOX_R=N // slices // BOX_W, BOX_W=BOX_W, STAGES=stages, LAG=lag, VEC=16 // x.element_size(),
         HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps,
-        PART_BN=part_bn, PARTS=max(1, int(compute_dw) + int(compute_db)), num_warps=warps,
+        num_warps=warps,
     )  # fmt: skip
 
 

@@ -31,11 +31,9 @@ Design:
 * The backward allocates what torch's does (dx, dw, db) and nothing more: the partials (and the split
   backward's row sums) are kept in the bytes of the last R rows of dx, whose dx the main kernels do not
   store (they still add those rows to dw and db); after the reduction a last launch writes those rows'
-  dx over the partials (``layer_norm_bwd``), by a second pass over each row; after the grouped kernel
-  one launch does both (``_ln_bwd_reduce_finish_kernel``): its partials are in column blocks, each
-  summed by one program, which then writes the dx of the bytes its block took from the row sums the
-  grouped kernel posted (other programs write the rest of the R rows). Only where R would exceed a
-  quarter of the rows (few rows) do the partials get a buffer of their own.
+  dx over the partials (``layer_norm_bwd``): after the grouped kernel, from the row sums it posted
+  (``_ln_bwd_finish_kernel``), else by a second pass over each row. Only where R would exceed a quarter
+  of the rows (few rows) do the partials get a buffer of their own.
 * On compute capability 9+ a persistent config may read x (and dy) through tensor descriptors instead
   (``tma_stages``: the copy engine fills shared-memory buffers that Triton pipelines over the tile
   loop, so the tiles in flight cost no registers), where the rows are 16-byte aligned.
@@ -773,212 +771,91 @@ def _finish_dx(x, g, mean, rstd, c1, c2):
     return g * rstd - (xhat * (c1 * rstd) + c2 * rstd)
 
 
-@triton.jit
-def _keep_out(e, CH0, CH_END):
-    """Which of the elements ``e`` (numbered from row ROW0's start) lie outside [CH0, CH_END): those the
-    chunk programs do not write."""
-    return (e < CH0) | (e >= CH_END)
-
-
-@triton.jit
-def _span_loads(X, DY, W, base, e, ok, N: tl.constexpr, HAS_WEIGHT: tl.constexpr):
-    """x, dy and w of the elements ``base + e`` of contiguous rows, in their own dtype (w: dy where no
-    weight, unused)."""
-    x = tl.load(X + base + e, mask=ok, other=0.0)
-    dy = tl.load(DY + base + e, mask=ok, other=0.0)
-    if HAS_WEIGHT:
-        w = tl.load(W + e % N, mask=ok, other=0.0)
-    else:
-        w = dy
-    return x, dy, w
-
-
-@triton.jit
-def _span_store(DX, base, e, ok, x, dy, w, first, h, means, rstds, c1s, c2s, N: tl.constexpr,
-                RS: tl.constexpr, HAS_WEIGHT: tl.constexpr):  # fmt: skip
-    """dx of the elements ``base + e`` (where ``ok``) of contiguous rows, their rows ``first + h`` (from
-    the row numbered 0 at ``base``) with those rows' statistics and sums (``[RS]`` each), a row at a time."""
-    xf = x.to(tl.float32)
-    g = dy.to(tl.float32)
-    if HAS_WEIGHT:
-        g = g * w.to(tl.float32)
-    r = e // N - first
-    for i in tl.static_range(RS):
-        at = h == i  # row i's values (a sum of one nonzero term: exact)
-        mean = tl.sum(tl.where(at, means, 0.0), axis=0)
-        rstd = tl.sum(tl.where(at, rstds, 0.0), axis=0)
-        c1 = tl.sum(tl.where(at, c1s, 0.0), axis=0)
-        c2 = tl.sum(tl.where(at, c2s, 0.0), axis=0)
-        dx = _finish_dx(xf, g, mean, rstd, c1, c2)
-        tl.store(DX + base + e, dx.to(DX.dtype.element_ty), mask=ok & (r == i))
-
-
-@triton.jit(do_not_specialize=["ROW0", "M", "CHUNKS", "G", "CH0_V", "CE_V", "NC", "LO", "SKIP", "HOT_TILE",
-                               "LAST_TILE", "TILES", "TARGET"])  # fmt: skip  # none across M
-def _ln_bwd_reduce_finish_kernel(
-    DY,  # output gradient, (M, N), contiguous rows where NC + the tiles' programs > 0
-    X,  # input, (M, N), likewise
+@triton.jit(do_not_specialize=["ROW0", "M", "HOT_TILE", "LAST_TILE", "TILES", "TARGET"])  # none across M
+def _ln_bwd_finish_kernel(
+    DY,  # output gradient, (M, N), row stride stride_dym
+    X,  # input, (M, N), row stride stride_xm
     W,  # weight, (N,)
     Mean,  # (M,) float32
     Rstd,  # (M,) float32
     Shares,  # (M, 2, SLICES) int64: the grouped kernel's posted shares of the row sums
     Count,  # (1,) int32: the grouped kernel's ticket counter (its program count by now)
-    DX,  # out: input gradient, (M, N), contiguous; its last rows may hold Part, Shares and Count
-    Part,  # the grouped kernel's partials in column blocks (_ln_bwd_rows.launch_groups with PART_BN)
-    DW,  # out, (N,), weight's dtype; unused unless COMPUTE_DW
-    DB,  # out, (N,); unused unless COMPUTE_DB
+    DX,  # out: input gradient, (M, N), row stride stride_dxm; its last rows hold Shares and Count
     stride_dym,
     stride_xm,
     stride_dxm,
-    ROW0,  # the first row of the scratch: elements and tiles are numbered row-major from (ROW0, 0)
+    ROW0,  # the first row: tiles are numbered row-major from (ROW0, 0), BLOCK_N columns each
     M,
     inv_n,
-    CHUNKS,  # column blocks of the partials (N / PART_BN), 0 if neither dw nor db
-    G,  # the grouped kernel's groups: a block's partials are PARTS * G * PART_BN floats
-    CH0_V,  # the element whose bytes begin the partials, over VEC (the partials are 16-byte aligned)
-    CE_V,  # the elements whose bytes a block's partials take, over VEC; 0: the chunks write no dx
-    NC,  # the tiles' programs before the chunks' (those of the tiles before HOT_TILE)
-    LO,  # the first tile within the partials' bytes (the tiles LO..LO+SKIP-1 are the chunks')
-    SKIP,
-    HOT_TILE,  # the first tile whose bytes hold the shares of rows ROW0.. or Count
-    LAST_TILE,  # the first tile whose bytes hold the shares of a row of a hot tile or Count
+    HOT_TILE,  # the first tile whose bytes hold the shares of rows ROW0.. or Count (all later ones too)
+    LAST_TILE,  # the first tile whose bytes hold the shares of a row of a hot tile or Count (>= HOT_TILE)
     TILES,  # tiles of the rows ROW0..M-1
-    TARGET,  # Count once every program before the hot tiles has read its shares (< 2**24)
+    TARGET,  # Count once each program before HOT_TILE has read its shares (< 2**24)
     N: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # columns of a tile (of the tiles' programs)
+    BLOCK_N: tl.constexpr,
     SLICES: tl.constexpr,
     HOT_ROWS: tl.constexpr,  # a power of 2, at least the rows of the tiles from LAST_TILE on
-    PART_BN: tl.constexpr,
-    PARTS: tl.constexpr,  # COMPUTE_DW + COMPUTE_DB (1 when neither)
-    BLOCK_G: tl.constexpr,  # groups' partials summed at a time
-    HEAD: tl.constexpr,  # a power of 2: a chunk program's elements of dx, in a first block ...
-    TAIL: tl.constexpr,  # ... and a second (a power of 2, or 0 for none): together at least CE_V * VEC
-    RS: tl.constexpr,  # a power of 2: at least the rows a block's bytes meet
-    VEC: tl.constexpr,  # elements of 16 bytes
     HAS_WEIGHT: tl.constexpr,
-    COMPUTE_DW: tl.constexpr,
-    COMPUTE_DB: tl.constexpr,
-    GDC: tl.constexpr = False,  # grid dependency control: the partials read, and stores, after the wait
+    GDC: tl.constexpr = False,  # grid dependency control: the dx stores after _wait_for_previous
 ):
-    # After the grouped kernel: dw and db from its partials, and the dx of the rows whose bytes hold them
-    # (the scratch: rows ROW0..M-1), from the row sums it posted, in one launch. Programs, in order: the
-    # NC tiles before the hot ones, the CHUNKS column blocks, the hot tiles and the last program.
-    # A chunk program takes column block b: it sums the block's partials over the groups into dw and db,
-    # and writes the dx of the elements whose bytes those partials took (no other program reads them,
-    # so it needs to wait for none), their rows' sums from the posted shares (it counts itself in Count
-    # once it has read them). It holds its elements in two blocks of powers of 2, HEAD and TAIL, so that
-    # few of its lanes are idle (4224 elements at bfloat16 N = 16384: 4096 + 128), and its loads (x, dy,
-    # the partials, the shares) all go out before any is used.
-    # A tile's program takes a tile of BLOCK_N columns that is not wholly the chunks' (tiles
-    # LO..LO+SKIP-1 are skipped), storing only the elements outside the chunks' bytes: program t before
-    # HOT_TILE reads its row's sums, counts itself in Count and stores; the tiles from HOT_TILE on
-    # overwrite sums: program t in HOT_TILE..LAST_TILE-1 counts itself in Count's top byte and stores once
-    # the low bytes say every program before the hot tiles (the chunks' too) has read (its tile holds only
-    # their rows' sums); the tiles from LAST_TILE on hold the sums of the hot tiles' own rows and the
-    # counter, so the last program takes all of them, after every other program has counted itself
-    # (acquire), its own rows' sums read first. A program waits only for programs before it: under the
-    # interpreter, which runs programs in order, this completes too.
+    # dx of the rows whose bytes held the grouped backward's partials, from the row sums that kernel
+    # posted (no second pass over the rows). Program t < HOT_TILE takes tile t: it reads its row's sums,
+    # loads its tile, counts itself in Count (release: its reads are done), then, once the reduction of
+    # the partials is over (_wait_for_previous), stores the tile. The tiles from HOT_TILE on overwrite
+    # sums: program t in HOT_TILE..LAST_TILE-1 takes tile t as the others do, but counts itself in
+    # Count's top byte and stores only once the low bytes say every program before HOT_TILE has read (its
+    # tile holds only their rows' sums); the tiles from LAST_TILE on hold the sums of the hot tiles' own
+    # rows and the counter, so the last program takes all of them, after every other program has counted
+    # itself (acquire), its own rows' sums read first. A program waits only for programs before it: under
+    # the interpreter, which runs programs in order, this completes too.
     _launch_dependents(GDC)
     pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
     k = tl.arange(0, SLICES)
-    CH0 = CH0_V * VEC
-    CH_END = CH0 + CHUNKS * (CE_V * VEC)
-    if (pid >= NC) & (pid < NC + CHUNKS):
-        b = pid - NC
-        lo = (CH0_V + b * CE_V) * VEC
-        hi = lo + CE_V * VEC
-        base = ROW0.to(tl.int64) * N
-        first = lo // N  # the first row the block's bytes meet, from ROW0
-        h = tl.arange(0, RS)
-        row_ok = ((first + h) * N < hi) & (h < tl.where(CE_V > 0, RS, 0))  # none where no dx
-        rows = tl.where(row_ok, ROW0 + first + h, -1)
-        means = tl.load(Mean + rows, mask=row_ok, other=0.0)
-        rstds = tl.load(Rstd + rows, mask=row_ok, other=0.0)
-        e0 = lo + tl.arange(0, HEAD)
-        x0, dy0, w0 = _span_loads(X, DY, W, base, e0, e0 < hi, N, HAS_WEIGHT)
-        if TAIL > 0:
-            e1 = lo + HEAD + tl.arange(0, TAIL)
-            x1, dy1, w1 = _span_loads(X, DY, W, base, e1, e1 < hi, N, HAS_WEIGHT)
-        _wait_for_previous(GDC)  # for the partials and the shares
-        # the block's partials, group-major: dw of every group, then db
-        block = Part + b.to(tl.int64) * (PARTS * G * PART_BN)
-        gs = tl.arange(0, BLOCK_G)
-        cs = tl.arange(0, PART_BN)
-        acc_dw = tl.zeros([BLOCK_G, PART_BN], dtype=tl.float32)
-        acc_db = tl.zeros([BLOCK_G, PART_BN], dtype=tl.float32)
-        for g0 in range(0, G, BLOCK_G):
-            at = (g0 + gs)[:, None] * PART_BN + cs[None, :]
-            in_g = ((g0 + gs) < G)[:, None]
-            if COMPUTE_DW:
-                acc_dw += tl.load(block + at, mask=in_g, other=0.0)
-                if COMPUTE_DB:
-                    acc_db += tl.load(block + G * PART_BN + at, mask=in_g, other=0.0)
-            elif COMPUTE_DB:
-                acc_db += tl.load(block + at, mask=in_g, other=0.0)
-        c1s, c2s = _group_sums(Shares, rows, k, SLICES, inv_n)
-        if CE_V > 0:
+    per_row: tl.constexpr = N // BLOCK_N
+    if pid < LAST_TILE:
+        row = ROW0 + pid // per_row
+        start = (pid % per_row) * BLOCK_N
+        c1, c2 = _group_sums(Shares, tl.full([1], 0, tl.int32) + row, k, SLICES, inv_n)
+        row = row.to(tl.int64)
+        x, g, mean, rstd = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols,
+                                         HAS_WEIGHT)  # fmt: skip
+        dx = _finish_dx(x, g, mean, rstd, tl.sum(c1, axis=0), tl.sum(c2, axis=0))
+        if pid < HOT_TILE:
             tl.atomic_add(Count, 1, sem="release")
-        if COMPUTE_DW:
-            tl.store(DW + b * PART_BN + cs, _to_param_dtype(tl.sum(acc_dw, axis=0), DW))
-        if COMPUTE_DB:
-            tl.store(DB + b * PART_BN + cs, _to_param_dtype(tl.sum(acc_db, axis=0), DB))
-        tl.debug_barrier()  # every thread has read its partials: dx goes over them
-        _span_store(DX, base, e0, e0 < hi, x0, dy0, w0, first, h, means, rstds, c1s, c2s, N, RS, HAS_WEIGHT)
-        if TAIL > 0:
-            _span_store(DX, base, e1, e1 < hi, x1, dy1, w1, first, h, means, rstds, c1s, c2s, N, RS,
-                        HAS_WEIGHT)  # fmt: skip
+        else:
+            tl.atomic_add(Count, 1 << 24, sem="release")
+            while (tl.atomic_add(Count, 0, sem="acquire") & 0xFFFFFF) < TARGET:
+                pass
+        _wait_for_previous(GDC)
+        tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
     else:
-        p = tl.where(pid < NC, pid, pid - CHUNKS)
-        t = tl.where(p >= LO, p + SKIP, p)
-        cols = tl.arange(0, BLOCK_N)
-        per_row: tl.constexpr = N // BLOCK_N
-        if t < LAST_TILE:
+        first = ROW0 + LAST_TILE // per_row
+        h = tl.arange(0, HOT_ROWS)
+        rows = tl.where(first + h < M, first + h, -1)
+        c1s, c2s = _group_sums(Shares, rows, k, SLICES, inv_n)
+        # the tiles go one after another, each tile's loads issued before the previous tile's store (the
+        # first before the wait): x and dy are inputs, read whenever, only the stores must wait
+        row_n = first.to(tl.int64)  # the row of tile LAST_TILE
+        start_n = (LAST_TILE % per_row) * BLOCK_N
+        x_n, g_n, mean_n, rstd_n = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row_n, start_n,
+                                                 cols, HAS_WEIGHT)  # fmt: skip
+        while tl.atomic_add(Count, 0, sem="acquire") < TARGET + ((LAST_TILE - HOT_TILE) << 24):
+            pass
+        _wait_for_previous(GDC)
+        for t in range(LAST_TILE, TILES):
             row = ROW0 + t // per_row
             start = (t % per_row) * BLOCK_N
-            c1, c2 = _group_sums(Shares, tl.full([1], 0, tl.int32) + row, k, SLICES, inv_n)
-            row = row.to(tl.int64)
-            x, g, mean, rstd = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row, start, cols,
-                                             HAS_WEIGHT)  # fmt: skip
-            dx = _finish_dx(x, g, mean, rstd, tl.sum(c1, axis=0), tl.sum(c2, axis=0))
-            if t < HOT_TILE:
-                tl.atomic_add(Count, 1, sem="release")
-            else:
-                tl.atomic_add(Count, 1 << 24, sem="release")
-                while (tl.atomic_add(Count, 0, sem="acquire") & 0xFFFFFF) < TARGET:
-                    pass
-            _wait_for_previous(GDC)
-            keep = _keep_out(t * BLOCK_N + cols, CH0, CH_END)
-            tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty), mask=keep)
-        else:
-            first = ROW0 + LAST_TILE // per_row
-            h = tl.arange(0, HOT_ROWS)
-            rows = tl.where(first + h < M, first + h, -1)
-            c1s, c2s = _group_sums(Shares, rows, k, SLICES, inv_n)
-            # the tiles go one after another, each tile's loads issued before the previous tile's store (the
-            # first before the wait): x and dy are inputs, read whenever, only the stores must wait
-            row_n = first.to(tl.int64)  # the row of tile LAST_TILE
-            start_n = (LAST_TILE % per_row) * BLOCK_N
+            x, g, mean, rstd = x_n, g_n, mean_n, rstd_n
+            nxt = tl.minimum(t + 1, TILES - 1)  # past the last tile, that tile again (not stored)
+            row_n = (ROW0 + nxt // per_row).to(tl.int64)
             x_n, g_n, mean_n, rstd_n = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row_n,
-                                                     start_n, cols, HAS_WEIGHT)  # fmt: skip
-            while tl.atomic_add(Count, 0, sem="acquire") < TARGET + ((LAST_TILE - HOT_TILE) << 24):
-                pass
-            _wait_for_previous(GDC)
-            for tt in range(LAST_TILE, TILES):
-                row = ROW0 + tt // per_row
-                start = (tt % per_row) * BLOCK_N
-                x, g, mean, rstd = x_n, g_n, mean_n, rstd_n
-                nxt = tl.minimum(tt + 1, TILES - 1)  # past the last tile, that tile again (not stored)
-                row_n = (ROW0 + nxt // per_row).to(tl.int64)
-                start_n = (nxt % per_row) * BLOCK_N
-                x_n, g_n, mean_n, rstd_n = _finish_loads(DY, X, W, Mean, Rstd, stride_dym, stride_xm, row_n,
-                                                         start_n, cols, HAS_WEIGHT)  # fmt: skip
-                at = h == row - first  # the row's sums (a sum of one nonzero term: exact)
-                c1 = tl.sum(tl.where(at, c1s, 0.0), axis=0)
-                c2 = tl.sum(tl.where(at, c2s, 0.0), axis=0)
-                dx = _finish_dx(x, g, mean, rstd, c1, c2)
-                keep = _keep_out(tt * BLOCK_N + cols, CH0, CH_END)
-                tl.store(DX + row.to(tl.int64) * stride_dxm + start + cols, dx.to(DX.dtype.element_ty),
-                         mask=keep)  # fmt: skip
+                                                     (nxt % per_row) * BLOCK_N, cols, HAS_WEIGHT)  # fmt: skip
+            at = h == row - first  # the row's sums (a sum of one nonzero term: exact)
+            c1 = tl.sum(tl.where(at, c1s, 0.0), axis=0)
+            c2 = tl.sum(tl.where(at, c2s, 0.0), axis=0)
+            dx = _finish_dx(x, g, mean, rstd, c1, c2)
+            tl.store(DX + row.to(tl.int64) * stride_dxm + start + cols, dx.to(DX.dtype.element_ty))
 
 
 @triton.jit
@@ -1568,26 +1445,23 @@ def _align(n: int, k: int = 32) -> int:
 
 # False: the two-pass kernel after the grouped one too (for bench/probe_ln_bwd_groups.py's comparison)
 FINISH_FROM_SHARES = True
-FINISH_TILE_BYTES = 8192  # of x (and dy, dx) per tile of _ln_bwd_reduce_finish_kernel's later programs
+FINISH_TILE_BYTES = 8192  # of x (and dy, dx) per program of _ln_bwd_finish_kernel
 FINISH_HOT_ROWS = 4  # a power of 2: at most this many rows of tiles for its last program (else two-pass)
-FINISH_CHUNK_ELEMS = 8192  # at most this many elements of x (and dy) a chunk program holds (else two-pass)
-FINISH_WARPS = 8
-FINISH_MAXNREG = None  # registers per thread for that kernel (None: the compiler's choice)
 
 
 def _finish_plan(dx: torch.Tensor, R: int, shares: torch.Tensor, slices: int):
-    """``(HOT_TILE, LAST_TILE, TILES, BLOCK_N, HOT_ROWS)`` of :func:`_ln_bwd_reduce_finish_kernel` on the
-    last ``R`` rows of ``dx`` (contiguous), whose bytes hold ``shares`` ((M, 2, slices) int64, then the
-    counter) from the tile that holds the shares of row M - R on (HOT_TILE), those of the hot tiles' rows
-    from LAST_TILE on; None where the tiles from LAST_TILE on would span more than ``FINISH_HOT_ROWS`` rows
-    (the two-pass kernel then)."""
+    """``(HOT_TILE, LAST_TILE, TILES, BLOCK_N, HOT_ROWS)`` of :func:`_ln_bwd_finish_kernel` on the last ``R``
+    rows of ``dx`` (contiguous), whose bytes hold ``shares`` ((M, 2, slices) int64, then the counter) from
+    the tile that holds the shares of row M - R on (HOT_TILE), those of the hot tiles' rows from LAST_TILE
+    on; None where the tiles from LAST_TILE on would span more than ``FINISH_HOT_ROWS`` rows (the two-pass
+    kernel then)."""
     M, N = dx.shape
     es = dx.element_size()
     block_n = min(N, FINISH_TILE_BYTES // es)
     per_row = N // block_n
     row0 = M - R
     at = shares.data_ptr() + row0 * 2 * slices * 8 - (dx.data_ptr() + row0 * N * es)  # bytes past row0
-    if at < 0 or N % block_n or R * N >= 1 << 31:
+    if at < 0 or N % block_n:
         return None
     hot_tile = at // (block_n * es)
     first = row0 + hot_tile // per_row  # the first row with a hot tile
@@ -1601,63 +1475,22 @@ def _finish_plan(dx: torch.Tensor, R: int, shares: torch.Tensor, slices: int):
     return hot_tile, last_tile, R * per_row, block_n, FINISH_HOT_ROWS
 
 
-def reduce_and_finish(dx, dy, x, weight, mean, rstd, part, shares, count, dw, db, R: int, slices: int,
-                      groups: int, max_groups: int, part_bn: int, plan,
-                      order: dict | None = None) -> bool:  # fmt: skip
-    """After the grouped kernel of ``groups`` groups of ``slices`` programs (at most ``max_groups``, which
-    sets the tiles): dw and db (None: not computed) from its partials in ``part`` (column blocks of
-    ``part_bn``, see ``_ln_bwd_rows.launch_groups``), and, with ``plan`` (:func:`_finish_plan`), the dx of
-    the last ``R`` rows of ``dx`` from the row sums posted in ``shares`` (its ticket counter ``count``),
-    by :func:`_ln_bwd_reduce_finish_kernel`. Returns whether it wrote those rows' dx (not where the plan is
-    None, or where a block's partials would meet more tiles than a program holds: the two-pass kernel
-    then). ``order``: the launch's grid dependency control (see layer_norm_bwd), none by default."""
+def finish_from_shares(dx, dy, x, weight, mean, rstd, shares, count, R: int, slices: int, launched: int, plan,
+                       order: dict | None = None) -> None:  # fmt: skip
+    """dx of the last ``R`` rows of ``dx`` from the row sums a grouped kernel of ``launched`` programs in
+    groups of ``slices`` posted in ``shares`` (its ticket counter ``count`` at ``launched``), by
+    :func:`_ln_bwd_finish_kernel` with ``plan`` (:func:`_finish_plan`); ``order``: the launch's grid
+    dependency control (see layer_norm_bwd), none by default."""
     M, N = dx.shape
-    es = dx.element_size()
-    compute_dw, compute_db = dw is not None, db is not None
-    parts = int(compute_dw) + int(compute_db)
-    chunks = N // part_bn if parts else 0
-    vec = 16 // es
-    # a chunk program's elements of dx, at most (by max_groups: the same for every row count), in a block
-    # of a power of 2 and a second one for the rest
-    most = parts * max_groups * part_bn * 4 // es
-    head = 1 << (max(most, 1).bit_length() - 1)
-    tail = triton.next_power_of_2(most - head) if most > head else 0
-    rs = triton.next_power_of_2(triton.cdiv(most, N) + 1)  # rows a block's bytes meet, at most
-    row0 = M - R
-    ch0 = part.data_ptr() - (dx.data_ptr() + row0 * N * es) if R else -1  # the partials' bytes past row0
-    aligned = not chunks or (ch0 >= 0 and ch0 % 16 == 0)
-    contiguous = all(t.stride(0) == N for t in (dx, dy, x))
-    do_dx = plan is not None and head + tail <= FINISH_CHUNK_ELEMS and aligned and contiguous
-    block_n = min(N, FINISH_TILE_BYTES // es)
-    launched = groups * slices
-    if do_dx:
-        hot_tile, last_tile, tiles, block_n, hot_rows = plan
-        ch0_v, ce_v = max(ch0, 0) // 16, parts * groups * part_bn * 4 // 16
-        lo = ch0_v * vec // block_n + 1  # the first tile after the one where the partials begin
-        skip = max(0, (ch0_v + chunks * ce_v) * vec // block_n - lo)  # tiles wholly the chunks'
-        cold = hot_tile - skip  # the tiles' programs before the hot tiles
-        target = launched + chunks + cold
-        if launched + chunks + hot_tile >= 1 << 24:  # what Count's low bytes hold
-            raise ValueError(f"reduce_and_finish: {launched} programs and the plan {plan} overflow Count")
-        grid = chunks + last_tile - skip + 1
-    else:
-        if not chunks:
-            return False
-        ch0_v = ce_v = lo = skip = cold = hot_tile = last_tile = tiles = target = 0
-        hot_rows, grid = FINISH_HOT_ROWS, chunks
-    if not compute_dw:  # the skipped sum's pointers: placeholders the kernel does not touch
-        dw = db if compute_db else dx
-    if not compute_db:
-        db = dw
-    _ln_bwd_reduce_finish_kernel[(grid,)](
-        dy, x, weight if weight is not None else x, mean, rstd, shares, count, dx, part, dw, db, dy.stride(0),
-        x.stride(0), dx.stride(0), row0, M, 1.0 / N, chunks, groups, ch0_v, ce_v, cold, lo, skip, hot_tile,
-        last_tile, tiles, target, N=N, BLOCK_N=block_n, SLICES=slices, HOT_ROWS=hot_rows, PART_BN=part_bn,
-        PARTS=max(1, parts), BLOCK_G=min(256, triton.next_power_of_2(max_groups)), HEAD=head, TAIL=tail,
-        RS=rs, VEC=vec, HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-        num_warps=FINISH_WARPS, **({} if FINISH_MAXNREG is None else {"maxnreg": FINISH_MAXNREG}), **(order or {}),
+    hot_tile, last_tile, tiles, block_n, hot_rows = plan
+    if launched + hot_tile >= 1 << 24:  # what Count's low bytes hold
+        raise ValueError(f"finish_from_shares: {launched} programs and a plan of {plan} overflow the counter")
+    _ln_bwd_finish_kernel[(last_tile + 1,)](
+        dy, x, weight if weight is not None else x, mean, rstd, shares, count, dx, dy.stride(0), x.stride(0),
+        dx.stride(0), M - R, M, 1.0 / N, hot_tile, last_tile, tiles, launched + hot_tile, N=N,
+        BLOCK_N=block_n, SLICES=slices, HOT_ROWS=hot_rows, HAS_WEIGHT=weight is not None, num_warps=4,
+        **(order or {}),
     )  # fmt: skip
-    return do_dx
 
 
 def _scratch(dx: torch.Tensor, acc: torch.dtype, elems: int) -> tuple[int, torch.Tensor | None]:
@@ -1747,9 +1580,6 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         scratch = torch.empty((total,), dtype=acc, device=x.device) if total else dx
     dw_part = scratch if compute_dw else dx
     db_part = scratch[at_db:] if compute_db else dx
-    if grouped:  # the partials in column blocks (each read by one program of the reduction)
-        part_bn = reduce_tile(N, acc.itemsize, max_programs)[1]
-        db_part = scratch[programs * part_bn :] if compute_dw and compute_db else scratch
     flags = dict(HAS_WEIGHT=weight is not None, IS_FP64=x.dtype == torch.float64)
     # each kernel after the first is a programmatic dependent launch where the GPU allows (``then``): it
     # starts while the kernel before it ends and waits for it inside (_wait_for_previous)
@@ -1761,7 +1591,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         shares, count = scratch[at_c1:at_c2].view(torch.int64), scratch[at_c2 : at_c2 + 1].view(torch.int32)
         _ln_bwd_rows.launch_groups(
             dx, dy, x, weight, mean, rstd, shares, count, dw_part, db_part, programs, M - R, compute_dw,
-            compute_db, cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag, part_bn=part_bn,
+            compute_db, cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag,
         )  # fmt: skip
     elif smem_rows:
         _ln_bwd_rows.launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs, M - R, compute_dw,
@@ -1810,15 +1640,14 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             COMPUTE_DB=compute_db, UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **flags,
             **then,
         )  # fmt: skip
-    finished = False
-    if grouped:  # dw, db and (where it can) the R rows' dx from the sums the grouped kernel posted, at once
-        plan = _finish_plan(dx, R, shares, cfg.slices) if R and FINISH_FROM_SHARES else None
-        finished = reduce_and_finish(dx, dy, x, weight, mean, rstd, scratch, shares, count, dw, db, R,
-                                     cfg.slices, programs, max_programs, part_bn, plan, then)  # fmt: skip
-    elif compute_dw or compute_db:
+    if compute_dw or compute_db:
         reduce_partials(dw_part if compute_dw else None, db_part if compute_db else None, dw, db, programs, N,
                         max_programs, then)  # fmt: skip
-    if R and not finished:  # the last R rows' dx, over the partials (read by now: the same stream)
+    finish = _finish_plan(dx, R, shares, cfg.slices) if grouped and R and FINISH_FROM_SHARES else None
+    if finish:  # the grouped kernel posted the R rows' sums: their dx from those, in parallel
+        finish_from_shares(dx, dy, x, weight, mean, rstd, shares, count, R, cfg.slices, programs * cfg.slices,
+                           finish, then)  # fmt: skip
+    elif R:  # the last R rows' dx, over the partials (read by now: the same stream), one program per tile
         if whole_rows and not smem_rows:
             fused(M - R, M, triton.cdiv(R, cfg.block_m), False, False, then)
         else:
