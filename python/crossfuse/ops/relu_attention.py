@@ -84,7 +84,7 @@ from .._validate import (
     check_tensor,
     dtype_name,
 )
-from . import _gdc, _library
+from . import _direct, _gdc, _library
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LAYOUTS = ("bhld", "blhd")
@@ -978,12 +978,18 @@ def _launch(kernel, grid, key: tuple, *args, **options) -> None:
     """``kernel[grid](*args, **options)``. The tables were tuned on an H200 (227 KB of shared memory per
     program; a D=128 backward step takes up to 192 KB); on a GPU with less, Triton refuses a launch whose
     stages do not fit (``OutOfResources``, before anything runs), so the launch is retried with one stage
-    fewer, down to one, and the stages that fit are remembered under ``(kernel, *key)``."""
+    fewer, down to one, and the stages that fit are remembered under ``(kernel, *key)``. A launch Triton
+    has compiled before goes straight to the compiled kernel (:mod:`._direct`)."""
+    direct = _direct.key(kernel, args, options)  # the compiled kernel, launched again without dispatch
+    if direct is not None and _direct.launch(direct, grid, args):
+        return
     slot = (kernel, *key)
+    asked = dict(options)
     stages = _STAGES_THAT_FIT.get(slot, options.pop("num_stages"))
     while True:
         try:
-            kernel[grid](*args, num_stages=stages, **options)
+            compiled = kernel[grid](*args, num_stages=stages, **options)
+            _direct.remember(direct, kernel, args, asked, compiled)
             return
         except OutOfResources as exc:
             if exc.name != "shared memory" or stages <= 1:
@@ -1033,6 +1039,7 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
     relu_cvt = _relu_cvt(interp, squared, q.dtype)
     if cfg.tma and _tma_usable(interp, q, k, v, out):
         order = _causal_order(k, causal)
+        bind_cuda_context(q)
         _launch(
             _relu_attn_fwd_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, cfg.block_m),
@@ -1070,7 +1077,8 @@ def _relu_cvt(interp: bool, squared: bool, dtype: torch.dtype) -> bool:
 def _tma_usable(interp: bool, *tensors: torch.Tensor) -> bool:
     """Whether the descriptor kernels can read and write ``tensors`` ([B, H, L, D] views): 16-bit types
     on a GPU with a copy engine for tensors (compute capability 9+; any dtype under the interpreter),
-    D <= 128 (a box row of at most 256 bytes), 16-byte aligned base and strides, unit stride on D."""
+    D <= 128 (a box row of at most 256 bytes), 16-byte aligned base and strides, unit stride on D, no
+    empty dimension. These are the checks of Triton's ``TensorDescriptor``, which :func:`_desc` skips."""
     if TensorDescriptor is None:
         return False
     t0 = tensors[0]
@@ -1083,17 +1091,18 @@ def _tma_usable(interp: bool, *tensors: torch.Tensor) -> bool:
         return False
     esize = t0.element_size()
     for t in tensors:
-        if t.stride(3) != 1 or t.data_ptr() % 16:
+        s0, s1, s2, s3 = t.stride()
+        if s3 != 1 or t.data_ptr() % 16 or min(s0, s1, s2) <= 0 or (s0 | s1 | s2) * esize % 16:
             return False
-        if any(st <= 0 or st * esize % 16 for st in t.stride()[:3]):
+        if not t.numel():  # a descriptor's dims must be positive; the pointer kernels take empty tensors
             return False
     return True
 
 
 def _desc(t: torch.Tensor, rows: int):
-    """A rank-4 tensor descriptor over the [B, H, L, D] view ``t``, boxes of ``rows`` x D."""
-    bind_cuda_context(t)  # Triton fills the descriptor before it makes a context current
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]])
+    """A rank-4 tensor descriptor over the [B, H, L, D] view ``t``, boxes of ``rows`` x D. The launcher
+    calls ``bind_cuda_context`` first: Triton fills the descriptor before it makes a context current."""
+    return _direct.descriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]])
 
 
 L_MAJOR_TILE = (64, 64, 4)  # BLOCK_L, BLOCK_D, warps of _l_major_copy_kernel
@@ -1133,8 +1142,9 @@ def _l_major_copies(ts: list[torch.Tensor], signal: bool = False) -> list[torch.
     out = torch.empty((len(ts), B, H, D, L), dtype=ts[0].dtype, device=ts[0].device)
     if out.numel():
         xs = [*ts, ts[0], ts[0]][:3]
-        _l_major_copy_kernel[grid](*xs, out, *(s for x in xs for s in x.stride()), H, L, D, T=len(ts),
-                                   BLOCK_L=block_l, BLOCK_D=block_d, GDC=signal, num_warps=warps)  # fmt: skip
+        args = (*xs, out, *(s for x in xs for s in x.stride()), H, L, D)
+        options = dict(T=len(ts), BLOCK_L=block_l, BLOCK_D=block_d, GDC=signal, num_warps=warps)
+        _direct.run(_l_major_copy_kernel, grid, args, options)
     return [y.transpose(2, 3) for y in out.unbind(0)]
 
 
@@ -1249,6 +1259,7 @@ def _bwd_dkdv(q, k, v, do, dk, dv, qc, doc, cfg, tma, causal, squared, scale, re
     key = (q.device, q.dtype, D, cfg)
     relu_cvt = _relu_cvt(interp, squared, q.dtype)
     if tma:
+        bind_cuda_context(q)
         _launch(
             _relu_attn_bwd_dkdv_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
@@ -1279,6 +1290,7 @@ def _bwd_dq(q, k, v, do, dq, kc, cfg, tma, causal, squared, scale, relu_scale, i
     key = (q.device, q.dtype, D, cfg)
     relu_cvt = _relu_cvt(interp, squared, q.dtype)
     if tma:
+        bind_cuda_context(q)
         _launch(
             _relu_attn_bwd_dq_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),

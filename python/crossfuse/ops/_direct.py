@@ -1,0 +1,205 @@
+"""Launching a kernel Triton has already compiled, without going through Triton's dispatch again.
+
+``kernel[grid](*args, **kwargs)`` (``JITFunction.run``) binds and specializes every argument, builds the
+cache key of the compiled kernel, looks it up and checks the kernel's globals before it calls the
+compiled kernel's launcher. On the H200 machine's host that dispatch cost 22-28 µs per launch of the
+attention kernels, more than the launch that follows it (19-25 µs, the tensor descriptors' encoding
+included; bench/results/h200/NOTES.md, run 266): at shapes where the host sets the pace, half the
+attention's host time.
+
+:func:`key` names a launch by the kernel, its keyword arguments (constexprs and options) and a key of
+its positional arguments that is at least as fine as Triton's specialization of them
+(``python/src/specialize.cc``): ints by value, floats by type (Triton takes every float as fp32),
+tensors by dtype and 16-byte alignment of their data, tensor descriptors by their base's dtype and block
+shape (their base, shape and strides are passed at run time), bools and ``None`` by value; anything else
+gives no key. :func:`remember` keeps the compiled kernel that Triton's dispatch returned for that key;
+:func:`launch` then makes the call ``JITFunction.run`` ends with (``launch_metadata``, then the launcher
+with Triton's launch hooks and every bound argument, constexprs included) for the current device and
+stream. Triton's ``debug`` and ``instrumentation_mode`` knobs (and 3.9's ``fpsan_homomorphic_casts``),
+the current device and the key select the compiled kernel, as they select it in Triton's cache.
+
+Only with the Triton versions whose dispatch was read for this (3.6 to 3.9: the same launch call), not
+under the interpreter, not for kernels with pre-run hooks, and not with ``CROSSFUSE_DIRECT_LAUNCH=0``;
+otherwise :func:`key` returns ``None`` and every launch goes through Triton's dispatch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+import triton
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before 3.4
+    TensorDescriptor = None
+
+SUPPORTED = ((3, 6), (3, 9))  # the Triton versions (major, minor) whose JITFunction.run this mirrors
+
+
+def _version(text: str) -> tuple[int, int]:
+    parts = [*text.split("+")[0].split("."), "0"][:2]
+    try:
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        return 0, 0
+
+
+def available() -> bool:
+    """Whether launches may skip Triton's dispatch here (see the module docstring)."""
+    if os.environ.get("CROSSFUSE_DIRECT_LAUNCH", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    lo, hi = SUPPORTED
+    return lo <= _version(triton.__version__) <= hi and hasattr(triton, "knobs")
+
+
+_ENABLED = available()
+_FLOAT = object()  # a float argument's entry in a key: Triton specializes every float as fp32
+
+MAX_REMEMBERED = 4096  # keys kept at most (each a few hundred bytes; Triton keeps the kernels themselves)
+
+# key -> (compiled kernel, the bound values of the parameters after the positional ones)
+_COMPILED: dict[tuple, tuple] = {}
+
+
+def _arg_key(a):
+    t = type(a)
+    if t is int or a is None:
+        return a
+    if t is bool:  # not by value alone: True == 1 in a tuple, and Triton takes them apart (u1, constexpr 1)
+        return bool, a
+    if t is float:
+        return _FLOAT
+    if t is TensorDescriptor:
+        return a.base.dtype, tuple(a.block_shape)
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    raise TypeError
+
+
+def arg_keys(args: tuple) -> tuple | None:
+    """The positional arguments' part of a key (see the module docstring), or ``None`` when one of them
+    is of a type this does not know."""
+    try:
+        return tuple(map(_arg_key, args))
+    except TypeError:
+        return None
+
+
+def key(kernel, args: tuple, options: dict) -> tuple | None:
+    """The key of launching ``kernel(*args, **options)``, or ``None`` when it must go through Triton's
+    dispatch (see the module docstring)."""
+    if not _ENABLED or type(kernel).__name__ != "JITFunction" or kernel.pre_run_hooks:
+        return None  # (the interpreter's kernels are InterpretedFunction's)
+    keys = arg_keys(args)
+    if keys is None:
+        return None
+    compilation = triton.knobs.compilation
+    device = triton.runtime.driver.active.get_current_device()
+    slot = (kernel, device, triton.knobs.runtime.debug, compilation.instrumentation_mode,
+            getattr(compilation, "fpsan_homomorphic_casts", None), keys, tuple(options.items()))  # fmt: skip
+    try:
+        hash(slot)
+    except TypeError:  # an option Triton takes that has no hash
+        return None
+    return slot
+
+
+def launch(slot: tuple, grid: tuple, args: tuple) -> bool:
+    """Launch the kernel remembered under ``slot`` on ``grid`` with ``args``; False when there is none."""
+    hit = _COMPILED.get(slot)
+    if hit is None:
+        return False
+    compiled, tail = hit
+    driver = triton.runtime.driver.active
+    stream = driver.get_current_stream(slot[1])
+    values = (*args, *tail)
+    knobs = triton.knobs.runtime
+    n = len(grid)
+    compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, compiled.function,
+                 compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
+                 knobs.launch_enter_hook, knobs.launch_exit_hook, *values)  # fmt: skip
+    return True
+
+
+def run(kernel, grid, args: tuple, options: dict):
+    """``kernel[grid](*args, **options)``: straight into the compiled kernel where it was launched with this
+    key before, else through Triton's dispatch (remembering what it compiled)."""
+    slot = key(kernel, args, options)
+    if slot is not None and launch(slot, grid, args):
+        return
+    remember(slot, kernel, args, options, kernel[grid](*args, **options))
+
+
+def remember(slot: tuple | None, kernel, args: tuple, options: dict, compiled) -> None:
+    """Keep ``compiled`` (what ``kernel[grid](*args, **options)`` returned) under ``slot``."""
+    if slot is None or type(compiled).__name__ != "CompiledKernel":
+        return
+    tail = []
+    for p in kernel.params[len(args) :]:
+        if p.name in options:
+            tail.append(options[p.name])
+        elif p.default is not inspect.Parameter.empty:
+            tail.append(p.default)
+        else:  # a parameter Triton's dispatch would have refused: never cached
+            return
+    if len(_COMPILED) >= MAX_REMEMBERED:  # ints are keyed by value: many shapes, many keys; start afresh
+        _COMPILED.clear()
+    _COMPILED[slot] = (compiled, tuple(tail))
+
+
+def _descriptor_factory():
+    """A maker of ``TensorDescriptor(base, shape, strides, block_shape)`` that skips the dataclass's checks
+    (6.2 µs against 1.5 on the H200 machine's host, run 266), or ``None`` where its fields are not the
+    ones this was written for. The caller has made those checks (16-byte aligned base and strides, unit
+    last stride, positive shape, power-of-two block)."""
+    import dataclasses
+
+    if TensorDescriptor is None or not dataclasses.is_dataclass(TensorDescriptor):
+        return None
+    fields = dataclasses.fields(TensorDescriptor)
+    if [f.name for f in fields[:4]] != ["base", "shape", "strides", "block_shape"]:
+        return None
+    rest = {}
+    for f in fields[4:]:  # padding ("zero"), and 3.9's round_f32_to_tf32: their defaults
+        if f.default is dataclasses.MISSING:
+            return None
+        rest[f.name] = f.default
+    new = object.__new__
+
+    def make(base, shape, strides, block_shape):
+        d = new(TensorDescriptor)
+        d.__dict__.update(base=base, shape=shape, strides=strides, block_shape=block_shape, **rest)
+        return d
+
+    # the same object as the dataclass builds, field for field, or not used
+    try:
+        t = torch.zeros(2, 3, 8, 16)
+        args = (t, list(t.shape), list(t.stride()), [1, 1, 8, 16])
+        want, got = TensorDescriptor(*args), make(*args)
+        same = (
+            type(got) is TensorDescriptor
+            and want.base is got.base
+            and all(getattr(want, f.name) == getattr(got, f.name) for f in fields[1:])
+        )
+    except Exception:  # any surprise: the dataclass's own constructor
+        return None
+    return make if same else None
+
+
+_DESCRIPTOR = _descriptor_factory()
+
+
+def descriptor(base: torch.Tensor, shape: list, strides: list, block_shape: list):
+    """``TensorDescriptor(base, shape, strides, block_shape)``, without its checks where that was verified
+    to build the same object (see :func:`_descriptor_factory`)."""
+    if _DESCRIPTOR is None:
+        return TensorDescriptor(base, shape, strides, block_shape)
+    return _DESCRIPTOR(base, shape, strides, block_shape)
+
+
+def clear() -> None:
+    """Forget every remembered kernel (tests)."""
+    _COMPILED.clear()

@@ -1,0 +1,196 @@
+"""Launches that skip Triton's dispatch (crossfuse.ops._direct): the same kernels, the same results."""
+
+from __future__ import annotations
+
+import crossfuse
+import pytest
+import torch
+import triton
+from crossfuse.ops import _direct
+from crossfuse.ops import relu_attention as ra
+from crossfuse.reference import relu_attention_ref
+from crossfuse.tolerances import relerr, tolerance
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+
+def randn(shape, dtype, device, gen):
+    return torch.randn(shape, dtype=torch.float64, generator=gen).to(device=device, dtype=dtype)
+
+
+def test_descriptor_without_checks_equals_the_dataclass():
+    # the unchecked maker is used only where it builds what the dataclass builds, field for field
+    if _direct.SUPPORTED[0] <= _direct._version(triton.__version__) <= _direct.SUPPORTED[1]:
+        assert _direct._DESCRIPTOR is not None  # the Triton versions it was written for
+    t = torch.zeros(2, 4, 24, 64, dtype=torch.bfloat16)
+    for base in (t, t.transpose(1, 2), t[:, 1:3]):
+        args = (base, list(base.shape), list(base.stride()), [1, 1, 16, 64])
+        want, got = TensorDescriptor(*args), _direct.descriptor(*args)
+        assert type(got) is TensorDescriptor and got.base is base
+        assert vars(got).keys() == vars(want).keys()
+        for name in vars(want):
+            if name != "base":
+                assert getattr(got, name) == getattr(want, name), name
+
+
+def test_argument_keys_are_at_least_as_fine_as_tritons():
+    t = torch.zeros(64, dtype=torch.bfloat16)
+    keys = _direct.arg_keys
+    # ints by value (Triton: 1 is a constant, multiples of 16 are marked, 32/64-bit by range)
+    assert keys((16,)) != keys((17,)) and keys((1,)) != keys((2,)) and keys((2**40,)) != keys((16,))
+    assert keys((True,)) != keys((1,)) and keys((False,)) != keys((0,)) and keys((None,)) != keys((0,))
+    # every float is fp32 to Triton: one key
+    assert keys((0.5,)) == keys((3.0,)) and keys((1.0,)) != keys((1,))
+    # tensors by dtype and 16-byte alignment of their data
+    assert keys((t[8:],)) == keys((t,)) and keys((t[1:],)) != keys((t,))
+    assert keys((t.float(),)) != keys((t,))
+    # descriptors by dtype and block shape (base, shape and strides are run-time arguments)
+    big = torch.zeros(2, 2, 64, 32, dtype=torch.bfloat16)
+
+    def desc(x, rows):
+        return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, rows, 32])
+
+    assert keys((desc(big, 16),)) == keys((desc(big[:1], 16),))
+    assert keys((desc(big, 16),)) != keys((desc(big, 32),))
+    assert keys((desc(big, 16),)) != keys((desc(big.half(), 16),))
+    assert keys(("text",)) is None and keys(([1, 2],)) is None  # unknown: Triton's dispatch decides
+
+
+def test_descriptor_kernels_refuse_empty_tensors(device):
+    # Triton's descriptor checks (skipped by _desc) want positive dims: empty tensors take the pointer
+    # kernels, which accept them
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    full, empty = (torch.zeros(shape, dtype=dtype, device=device) for shape in ((1, 2, 8, 32), (1, 2, 0, 32)))
+    interp = device == "cpu"
+    if not ra._tma_usable(interp, full):
+        pytest.skip("no tensor-descriptor kernels on this GPU")
+    assert not ra._tma_usable(interp, empty) and not ra._tma_usable(interp, full, empty)
+
+
+@pytest.mark.parametrize("shape", [((1, 2, 0, 64), (1, 2, 40, 64)), ((0, 2, 40, 64), (0, 2, 40, 64))],
+                         ids=["no queries", "empty batch"])  # fmt: skip
+def test_empty_queries_or_batch(shape, device, gen):
+    # no queries: an empty output and zero gradients of k and v; an empty batch: empty everything
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q = randn(shape[0], dtype, device, gen).requires_grad_(True)
+    k, v = (randn(shape[1], dtype, device, gen).requires_grad_(True) for _ in range(2))
+    out = crossfuse.relu_attention(q, k, v)
+    assert out.shape == q.shape
+    out.backward(torch.ones_like(out))
+    for g, t in ((q.grad, q), (k.grad, k), (v.grad, v)):
+        assert g.shape == t.shape and not g.abs().sum().item()
+
+
+def _fwd_bwd(q, k, v, do, causal, squared):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = crossfuse.relu_attention(*leaves, causal=causal, squared=squared)
+    return (out.detach(), *torch.autograd.grad(out, leaves, do))
+
+
+@pytest.fixture
+def direct_hits(monkeypatch):
+    """Counts the launches made straight into a compiled kernel; starts with nothing remembered."""
+    _direct.clear()
+    hits = []
+    launch = _direct.launch
+
+    def counted(slot, grid, args):
+        done = launch(slot, grid, args)
+        hits.append(done)
+        return done
+
+    monkeypatch.setattr(_direct, "launch", counted)
+    yield hits
+    _direct.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "dtype, d, length, causal, squared",
+    [(torch.bfloat16, 64, 1024, True, False), (torch.bfloat16, 128, 200, False, True),
+     (torch.float16, 64, 77, False, False), (torch.float32, 64, 300, True, False)],
+)  # fmt: skip
+def test_direct_launches_equal_dispatched_ones(dtype, d, length, causal, squared, gen, direct_hits,
+                                               monkeypatch):  # fmt: skip
+    # the descriptor kernels (16-bit), the pointer kernels and float32's copies: bit for bit the results
+    # of Triton's dispatch, and the second call is made without it
+    q, k, v, do = (randn((2, 3, length, d), dtype, "cuda", gen) for _ in range(4))
+    monkeypatch.setattr(_direct, "_ENABLED", False)
+    want = _fwd_bwd(q, k, v, do, causal, squared)
+    assert not any(direct_hits)
+    monkeypatch.setattr(_direct, "_ENABLED", True)
+    first = _fwd_bwd(q, k, v, do, causal, squared)  # dispatched, remembered
+    assert direct_hits and not any(direct_hits)
+    direct_hits.clear()
+    second = _fwd_bwd(q, k, v, do, causal, squared)  # straight into the compiled kernels
+    assert direct_hits and all(direct_hits), direct_hits
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), want, first, second, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c), name
+
+
+@pytest.mark.gpu
+def test_direct_launches_tell_specializations_apart(gen, direct_hits):
+    # Triton compiles a kernel per alignment of its pointers and per ints' divisibility by 16: a base one
+    # element off an aligned address (the pointer kernels) and lengths 64, 65, 64 again must each find
+    # their own kernel, every result against float64
+    dtype, d = torch.bfloat16, 64
+    tol = tolerance("relu_attention", dtype, "fwd")
+    for length, offset in ((64, 0), (64, 1), (65, 0), (65, 1), (64, 0), (64, 1)):
+        q, k, v = (randn((1, 2, length, d), dtype, "cuda", gen) for _ in range(3))
+        buf = torch.empty(q.numel() + offset, dtype=dtype, device="cuda")
+        q = buf[offset:].view(q.shape).copy_(q)
+        assert (q.data_ptr() % 16 == 0) == (offset == 0)
+        want = relu_attention_ref(q.double(), k.double(), v.double())
+        for _ in range(2):  # remembered, then launched directly
+            got = crossfuse.relu_attention(q, k, v)
+            assert relerr(got, want) <= tol, (length, offset, relerr(got, want))
+    assert any(direct_hits)
+
+
+@pytest.mark.gpu
+def test_direct_launches_use_the_current_stream(gen, direct_hits):
+    # a launch made directly goes to the caller's current stream, as Triton's dispatch does: on a side
+    # stream busy for ~10 ms that then overwrites q, the attention must see the new q (on any other
+    # stream it would run at once, on the old one)
+    q, k, v, q_new = (randn((2, 4, 256, 64), torch.bfloat16, "cuda", gen) for _ in range(4))
+    want = crossfuse.relu_attention(q_new, k, v)
+    crossfuse.relu_attention(q, k, v)  # every kernel remembered
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    direct_hits.clear()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)
+        q.copy_(q_new)
+        got = crossfuse.relu_attention(q, k, v)
+    assert direct_hits and all(direct_hits)
+    side.synchronize()
+    assert torch.equal(got, want)
+
+
+def test_remember_keeps_the_bound_constexprs_and_a_bounded_table(monkeypatch):
+    # what is passed after the positional arguments: the constexprs given, else their defaults, in the
+    # kernel's order; a parameter with neither is never cached; the table starts afresh when full
+    import inspect
+
+    class Param:
+        def __init__(self, name, default=inspect.Parameter.empty):
+            self.name, self.default = name, default
+
+    class Kernel:
+        params = (Param("x"), Param("n"), Param("BLOCK"), Param("FLAG", False), Param("MODE", 3))
+
+    class CompiledKernel:  # the type name Triton's compiled kernels have
+        pass
+
+    _direct.clear()
+    compiled = CompiledKernel()
+    _direct.remember(("a",), Kernel, ("x", 7), {"BLOCK": 64, "MODE": 1, "num_warps": 4}, compiled)
+    assert _direct._COMPILED[("a",)] == (compiled, (64, False, 1))
+    _direct.remember(("b",), Kernel, ("x", 7), {"MODE": 1}, compiled)  # BLOCK missing
+    _direct.remember(("c",), Kernel, ("x", 7), {"BLOCK": 64}, object())  # not a compiled kernel
+    _direct.remember(None, Kernel, ("x", 7), {"BLOCK": 64}, compiled)  # no key: dispatch each time
+    assert list(_direct._COMPILED) == [("a",)]
+    monkeypatch.setattr(_direct, "MAX_REMEMBERED", 2)
+    _direct.remember(("d",), Kernel, ("x", 7), {"BLOCK": 64}, compiled)
+    _direct.remember(("e",), Kernel, ("x", 7), {"BLOCK": 64}, compiled)
+    assert list(_direct._COMPILED) == [("e",)]
+    _direct.clear()
