@@ -5,7 +5,7 @@ from __future__ import annotations
 import crossfuse
 import pytest
 import torch
-import triton
+from crossfuse._backend import triton_version
 from crossfuse.ops import _direct
 from crossfuse.ops import relu_attention as ra
 from crossfuse.reference import relu_attention_ref
@@ -19,7 +19,7 @@ def randn(shape, dtype, device, gen):
 
 def test_descriptor_without_checks_equals_the_dataclass():
     # the unchecked maker is used only where it builds what the dataclass builds, field for field
-    if _direct.SUPPORTED[0] <= _direct._version(triton.__version__) <= _direct.SUPPORTED[1]:
+    if _direct.SUPPORTED[0] <= triton_version() <= _direct.SUPPORTED[1]:
         assert _direct._DESCRIPTOR is not None  # the Triton versions it was written for
     t = torch.zeros(2, 4, 24, 64, dtype=torch.bfloat16)
     for base in (t, t.transpose(1, 2), t[:, 1:3]):
@@ -38,8 +38,8 @@ def test_argument_keys_are_at_least_as_fine_as_tritons():
     # ints by value (Triton: 1 is a constant, multiples of 16 are marked, 32/64-bit by range)
     assert keys((16,)) != keys((17,)) and keys((1,)) != keys((2,)) and keys((2**40,)) != keys((16,))
     assert keys((True,)) != keys((1,)) and keys((False,)) != keys((0,)) and keys((None,)) != keys((0,))
-    # every float is fp32 to Triton: one key
-    assert keys((0.5,)) == keys((3.0,)) and keys((1.0,)) != keys((1,))
+    # floats by value (Triton takes a constexpr float by value), never equal to an int's
+    assert keys((0.5,)) != keys((3.0,)) and keys((0.5,)) == keys((0.5,)) and keys((1.0,)) != keys((1,))
     # tensors by dtype and 16-byte alignment of their data
     assert keys((t[8:],)) == keys((t,)) and keys((t[1:],)) != keys((t,))
     assert keys((t.float(),)) != keys((t,))
@@ -53,6 +53,11 @@ def test_argument_keys_are_at_least_as_fine_as_tritons():
     assert keys((desc(big, 16),)) != keys((desc(big, 32),))
     assert keys((desc(big, 16),)) != keys((desc(big.half(), 16),))
     assert keys(("text",)) is None and keys(([1, 2],)) is None  # unknown: Triton's dispatch decides
+    # keyword values (constexprs, options) by type and value; a tensor given by keyword: no key
+    opts = _direct.option_keys
+    assert len({opts({"C": 1}), opts({"C": 1.0}), opts({"C": True})}) == 3
+    assert opts({"C": 1, "num_warps": 4}) == opts({"C": 1, "num_warps": 4}) != opts({"C": 1, "num_warps": 8})
+    assert opts({"X": t}) is None
 
 
 def test_descriptor_kernels_refuse_empty_tensors(device):

@@ -95,6 +95,16 @@ def is_interpreted(kernel) -> bool:
 MIN_INTERPRETER_TRITON = (3, 7)
 
 
+def triton_version(version: str | None = None) -> tuple[int, ...]:
+    """Triton's (major, minor) from ``version`` (default: the installed one's), e.g. ``(3, 6)`` for
+    ``"3.6.0+git1234"``."""
+    if version is None:
+        import triton
+
+        version = triton.__version__
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+
+
 def interpreter_problem(version: str | None = None) -> str | None:
     """Why Triton ``version`` (default: the installed one)'s interpreter cannot run crossfuse's kernels,
     or ``None`` when it can."""
@@ -102,8 +112,7 @@ def interpreter_problem(version: str | None = None) -> str | None:
         import triton
 
         version = triton.__version__
-    major_minor = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
-    if major_minor >= MIN_INTERPRETER_TRITON:
+    if triton_version(version) >= MIN_INTERPRETER_TRITON:
         return None
     need = ".".join(map(str, MIN_INTERPRETER_TRITON))
     return (f"Triton's interpreter runs crossfuse's kernels from Triton {need} on (installed: {version}); "

@@ -7,20 +7,23 @@ attention kernels, more than the launch that follows it (19-25 µs, the tensor d
 included; bench/results/h200/NOTES.md, run 266): at shapes where the host sets the pace, half the
 attention's host time.
 
-:func:`key` names a launch by the kernel, its keyword arguments (constexprs and options) and a key of
-its positional arguments that is at least as fine as Triton's specialization of them
-(``python/src/specialize.cc``): ints by value, floats by type (Triton takes every float as fp32),
-tensors by dtype and 16-byte alignment of their data, tensor descriptors by their base's dtype and block
-shape (their base, shape and strides are passed at run time), bools and ``None`` by value; anything else
-gives no key. :func:`remember` keeps the compiled kernel that Triton's dispatch returned for that key;
-:func:`launch` then makes the call ``JITFunction.run`` ends with (``launch_metadata``, then the launcher
-with Triton's launch hooks and every bound argument, constexprs included) for the current device and
-stream. Triton's ``debug`` and ``instrumentation_mode`` knobs (and 3.9's ``fpsan_homomorphic_casts``),
-the current device and the key select the compiled kernel, as they select it in Triton's cache.
+:func:`key` names a launch by the kernel, its keyword arguments (constexprs and options, each by type
+and value; a keyword value of another type, a tensor say, gives no key) and a key of its positional
+arguments that is at least as fine as Triton's specialization of them (``python/src/specialize.cc``):
+ints, floats, bools and ``None`` by type and value (Triton: floats as fp32, ints as a constant 1, by
+range and by divisibility by 16, constexprs by value), tensors by dtype and 16-byte alignment of their
+data, tensor descriptors by their base's dtype and block shape (their base, shape and strides are passed
+at run time); anything else gives no key. :func:`remember` keeps the compiled kernel that Triton's
+dispatch returned for that key; :func:`launch` then makes the call ``JITFunction.run`` ends with
+(``launch_metadata``, then the launcher with Triton's launch hooks and every bound argument, constexprs
+included) for the current device and stream. Triton's ``debug`` and ``instrumentation_mode`` knobs (and
+3.9's ``fpsan_homomorphic_casts``), the current device and the key select the compiled kernel, as they
+select it in Triton's cache; with 3.9's ``add_stages_inspection_hook`` set there is no key.
 
-Only with the Triton versions whose dispatch was read for this (3.6 to 3.9: the same launch call), not
-under the interpreter, not for kernels with pre-run hooks, and not with ``CROSSFUSE_DIRECT_LAUNCH=0``;
-otherwise :func:`key` returns ``None`` and every launch goes through Triton's dispatch.
+Only with the Triton versions whose dispatch was read for this (3.6 to 3.9: the same launch call), on
+CUDA (not ROCm, whose backend also specializes tensors by size), not under the interpreter, not for kernels
+with pre-run hooks, not for callable grids, and not with ``CROSSFUSE_DIRECT_LAUNCH=0`` (which also turns
+off :func:`descriptor`'s shortcut); otherwise every launch goes through Triton's dispatch.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import os
 import torch
 import triton
 
+from .._backend import triton_version
+
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # Triton before 3.4
@@ -39,24 +44,19 @@ except ImportError:  # Triton before 3.4
 SUPPORTED = ((3, 6), (3, 9))  # the Triton versions (major, minor) whose JITFunction.run this mirrors
 
 
-def _version(text: str) -> tuple[int, int]:
-    parts = [*text.split("+")[0].split("."), "0"][:2]
-    try:
-        return int(parts[0]), int(parts[1])
-    except ValueError:
-        return 0, 0
+def _switched_off() -> bool:
+    return os.environ.get("CROSSFUSE_DIRECT_LAUNCH", "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def available() -> bool:
-    """Whether launches may skip Triton's dispatch here (see the module docstring)."""
-    if os.environ.get("CROSSFUSE_DIRECT_LAUNCH", "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
+    """Whether launches may skip Triton's dispatch here (see the module docstring): not on ROCm, whose
+    backend also specializes tensors on their size (2 GB), which the keys do not hold."""
     lo, hi = SUPPORTED
-    return lo <= _version(triton.__version__) <= hi and hasattr(triton, "knobs")
+    return not _switched_off() and torch.version.hip is None and lo <= triton_version() <= hi
 
 
 _ENABLED = available()
-_FLOAT = object()  # a float argument's entry in a key: Triton specializes every float as fp32
+_OPTION_TYPES = (int, float, bool, str, type(None))  # keyword values keyed here: constexprs and options
 
 MAX_REMEMBERED = 4096  # keys kept at most (each a few hundred bytes; Triton keeps the kernels themselves)
 
@@ -70,8 +70,8 @@ def _arg_key(a):
         return a
     if t is bool:  # not by value alone: True == 1 in a tuple, and Triton takes them apart (u1, constexpr 1)
         return bool, a
-    if t is float:
-        return _FLOAT
+    if t is float:  # Triton takes a float as fp32, or by value where its parameter is a constexpr
+        return float, a
     if t is TensorDescriptor:
         return a.base.dtype, tuple(a.block_shape)
     if isinstance(a, torch.Tensor):
@@ -88,6 +88,17 @@ def arg_keys(args: tuple) -> tuple | None:
         return None
 
 
+def option_keys(options: dict) -> tuple | None:
+    """The keyword arguments' part of a key: each by name, type and value (1, 1.0 and True are three
+    kernels to Triton), or ``None`` for a value of another type (a tensor given by keyword, say)."""
+    opts = []
+    for name, value in options.items():
+        if type(value) not in _OPTION_TYPES:
+            return None
+        opts.append((name, type(value), value))
+    return tuple(opts)
+
+
 def key(kernel, args: tuple, options: dict) -> tuple | None:
     """The key of launching ``kernel(*args, **options)``, or ``None`` when it must go through Triton's
     dispatch (see the module docstring)."""
@@ -96,21 +107,22 @@ def key(kernel, args: tuple, options: dict) -> tuple | None:
     keys = arg_keys(args)
     if keys is None:
         return None
-    compilation = triton.knobs.compilation
-    device = triton.runtime.driver.active.get_current_device()
-    slot = (kernel, device, triton.knobs.runtime.debug, compilation.instrumentation_mode,
-            getattr(compilation, "fpsan_homomorphic_casts", None), keys, tuple(options.items()))  # fmt: skip
-    try:
-        hash(slot)
-    except TypeError:  # an option Triton takes that has no hash
+    opts = option_keys(options)
+    if opts is None:
         return None
-    return slot
+    knobs = triton.knobs
+    if getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:  # 3.9: part of its key
+        return None
+    compilation = knobs.compilation
+    device = triton.runtime.driver.active.get_current_device()
+    return (kernel, device, knobs.runtime.debug, compilation.instrumentation_mode,
+            getattr(compilation, "fpsan_homomorphic_casts", None), keys, opts)  # fmt: skip
 
 
 def launch(slot: tuple, grid: tuple, args: tuple) -> bool:
     """Launch the kernel remembered under ``slot`` on ``grid`` with ``args``; False when there is none."""
     hit = _COMPILED.get(slot)
-    if hit is None:
+    if hit is None or type(grid) is not tuple:  # a callable grid: Triton's dispatch evaluates it
         return False
     compiled, tail = hit
     driver = triton.runtime.driver.active
@@ -157,7 +169,7 @@ def _descriptor_factory():
     last stride, positive shape, power-of-two block)."""
     import dataclasses
 
-    if TensorDescriptor is None or not dataclasses.is_dataclass(TensorDescriptor):
+    if _switched_off() or TensorDescriptor is None or not dataclasses.is_dataclass(TensorDescriptor):
         return None
     fields = dataclasses.fields(TensorDescriptor)
     if [f.name for f in fields[:4]] != ["base", "shape", "strides", "block_shape"]:
@@ -181,8 +193,9 @@ def _descriptor_factory():
         want, got = TensorDescriptor(*args), make(*args)
         same = (
             type(got) is TensorDescriptor
+            and vars(got).keys() == vars(want).keys()
             and want.base is got.base
-            and all(getattr(want, f.name) == getattr(got, f.name) for f in fields[1:])
+            and all(getattr(want, name) == getattr(got, name) for name in vars(want) if name != "base")
         )
     except Exception:  # any surprise: the dataclass's own constructor
         return None

@@ -40,9 +40,9 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
 from .._backend import bind_cuda_context, compute_capability_major
+from .._backend import triton_version as _triton_version
 
 try:
     from triton.experimental import gluon
@@ -382,8 +382,7 @@ if gluon is not None:
 @functools.cache
 def triton_version() -> tuple[int, int]:
     """Triton's (major, minor) version."""
-    major, minor = triton.__version__.split(".")[:2]
-    return int(major), int(minor)
+    return _triton_version()
 
 
 def stages_that_fit(n: int, esize: int, has_weight: bool) -> int:
