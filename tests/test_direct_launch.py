@@ -199,3 +199,40 @@ def test_remember_keeps_the_bound_constexprs_and_a_bounded_table(monkeypatch):
     _direct.remember(("e",), Kernel, ("x", 7), {"BLOCK": 64}, compiled)
     assert list(_direct._COMPILED) == [("e",)]
     _direct.clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_every_attention_launch_has_a_key(dtype, causal, device, gen, monkeypatch):
+    # whatever the attention's launchers pass (pointers, strides, descriptors, scales, constexprs, options)
+    # is of a type the keys know, so that no launch falls back to Triton's dispatch for want of a key
+    seen = []
+    launch, run = ra._launch, _direct.run
+
+    def spy_launch(kernel, grid, key, *args, **options):
+        seen.append((args, dict(options)))
+        return launch(kernel, grid, key, *args, **options)
+
+    def spy_run(kernel, grid, args, options):
+        seen.append((args, dict(options)))
+        return run(kernel, grid, args, options)
+
+    monkeypatch.setattr(ra, "_launch", spy_launch)
+    monkeypatch.setattr(_direct, "run", spy_run)
+    if device == "cpu" and dtype == torch.bfloat16:
+        dtype = torch.float64  # the interpreter's bf16 path is the float32 one; float64 for variety
+    q, k, v, do = (randn((1, 2, 40, 32), dtype, device, gen) for _ in range(4))
+    tma = ra.AttnConfig(32, 16, 4, 1, True)
+    # the descriptor kernels (where usable), then the pointer kernels, in 32 and 64 bits reading the
+    # copies with unit stride on L (which the copy kernel makes, through _direct.run)
+    for cfg in (tma, ra.AttnConfig(32, 16, 4, 1)):
+        ra.relu_attention_fwd(q, k, v, causal, False, 0.2, 0.01, config=cfg)
+        dkdv = ra.AttnConfig(16, 32, 4, 1, cfg.tma)
+        ra.relu_attention_bwd(q, k, v, do, causal, False, 0.2, 0.01, configs=(dkdv, cfg),
+                              trans_copies=not cfg.tma and dtype != torch.bfloat16)  # fmt: skip
+    if ra._tma_usable(device == "cpu", q, k, v, do):
+        assert any(isinstance(a, TensorDescriptor) for args, _ in seen for a in args)
+    assert len(seen) >= (6 if dtype == torch.bfloat16 else 7)  # 3 with descriptors, 3 without, the copies
+    for args, options in seen:
+        assert _direct.arg_keys(args) is not None, [type(a).__name__ for a in args]
+        assert _direct.option_keys(options) is not None, options
