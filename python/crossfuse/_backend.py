@@ -18,6 +18,12 @@ import threading
 import torch
 
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def switched_off(name: str) -> bool:
+    """Whether the environment variable ``name`` (a switch that is on by default) is set to off."""
+    return os.environ.get(name, "1").strip().lower() in _FALSE
 
 
 def triton_missing_reason() -> str | None:

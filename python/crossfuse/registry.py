@@ -17,7 +17,6 @@ import functools
 import importlib.metadata
 import importlib.util
 import math
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -275,7 +274,7 @@ def _load_plugins() -> None:
     if _plugins_loaded:
         return
     _plugins_loaded = True
-    if os.environ.get("CROSSFUSE_PLUGINS", "1").strip().lower() in ("0", "false", "no", "off"):
+    if _backend.switched_off("CROSSFUSE_PLUGINS"):
         return
     import sys
 

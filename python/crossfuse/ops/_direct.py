@@ -29,12 +29,11 @@ off :func:`descriptor`'s shortcut); otherwise every launch goes through Triton's
 from __future__ import annotations
 
 import inspect
-import os
 
 import torch
 import triton
 
-from .._backend import triton_version
+from .._backend import switched_off, triton_version
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -45,7 +44,7 @@ SUPPORTED = ((3, 6), (3, 9))  # the Triton versions (major, minor) whose JITFunc
 
 
 def _switched_off() -> bool:
-    return os.environ.get("CROSSFUSE_DIRECT_LAUNCH", "1").strip().lower() in ("0", "false", "no", "off")
+    return switched_off("CROSSFUSE_DIRECT_LAUNCH")
 
 
 def available() -> bool:
