@@ -759,8 +759,7 @@ def test_grouped_backward_against_float64(dtype, m, n, cfg, weight, grads, gen, 
     x = randn((m, n), dtype, "cuda", gen, mean=3.0, std=2.0)
     w = randn((n,), dtype, "cuda", gen, mean=1.0, std=0.5) if weight else None
     dy = randn((m, n), dtype, "cuda", gen)
-    table = cfg is None
-    if table:
+    if cfg is None:  # the table's entry
         cfg = ln_mod.launch_config(n, dtype, "bwd", m)
         assert cfg.smem_rows and cfg.slices > 1, cfg
     if not ln_mod._ln_bwd_rows.groups_usable(x, dy, w, False, cfg.slices):
@@ -768,18 +767,13 @@ def test_grouped_backward_against_float64(dtype, m, n, cfg, weight, grads, gen, 
     fit = ln_mod._ln_bwd_rows.group_stages_that_fit(n, x.element_size(), cfg.slices)
     cfg = cfg._replace(tma_stages=min(cfg.tma_stages, fit))
     calls = _group_launches(monkeypatch)
-    tails = _gluon_launches(monkeypatch, "launch_groups", 18)  # the kernel ending the backward itself
     plans, plan = [], ln_mod._finish_plan  # where the partials live in dx, how its scratch rows are finished
     monkeypatch.setattr(ln_mod, "_finish_plan", lambda *a: plans.append(plan(*a)) or plans[-1])
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
     got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
     assert len(calls) == 1 and 1 <= calls[0] <= m, calls  # the grouped kernel ran, at most a group a row
-    if table:  # 16-bit rows keep their scratch rows in shared memory; float32 ones do not fit there
-        assert (tails[0] is not None) == (dtype != torch.float32), tails
-    if tails[0] is not None:  # the kernel reduced the partials and wrote the scratch rows itself
-        assert plans == [], plans
-    # else the scratch rows from the posted sums (_ln_bwd_finish_kernel), not the two-pass kernel (where the
-    # sums of 16-bit scratch rows of 4096 in 8 slices take 6 rows too: five of them are stored in parallel)
+    # the scratch rows from the posted sums (_ln_bwd_finish_kernel), not the two-pass kernel (where the sums
+    # of 16-bit scratch rows of 4096 in 8 slices take 6 rows too: five of them are stored in parallel)
     assert None not in plans, plans
     ones = torch.ones(n, device="cuda", dtype=dtype)  # without weight, dw is the gradient of a weight of ones
     check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg)
@@ -978,45 +972,6 @@ def test_grouped_launch_rejects_a_launch_that_cannot_run(groups, slices, warps, 
     with pytest.raises(ValueError, match=words):
         ln_mod._ln_bwd_rows.launch_groups(x, x, x, w, stats, stats, shares, tickets, part, part, groups, 8,
                                           True, True, slices, warps, stages, lag)  # fmt: skip
-
-
-@pytest.mark.parametrize("sms", [132, 114, 78])
-@pytest.mark.parametrize(
-    "n, esize, cfg",
-    [(16384, 2, ln_mod.TUNED[("bwd", 2, 16384, False)]), (16384, 2, _grouped(16384, 4, 8, 2, 16)),
-     (8192, 2, _grouped(8192, 4, 6, 3, 8)), (4096, 2, _grouped(4096, 8, 4, 2, 2))],
-    ids=["bf16 16384, the table", "bf16 16384, 4 slices", "bf16 8192, lag 3", "bf16 4096, 8 slices"],
-)  # fmt: skip
-def test_grouped_tail_keeps_every_scratch_row_of_its_groups(n, esize, cfg, sms):
-    # the grouped kernel that ends the backward itself keeps the dx of the rows whose bytes hold its scratch
-    # in shared memory, at most `hold` rows a group (a constexpr: it must not depend on the row count, nor
-    # must the scratch, whose shares of the row sums are a ring of rows a group), until every program is
-    # past its last use of the scratch; the program whose kept rows hold the tickets' word stores last.
-    # For every row count whose scratch lies in dx: each group's share of those rows within `hold`, and
-    # exactly one program keeping the tickets' word, the one the launcher names
-    rows = ln_mod._ln_bwd_rows
-    gmax = max(1, cfg.programs_per_sm * sms // cfg.slices)
-    row_bytes, slice_bytes = n * esize, n // cfg.slices * esize
-    ring = ln_mod._align(4 * cfg.slices * rows.ring_rows(cfg.lag) * gmax)
-    assert rows.ring_rows(cfg.lag) >= 2 * cfg.lag + 2
-    for partials in (2, 1, 0):  # dw and db, one of them, neither
-        at_c2 = partials * ln_mod._align(gmax * n) + ring  # the tickets' word, after the shares
-        nbytes = 4 * (at_c2 + 32)
-        hold = rows.tail_hold(n, esize, cfg.slices, cfg.num_warps, cfg.tma_stages,
-                              max(1, cfg.programs_per_sm), gmax, nbytes)  # fmt: skip
-        assert hold >= 1, (partials, cfg)
-        for m in [*range(1, 1500, 13), 4096, 4097, 8191, 65536, 100003]:
-            R, start = ln_mod._scratch_rows(m, row_bytes, nbytes)
-            if R > m // 4:  # the scratch gets a buffer of its own: nothing kept
-                continue
-            groups = min(m, gmax)
-            kept = [r % groups for r in range(m - R, m)]
-            assert max(kept.count(g) for g in range(groups)) <= hold, (m, R, groups, hold)
-            at = start + 4 * at_c2
-            keepers = [g * cfg.slices + p for g in set(kept) for p in range(cfg.slices)
-                       if any(r * row_bytes + p * slice_bytes <= at < r * row_bytes + (p + 1) * slice_bytes
-                              for r in range(m - R + (g - m + R) % groups, m, groups))]  # fmt: skip
-            assert keepers == [rows.tail_owner(at, row_bytes, groups, cfg.slices)], (m, keepers)
 
 
 def test_grouped_table_entries_fit_their_programs_on_an_sm():

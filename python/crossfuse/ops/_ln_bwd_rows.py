@@ -38,7 +38,6 @@ faster than one of 8, at the same groups and partials; bench/results/h200/NOTES.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 
@@ -56,11 +55,6 @@ except ImportError:  # a Triton without Gluon: the launcher never picks this ker
 GLUON_TRITON = (3, 6)  # the Triton minor version this kernel was written and tested for
 BOX_W = 256  # a row is brought in as a [N / BOX_W, BOX_W] box (a copy-engine box is at most 256 wide)
 SMEM_BYTES = 227 * 1024  # shared memory one program may take on sm_90
-SMEM_PER_SM = 228 * 1024  # and all the programs of an SM (each also reserving 1 KB)
-TAIL_SMEM_SLACK = 1024  # the barriers and the reductions' scratch beside the buffers (measured: 144 bytes)
-REDUCE_BN = 64  # columns of dw (db) a program of the grouped kernel's tail reduces at a time
-TAIL_POLL = 0  # probe knobs (bench/probe_ln_bwd_tail.py)
-TAIL_COOPERATIVE = True
 
 if gluon is not None:
 
@@ -223,66 +217,17 @@ if gluon is not None:
         return a0 + a1, b0 + b1
 
     @gluon.jit
-    def _posted(v, row):
-        """The 64-bit word that posts the float32 ``v`` of ``row``: its bits below, the row's tag (its index
-        + 1) above. The words are zero at launch, or hold an earlier row's tag where a group's ring of
-        shares comes round again, so a word is complete exactly when it holds its row's tag."""
-        return (v.to(gl.int32, bitcast=True).to(gl.int64) & 0xFFFFFFFF) | ((row + 1).to(gl.int64) << 32)
-
-    @gluon.jit
-    def _shares_of(Shares, row, group, it, SLICES: gl.constexpr, RING: gl.constexpr):
-        """Where the 2 * SLICES shares of ``row`` (the ``it``-th row of ``group``) are posted: the row's
-        own place in (M, 2, SLICES), or with RING its place in the group's ring of RING rows
-        ((groups, RING, 2, SLICES))."""
-        if RING:
-            at = (group * RING + it % RING).to(gl.int64)
-        else:
-            at = row.to(gl.int64)
-        return Shares + at * (2 * SLICES)
-
-    @gluon.jit
-    def _pending(s1s, s2s, row):
-        """Whether a share of ``row`` in the words ``s1s``, ``s2s`` is not posted yet (its tag not there)."""
-        tag = (row + 1).to(gl.int64)
-        return gl.max((((s1s >> 32) != tag) | ((s2s >> 32) != tag)).to(gl.int32), axis=0) != 0
-
-    @gluon.jit
-    def _arrive_and_wait(Count, target, POLL: gl.constexpr):
-        """Counts this program in ``Count`` once every thread is done with what came before (release),
-        then waits until it reaches ``target`` (acquire): a barrier of the whole grid, all of whose
-        programs are on the GPU at once (a cooperative launch). POLL 1: polls with plain volatile loads,
-        one acquire at the end."""
-        gl.thread_barrier()
-        gl.atomic_add(Count, 1, sem="release")
-        if POLL == 1:
-            while gl.load(Count, volatile=True) < target:
-                pass
-        while gl.atomic_add(Count, 0, sem="acquire") < target:  # (once, with POLL 1)
-            pass
-        gl.thread_barrier()
-
-    @gluon.jit
-    def _reduce_columns(Part, Out, col0, groups, N: gl.constexpr, GMAX: gl.constexpr, RBN: gl.constexpr,
-                        WARPS: gl.constexpr):  # fmt: skip
-        """``Out[col0 : col0 + RBN]`` = the sums over the ``groups`` rows of the (groups, N) float32 partials
-        ``Part`` of those columns, in group order (the same bits whatever the schedule), in Out's dtype."""
-        GB: gl.constexpr = 32  # group rows a step: the layout covers 2 * WARPS rows (WARPS <= 16)
-        rl: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WARPS, 1], [1, 0])
-        g = gl.arange(0, GB, layout=gl.SliceLayout(1, rl))
-        c = col0 + gl.arange(0, RBN, layout=gl.SliceLayout(0, rl))
-        acc = gl.zeros([RBN], gl.float32, gl.SliceLayout(0, rl))
-        for s in gl.static_range((GMAX + GB - 1) // GB):  # every step's loads can go out together
-            rows = s * GB + g
-            v = gl.load(Part + rows[:, None] * N + c[None, :], mask=(rows < groups)[:, None], other=0.0)
-            acc += gl.sum(v, axis=0)
-        gl.store(Out + c, acc.to(Out.dtype.element_ty))
+    def _posted(v):
+        """The 64-bit word that posts the float32 ``v``: its bits below, a tag of 1 above (the words are
+        zero until posted, so a word is complete exactly when its tag is set)."""
+        return (v.to(gl.int32, bitcast=True).to(gl.int64) & 0xFFFFFFFF) | 0x100000000
 
     @gluon.jit
     def _unposted(w):
         """The float32 posted in the 64-bit word ``w`` (see ``_posted``)."""
         return (w & 0xFFFFFFFF).to(gl.int32).to(gl.float32, bitcast=True)
 
-    @gluon.jit(do_not_specialize=["M", "DX_M", "OWNER"])  # none across row counts
+    @gluon.jit(do_not_specialize=["M", "DX_M"])  # a new row count reuses the compiled kernel
     def _ln_bwd_groups_kernel(
         DX,  # input gradient, (M, N), row stride stride_dxm
         Xd,  # x as a (M * N / BOX_W, BOX_W) descriptor, boxes [BOX_R, BOX_W] (one row slice each)
@@ -290,18 +235,14 @@ if gluon is not None:
         W,  # weight, (N,); unused unless HAS_WEIGHT
         Mean,  # (M,) float32
         Rstd,  # (M,) float32
-        Shares,  # int64, zero at launch: the slices' two row sums, posted (_posted); (M, 2, SLICES), or
-        # with RING a ring of RING rows a group, (groups, RING, 2, SLICES)
-        Tickets,  # (1,) int32, zero at launch: the places handed out (then, with TAIL, the grid's barriers)
+        Shares,  # (M, 2, SLICES) int64, zero at launch: the slices' two row sums, posted (_posted)
+        Tickets,  # (1,) int32, zero at launch: the places handed out
         DW_part,  # partial dw, (groups, N) float32; unused unless COMPUTE_DW
         DB_part,  # partial db, (groups, N) float32; unused unless COMPUTE_DB
-        DW,  # with TAIL: dw, (N,); unused unless COMPUTE_DW
-        DB,  # with TAIL: db, (N,); unused unless COMPUTE_DB
         stride_dxm,
         M,
-        DX_M,  # dx is stored for rows below DX_M only (dw and db take every row); with TAIL, the others last
+        DX_M,  # dx is stored for rows below DX_M only (dw and db take every row)
         inv_n,  # 1 / N (exact: N is a power of 2)
-        OWNER,  # with TAIL: the ticket whose held rows' bytes hold Tickets (-1: none does)
         SLICES: gl.constexpr,  # programs per row (a group)
         BOX_R: gl.constexpr,  # box rows of a slice: a slice is BOX_R * BOX_W columns
         BOX_W: gl.constexpr,
@@ -312,17 +253,6 @@ if gluon is not None:
         COMPUTE_DW: gl.constexpr,
         COMPUTE_DB: gl.constexpr,
         WARPS: gl.constexpr,
-        # the end of the backward in this kernel, its programs all on the GPU at once (a cooperative
-        # launch): the dx of the rows from DX_M on (whose bytes hold the partials, the shares and Tickets)
-        # kept in shared memory (HOLD rows at most a program) until every program has stored its partials
-        # (a barrier), reduced RBN columns of dw or db at a time (GMAX >= groups) and so read them (a
-        # second barrier); the program OWNER stores last, once every other has left the second barrier
-        TAIL: gl.constexpr = False,
-        RING: gl.constexpr = 0,  # rows of shares a group keeps (0: every row has its own)
-        HOLD: gl.constexpr = 1,
-        GMAX: gl.constexpr = 1,
-        RBN: gl.constexpr = 64,
-        POLL: gl.constexpr = 0,
     ):
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
         # the group's SLICES shares of a row, every thread holding all of them (a sum within the thread)
@@ -344,11 +274,6 @@ if gluon is not None:
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for b in gl.static_range(STAGES):
             mbarrier.init(bars.index(b), count=1)
-        if TAIL:
-            held = gl.allocate_shared_memory(DX.dtype.element_ty, [HOLD, BOX_R, BOX_W],
-                                             gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # fmt: skip
-        else:  # a placeholder, not used
-            held = xs
         if HAS_WEIGHT:
             w = gl.load(W + cols).to(gl.float32)
         else:  # a placeholder, not read
@@ -358,7 +283,6 @@ if gluon is not None:
         at = part * BOX_R  # this slice's first box row within a row
 
         mine = gl.cdiv(M - group, groups)  # rows group, group + groups, ...
-        j0 = gl.maximum(DX_M - group + groups - 1, 0) // groups  # the first of them from DX_M on
         for a in gl.static_range(AHEAD):  # the first rows' copies
             ok = a < mine
             first = (group + a * groups) * boxes + at
@@ -375,8 +299,7 @@ if gluon is not None:
         # those of row 1 - LAG; with LAG = 1 that row is being posted then, so they are asked for at the
         # start of the iteration that uses them
         EARLY: gl.constexpr = LAG >= 2
-        it = gl.maximum(1 - LAG, 0)
-        at_j = _shares_of(Shares, group + it * groups, group, it, SLICES, RING)
+        at_j = Shares + (group + gl.maximum(1 - LAG, 0) * groups).to(gl.int64) * (2 * SLICES)
         s1s = gl.load(at_j + k, volatile=True)
         s2s = gl.load(at_j + SLICES + k, volatile=True)
         # iteration i sums row i (its slice's shares posted) and finishes row i - LAG (its dx, dw and db)
@@ -396,10 +319,10 @@ if gluon is not None:
             # shares are asked for now
             j = i - LAG
             row_j = group + gl.maximum(j, 0) * groups
-            at_j = _shares_of(Shares, row_j, group, gl.maximum(j, 0), SLICES, RING)
+            at_j = Shares + row_j.to(gl.int64) * (2 * SLICES)
             if EARLY:  # past the last row (the drain's last iteration) a row in bounds, not read
                 row_n = gl.minimum(group + gl.maximum(j + 1, 0) * groups, M - 1)
-                at_n = _shares_of(Shares, row_n, group, gl.maximum(j + 1, 0), SLICES, RING)
+                at_n = Shares + row_n.to(gl.int64) * (2 * SLICES)
             else:
                 at_n = at_j
             s1n = gl.load(at_n + k, volatile=True)
@@ -421,12 +344,12 @@ if gluon is not None:
                 # flattened: each thread adds all its elements before the shuffles; rstd once, at the end
                 s1, s2 = gl.reduce((gl.reshape(xc * g, [NS]), gl.reshape(g, [NS])), 0, _add_pairs)
                 s1 = s1 * rstd_i
-                at_i = _shares_of(Shares, row_i, group, i, SLICES, RING)
-                gl.atomic_xchg(at_i + part, _posted(s1, row_i), sem="relaxed")
-                gl.atomic_xchg(at_i + SLICES + part, _posted(s2, row_i), sem="relaxed")
+                at_i = Shares + row_i.to(gl.int64) * (2 * SLICES)
+                gl.atomic_xchg(at_i + part, _posted(s1), sem="relaxed")
+                gl.atomic_xchg(at_i + SLICES + part, _posted(s2), sem="relaxed")
             if j >= 0:
-                # every share posted: the row's tags there (a word is written whole)
-                while _pending(s1s, s2s, row_j):
+                # every share posted: the tags set (a word is written once, whole)
+                while gl.min(gl.minimum(s1s, s2s), axis=0) <= 0xFFFFFFFF:
                     s1s = gl.load(at_j + k, volatile=True)
                     s2s = gl.load(at_j + SLICES + k, volatile=True)
                 c1 = gl.sum(_unposted(s1s), axis=0) * inv_n  # in slice order: the same in every program
@@ -436,14 +359,8 @@ if gluon is not None:
                 xhat = xc * rstd_j
                 # (g - (xhat * c1 + c2)) * rstd, as two fused multiply-adds
                 dx = g * rstd_j - (xhat * (c1 * rstd_j) + c2 * rstd_j)
-                if TAIL:
-                    if row_j < DX_M:
-                        gl.store(DX + row_j.to(gl.int64) * stride_dxm + cols, dx.to(DX.dtype.element_ty))
-                    else:  # its bytes are the scratch's: kept until the end
-                        held.index(j - j0).store(dx.to(DX.dtype.element_ty))
-                else:
-                    gl.store(DX + row_j.to(gl.int64) * stride_dxm + cols, dx.to(DX.dtype.element_ty),
-                             mask=row_j < DX_M)  # fmt: skip
+                gl.store(DX + row_j.to(gl.int64) * stride_dxm + cols, dx.to(DX.dtype.element_ty),
+                         mask=row_j < DX_M)  # fmt: skip
                 if COMPUTE_DW:
                     dw += dy * xhat
                 if COMPUTE_DB:
@@ -460,25 +377,6 @@ if gluon is not None:
             gl.store(DW_part + group * N + cols, dw)
         if COMPUTE_DB:
             gl.store(DB_part + group * N + cols, db)
-        if TAIL:
-            P = gl.num_programs(0)
-            _arrive_and_wait(Tickets, 2 * P, POLL)  # (Tickets counted P as the programs started) stored
-            CH: gl.constexpr = N // RBN  # column blocks of dw, then of db, the tickets taking them in turn
-            if COMPUTE_DW:
-                for t in range(ticket, CH, P):
-                    _reduce_columns(DW_part, DW, t * RBN, groups, N, GMAX, RBN, WARPS)
-            if COMPUTE_DB:
-                first = (ticket + P - (CH % P if COMPUTE_DW else 0)) % P
-                for t in range(first, CH, P):
-                    _reduce_columns(DB_part, DB, t * RBN, groups, N, GMAX, RBN, WARPS)
-            _arrive_and_wait(Tickets, 3 * P, POLL)  # partials read: the scratch's bytes are free
-            gl.atomic_add(Tickets, 1, sem="release")  # done with Tickets
-            if ticket == OWNER:  # its rows' bytes hold Tickets: once no program will read it again
-                while gl.atomic_add(Tickets, 0, sem="acquire") < 4 * P:
-                    pass
-            for h in range(gl.maximum(mine - j0, 0)):
-                row_h = group + (j0 + h) * groups
-                gl.store(DX + row_h.to(gl.int64) * stride_dxm + cols, held.index(h).load(layout))
 
 
 @functools.cache
@@ -554,29 +452,6 @@ def launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs: int, dx_m:
     )  # fmt: skip
 
 
-def ring_rows(lag: int) -> int:
-    """Rows of shares a group keeps in its ring with the tail in the kernel: at least 2 * lag + 2, a power
-    of 2. A program posts row i while the slowest of its group may still wait for row i - 1 - 2 * lag
-    (it has posted row i - 1 - lag, which the fastest waited for), so the ring must hold both."""
-    return 1 << (2 * lag + 1).bit_length()
-
-
-def tail_hold(n: int, esize: int, slices: int, warps: int, stages: int, programs_per_sm: int, groups: int,
-              scratch_bytes: int) -> int:  # fmt: skip
-    """The rows a program of the grouped kernel keeps in shared memory to end the backward itself (TAIL),
-    with ``scratch_bytes`` of scratch in dx's last rows and ``groups`` groups: the most a group takes of
-    those rows; 0 where they do not fit beside the row buffers of ``programs_per_sm`` programs an SM (or
-    ``warps`` above the reduction's layout)."""
-    row_bytes = n * esize
-    rows = -(-(scratch_bytes + 127) // row_bytes)  # the most _scratch's 128-byte aligned start takes
-    hold = -(-rows // groups)
-    slice_bytes = n // slices * esize
-    smem = (2 * stages + hold) * slice_bytes + TAIL_SMEM_SLACK
-    if warps > 16 or programs_per_sm * (smem + 1024) > SMEM_PER_SM:
-        return 0
-    return hold
-
-
 def group_stages_that_fit(n: int, esize: int, slices: int) -> int:
     """Row-slice buffers (x and dy) that fit one program of the grouped kernel's shared memory."""
     return (SMEM_BYTES - 1024) // (2 * n // slices * esize)
@@ -605,74 +480,37 @@ def groups_launch_unfit(n: int, esize: int, slices: int, warps: int, stages: int
     return None
 
 
-class Tail(NamedTuple):
-    """The grouped kernel ending the backward itself (see the kernel's TAIL): dw and db (None where not
-    computed), the rows a program keeps (:func:`tail_hold`), the most groups a launch of this configuration
-    has, and the ticket whose kept rows' bytes hold the tickets (-1: none, the scratch not in dx)."""
-
-    dw: torch.Tensor | None
-    db: torch.Tensor | None
-    hold: int
-    groups_max: int
-    owner: int
-
-
-def tail_owner(offset: int, row_bytes: int, groups: int, slices: int) -> int:
-    """The ticket of the grouped kernel whose kept row slice holds the byte ``offset`` of dx (rows of
-    ``row_bytes``): rows go to the groups in turn, a row's slices to a group's tickets in order."""
-    row, col = divmod(offset, row_bytes)
-    return row % groups * slices + col // (row_bytes // slices)
-
-
 def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, dw_part, db_part, groups: int, dx_m: int,
                   compute_dw: bool, compute_db: bool, slices: int, warps: int, stages: int,
-                  lag: int, tail: Tail | None = None) -> None:  # fmt: skip
+                  lag: int) -> None:  # fmt: skip
     """The grouped kernel (see the module docstring): ``groups`` groups of ``slices`` programs, each
     group's float32 shares of dw and db in its row of ``dw_part`` / ``db_part`` ((groups, N);
-    placeholders when not computed); ``shares`` ((M, 2, slices) int64, or with ``tail`` a ring of
-    :func:`ring_rows` rows a group) and ``tickets`` ((1,) int32) zero at launch; ``stages`` row-slice
-    buffers of which ``lag`` hold rows waiting for the group's shares, on ``warps`` warps (at most one per
-    box row of a slice); see :func:`groups_usable`. With ``tail`` the kernel also reduces the partials into
-    ``tail.dw`` / ``tail.db`` and writes the dx of the rows from ``dx_m`` on (a cooperative launch)."""
+    placeholders when not computed); ``shares`` ((M, 2, slices) int64) and ``tickets`` ((1,) int32) zero
+    at launch; ``stages`` row-slice buffers of which ``lag`` hold rows waiting for the group's shares, on
+    ``warps`` warps (at most one per box row of a slice); see :func:`groups_usable`."""
     M, N = x.shape
     if not 1 <= groups <= M:
         raise ValueError(f"groups must be from 1 to the row count {M}, got {groups}")
     unfit = groups_launch_unfit(N, x.element_size(), slices, warps, stages, lag)
     if unfit:
         raise ValueError(unfit)
-    rows = ring_rows(lag) * (tail.groups_max if tail else 0) or M
-    if shares.dtype != torch.int64 or shares.numel() < rows * 2 * slices or tickets.dtype != torch.int32:
-        raise ValueError(f"shares must hold ({rows}, 2, slices) int64 and tickets an int32")
-    extra = {}
-    if tail:
-        if not groups <= tail.groups_max or -(-(M - dx_m) // groups) > tail.hold:
-            raise ValueError(f"the tail keeps {tail.hold} rows a group of at most {tail.groups_max}: "
-                             f"{M - dx_m} rows in {groups} groups do not fit")  # fmt: skip
-        dw = tail.dw if compute_dw else dx
-        db = tail.db if compute_db else dx
-        extra = dict(TAIL=True, RING=ring_rows(lag), HOLD=tail.hold, GMAX=tail.groups_max, RBN=REDUCE_BN,
-                     POLL=TAIL_POLL, launch_cooperative_grid=TAIL_COOPERATIVE)  # fmt: skip
-    else:
-        dw = db = dx
+    if shares.dtype != torch.int64 or shares.numel() < M * 2 * slices or tickets.dtype != torch.int32:
+        raise ValueError("shares must hold (M, 2, slices) int64 and tickets an int32")
     _ln_bwd_groups_kernel[(groups * slices,)](
         dx, _row_boxes(x, slices), _row_boxes(dy, slices), weight if weight is not None else x, mean, rstd,
-        shares, tickets, dw_part, db_part, dw, db, dx.stride(0), M, dx_m, 1.0 / N, tail.owner if tail else -1,
-        SLICES=slices, BOX_R=N // slices // BOX_W, BOX_W=BOX_W, STAGES=stages, LAG=lag,
-        VEC=16 // x.element_size(), HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw,
-        COMPUTE_DB=compute_db, WARPS=warps, num_warps=warps, **extra,
+        shares, tickets, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N, SLICES=slices,
+        BOX_R=N // slices // BOX_W, BOX_W=BOX_W, STAGES=stages, LAG=lag, VEC=16 // x.element_size(),
+        HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps,
+        num_warps=warps,
     )  # fmt: skip
 
 
 __all__ = [
-    "Tail",
     "group_stages_that_fit",
     "groups_launch_unfit",
     "groups_usable",
     "launch",
     "launch_groups",
-    "ring_rows",
     "stages_that_fit",
-    "tail_hold",
-    "tail_owner",
     "usable",
 ]

@@ -1498,19 +1498,12 @@ def _scratch(dx: torch.Tensor, acc: torch.dtype, elems: int) -> tuple[int, torch
     aligned), to hold the backward's float32 partial sums until those rows' own dx is written last; or
     ``(0, None)`` when that would take more than a quarter of the rows (then the sums get a buffer)."""
     M, N = dx.shape
-    nbytes = elems * acc.itemsize
-    rows, start = _scratch_rows(M, N * dx.element_size(), nbytes)
+    row_bytes, nbytes = N * dx.element_size(), elems * acc.itemsize
+    start = (M * row_bytes - nbytes) // 128 * 128
+    rows = M - start // row_bytes if start >= 0 else M + 1
     if rows > M // 4:
         return 0, None
     return rows, dx.view(torch.uint8).view(-1)[start : start + nbytes].view(acc)
-
-
-def _scratch_rows(m: int, row_bytes: int, nbytes: int) -> tuple[int, int]:
-    """``(R, start)``: the rows of ``m`` rows of ``row_bytes`` whose bytes hold ``nbytes`` of scratch that
-    ends at most 127 bytes before the rows do and starts at the byte ``start``, 128-byte aligned (R > m
-    where they do not fit)."""
-    start = (m * row_bytes - nbytes) // 128 * 128
-    return (m - start // row_bytes if start >= 0 else m + 1), start
 
 
 @quiet_interpreter
@@ -1572,16 +1565,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     part = _align(programs * N)
     at_db = part if compute_dw else 0
     at_c1 = at_db + part if compute_db else at_db
-    hold = 0  # with the grouped kernel, the rows a program keeps to end the backward itself (its TAIL)
-    if grouped:
-        # the shares of the row sums and the ticket counter: with the tail in the kernel, a ring of
-        # ring_rows(lag) rows a group (the scratch then the same size whatever M: so are the rows kept, a
-        # constexpr); else (M, 2, slices) int64, for the finish kernel after the reduction
-        ring = _align(4 * cfg.slices * _ln_bwd_rows.ring_rows(cfg.lag) * max_programs)
-        hold = _ln_bwd_rows.tail_hold(N, x.element_size(), cfg.slices, cfg.num_warps, cfg.tma_stages,
-                                      max(1, cfg.programs_per_sm), max_programs,
-                                      4 * (at_c1 + ring + _align(1)))  # fmt: skip
-        extra = (ring if hold else _align(4 * cfg.slices * M), _align(1))
+    if grouped:  # the shares of the row sums, (M, 2, slices) int64, and the ticket counter
+        extra = (_align(4 * cfg.slices * M), _align(1))
     elif whole_rows:
         extra = (0, 0)
     elif coop:
@@ -1604,17 +1589,10 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     if grouped:
         scratch[at_c1 : at_c2 + 1].zero_()  # shares and tickets: one memset
         shares, count = scratch[at_c1:at_c2].view(torch.int64), scratch[at_c2 : at_c2 + 1].view(torch.int32)
-        tail = None
-        if hold:  # the kernel reduces dw and db and writes the scratch rows' dx itself: nothing after it
-            at = count.data_ptr() - dx.data_ptr()
-            owner = _ln_bwd_rows.tail_owner(at, N * x.element_size(), programs, cfg.slices) if R else -1
-            tail = _ln_bwd_rows.Tail(dw, db, hold, max_programs, owner)
         _ln_bwd_rows.launch_groups(
             dx, dy, x, weight, mean, rstd, shares, count, dw_part, db_part, programs, M - R, compute_dw,
-            compute_db, cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag, tail,
+            compute_db, cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag,
         )  # fmt: skip
-        if tail:
-            return dx, dw, db
     elif smem_rows:
         _ln_bwd_rows.launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs, M - R, compute_dw,
                             compute_db, cfg.num_warps, cfg.tma_stages)  # fmt: skip
