@@ -3,10 +3,11 @@ example ``git show REV:python/crossfuse/ops/layer_norm.py > /tmp/old.py``) again
 with its own ``TUNED`` table, alternated ``--rounds`` times at the session's shapes (medians of
 ``crossfuse.harness.timing.time_cuda``, the sessions' GPU timer).
 
-    python bench/ab_ln.py OLD_LAYER_NORM_PY [--rounds 3] [--shapes MxN,...] [--kinds fwd,bwd]
+    python bench/ab_ln.py OLD_LAYER_NORM_PY [--rounds 3] [--shapes MxN,...] [--kinds fwd,bwd,bwd-dx]
 
 Prints one line per (shape, dtype, fwd/bwd): GB/s of each, their ratio, and the largest difference of
-their outputs. ``bench/results/h200/ab_run35_ln.txt`` and ``ab_run36_ln.txt`` came from its first form,
+their outputs. ``bwd-dx`` is the backward without dw and db (a layer norm without affine parameters, or
+with frozen ones). ``bench/results/h200/ab_run35_ln.txt`` and ``ab_run36_ln.txt`` came from its first form,
 which differed only in taking the old module copied into the package by hand; ``ab_run40_ln.txt`` to
 ``ab_run42_ln.txt`` from this one.
 """
@@ -60,7 +61,8 @@ def _calls(mod, kind, x, w, b, dy, mean, rstd):
     """The op of module ``mod`` on these inputs, as a call with no arguments."""
     if kind == "fwd":
         return functools.partial(mod.layer_norm_fwd, x, w, b, 1e-5)
-    return functools.partial(mod.layer_norm_bwd, dy, x, w, mean, rstd, True, True)
+    grads = kind == "bwd"  # else "bwd-dx": dx alone
+    return functools.partial(mod.layer_norm_bwd, dy, x, w, mean, rstd, grads, grads)
 
 
 def main(argv=None) -> int:
@@ -68,7 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("old", help="an earlier crossfuse/ops/layer_norm.py")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default=",".join(f"{m}x{n}" for m, n in SHAPES), help="MxN,...")
-    ap.add_argument("--kinds", default="fwd,bwd")
+    ap.add_argument("--kinds", default="fwd,bwd", help="of fwd, bwd, bwd-dx")
     from crossfuse.harness import toolchain
 
     toolchain.add_argument(ap)
