@@ -32,7 +32,8 @@ programs of a group wait for each other, so they take their place from a ticket 
 (as the cooperative Triton kernel does): the programs that run hold the lowest tickets, every group but
 the last of them is complete, and the grid is ``programs_per_sm`` programs per SM (one of 8 warps, or
 several smaller ones, each with its own buffers: in 16 bits four programs of 2 warps an SM measured 1.5-2.4%
-faster than one of 8, at the same groups and partials; bench/results/h200/NOTES.md, layer norm v37).
+faster than one of 8, at the same groups and partials, and six 3.0-5.2% faster than four, their groups
+and partials 1.5 times as many; bench/results/h200/NOTES.md, layer norm v37 and v41).
 """
 
 from __future__ import annotations
@@ -255,8 +256,10 @@ if gluon is not None:
         WARPS: gl.constexpr,
     ):
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
-        # the group's SLICES shares of a row, every thread holding all of them (a sum within the thread)
-        shares_layout: gl.constexpr = gl.BlockedLayout([SLICES], [32], [WARPS], [0])
+        # the group's SLICES shares of a row, one a lane (summed across the lanes): with every thread
+        # holding all of them (before v41) the kernel took 255 registers a thread at bf16 rows of 16384,
+        # four programs an SM; spread, 168, and six fit (bench/results/h200/NOTES.md, layer norm v41)
+        shares_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
         NS: gl.constexpr = BOX_R * BOX_W  # columns of a slice
         N: gl.constexpr = NS * SLICES
         AHEAD: gl.constexpr = STAGES - 1 - LAG

@@ -1216,8 +1216,11 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     # warps an SM, 4 buffers each, a row finished 2 rows after its sums: 1.015x the two programs a group,
     # one of 8 warps an SM, at 4096x16384 and 1.024x at 8192x16384 (runs 249-250, alternated in one
     # process); those took 3014 GB/s against the whole-row Gluon entry's 2726 (session 37's run 4)
-    ("bwd", 2, 16384, False): LaunchConfig(1, 16384, 2, 4, tma_stages=4, smem_rows=True, slices=8, lag=2),
-    ("bwd", 2, 16384, True): LaunchConfig(1, 16384, 2, 4, tma_stages=4, smem_rows=True, slices=8, lag=2),
+    # since v41, six programs an SM (the shares spread over the lanes: 168 registers a thread instead of
+    # 255, so six fit): 1.035x four at bf16 4096x16384 and 1.074x at 8192x16384 (run 274, alternated);
+    # 1.030x and 1.052x v38 (run 275); in the session 3326 GB/s at 4096x16384, 78.2% of copy (run 275)
+    ("bwd", 2, 16384, False): LaunchConfig(1, 16384, 2, 6, tma_stages=4, smem_rows=True, slices=8, lag=2),
+    ("bwd", 2, 16384, True): LaunchConfig(1, 16384, 2, 6, tma_stages=4, smem_rows=True, slices=8, lag=2),
     ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 2111 GB/s (run 64; the old 1967)
     ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 4044 GB/s (run 44, kept)
     ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2314 GB/s (run 44, kept)
