@@ -2,13 +2,14 @@
 grouped kernel) against the code's table entry, alternated in one process.
 
     python bench/probe_ln_bwd_groups.py [--rounds 3] [--shapes 4096x16384,...] [--dtypes bfloat16,float32]
-                                        [--candidates S:STAGES:LAG:WARPS[:P],...]
+                                        [--candidates S:STAGES:LAG:WARPS[:P[:R]],...]
                                         [--once S:STAGES:LAG:WARPS[:P]]
 
 For each shape and dtype: the table's backward (``layer_norm_bwd`` with ``config=None``), the same with
 the scratch rows of a grouped entry finished by the two-pass kernel (``FINISH_FROM_SHARES`` off), and each
 grouped candidate (``slices`` S, ``tma_stages`` STAGES, ``lag`` LAG, ``num_warps`` WARPS,
-``programs_per_sm`` P, 1 when not given), each first checked against the table's gradients (largest
+``programs_per_sm`` P, 1 when not given; compiled with at most R registers a thread, ``maxnreg``, where
+given), each first checked against the table's gradients (largest
 difference of dx, dw, db: both are within their tolerances of float64 by the GPU tests; here they differ
 by rounding), then timed ``--rounds`` times in turn with the sessions' GPU timer
 (``crossfuse.harness.timing.time_cuda``, p50), the order reversed every other round. Prints GB/s
@@ -33,17 +34,31 @@ DEFAULT_CANDIDATES = (
 )
 
 
-def parse_candidate(text: str) -> tuple[int, int, int, int, int]:
-    """``(slices, stages, lag, warps, programs per SM)`` of ``S:STAGES:LAG:WARPS[:P]``."""
+def parse_candidate(text: str) -> tuple[int, int, int, int, int, int]:
+    """``(slices, stages, lag, warps, programs per SM, register cap or 0)`` of
+    ``S:STAGES:LAG:WARPS[:P[:R]]``."""
     values = [int(v) for v in text.split(":")]
-    if len(values) not in (4, 5):
-        raise SystemExit(f"a candidate is S:STAGES:LAG:WARPS[:P], got {text!r}")
-    return (*values, 1) if len(values) == 4 else tuple(values)
+    if len(values) not in (4, 5, 6):
+        raise SystemExit(f"a candidate is S:STAGES:LAG:WARPS[:P[:R]], got {text!r}")
+    return tuple(values) + (1, 0)[len(values) - 4 :]
 
 
 def grouped_config(ln, n: int, cand):
-    slices, stages, lag, warps, per_sm = cand
+    slices, stages, lag, warps, per_sm, _ = cand
     return ln.LaunchConfig(1, n, warps, per_sm, tma_stages=stages, smem_rows=True, slices=slices, lag=lag)
+
+
+def with_maxnreg(rows, maxnreg: int, fn):
+    """``fn`` with the grouped kernel compiled under a cap of ``maxnreg`` registers (0: none)."""
+
+    def call(**kwargs):
+        rows.GROUPS_MAXNREG = maxnreg or None
+        try:
+            return fn(**kwargs)
+        finally:
+            rows.GROUPS_MAXNREG = None
+
+    return call
 
 
 def with_flag(module, flag: str, fn):
@@ -77,16 +92,18 @@ def compare(torch, timing, ln, m, n, dtype, cands, rounds, cfg_t, copy_gbps) -> 
     diffs = dict.fromkeys(fns, "-")
     for cand in cands:
         name = "S{}/st{}/lag{}/w{}".format(*cand) + (f"/p{cand[4]}" if cand[4] != 1 else "")
+        name += f"/r{cand[5]}" if cand[5] else ""
         cfg = grouped_config(ln, n, cand)
+        capped = with_maxnreg(ln._ln_bwd_rows, cand[5], call)
         try:
-            got = call(config=cfg)
+            got = capped(config=cfg)
             torch.cuda.synchronize()
         except Exception as exc:  # a candidate that does not launch: said, not timed
             print(f"{m}x{n} {str(dtype)[6:]} {name}: {type(exc).__name__}: {exc}", flush=True)
             continue
         diffs[name] = " ".join(f"{(a.float() - b.float()).abs().max().item():.1e}"
                                for a, b in zip(got, want, strict=True))  # fmt: skip
-        fns[name] = functools.partial(call, config=cfg)
+        fns[name] = functools.partial(capped, config=cfg)
     times: dict[str, list[float]] = {k: [] for k in fns}
     order = list(fns)
     for r in range(rounds):

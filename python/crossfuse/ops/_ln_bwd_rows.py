@@ -56,6 +56,7 @@ except ImportError:  # a Triton without Gluon: the launcher never picks this ker
 GLUON_TRITON = (3, 6)  # the Triton minor version this kernel was written and tested for
 BOX_W = 256  # a row is brought in as a [N / BOX_W, BOX_W] box (a copy-engine box is at most 256 wide)
 SMEM_BYTES = 227 * 1024  # shared memory one program may take on sm_90
+GROUPS_MAXNREG: int | None = None  # a register cap for the grouped kernel (bench/probe_ln_bwd_groups.py)
 
 if gluon is not None:
 
@@ -504,7 +505,7 @@ def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, dw_part, db_pa
         shares, tickets, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N, SLICES=slices,
         BOX_R=N // slices // BOX_W, BOX_W=BOX_W, STAGES=stages, LAG=lag, VEC=16 // x.element_size(),
         HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps,
-        num_warps=warps,
+        num_warps=warps, **({"maxnreg": GROUPS_MAXNREG} if GROUPS_MAXNREG else {}),
     )  # fmt: skip
 
 
