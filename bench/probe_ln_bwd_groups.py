@@ -48,28 +48,16 @@ def grouped_config(ln, n: int, cand):
     return ln.LaunchConfig(1, n, warps, per_sm, tma_stages=stages, smem_rows=True, slices=slices, lag=lag)
 
 
-def with_maxnreg(rows, maxnreg: int, fn):
-    """``fn`` with the grouped kernel compiled under a cap of ``maxnreg`` registers (0: none)."""
+def with_attr(module, name: str, value, fn):
+    """``fn`` with ``module.name`` set to ``value`` for the call (to compare), as it was after."""
 
     def call(**kwargs):
-        rows.GROUPS_MAXNREG = maxnreg or None
+        before = getattr(module, name)
+        setattr(module, name, value)
         try:
             return fn(**kwargs)
         finally:
-            rows.GROUPS_MAXNREG = None
-
-    return call
-
-
-def with_flag(module, flag: str, fn):
-    """``fn`` with ``module.flag`` off for the call (to compare)."""
-
-    def call(**kwargs):
-        setattr(module, flag, False)
-        try:
-            return fn(**kwargs)
-        finally:
-            setattr(module, flag, True)
+            setattr(module, name, before)
 
     return call
 
@@ -87,14 +75,14 @@ def compare(torch, timing, ln, m, n, dtype, cands, rounds, cfg_t, copy_gbps) -> 
     x, w, _, dy, mean, rstd = inputs(ln, m, n, dtype)
     call = functools.partial(ln.layer_norm_bwd, dy, x, w, mean, rstd, True, True)
     # the table with the scratch rows of a grouped entry finished by the two-pass kernel (as before v36)
-    fns = {"table": call, "table/two-pass finish": with_flag(ln, "FINISH_FROM_SHARES", call)}
+    fns = {"table": call, "table/two-pass finish": with_attr(ln, "FINISH_FROM_SHARES", False, call)}
     want = call()
     diffs = dict.fromkeys(fns, "-")
     for cand in cands:
         name = "S{}/st{}/lag{}/w{}".format(*cand) + (f"/p{cand[4]}" if cand[4] != 1 else "")
         name += f"/r{cand[5]}" if cand[5] else ""
         cfg = grouped_config(ln, n, cand)
-        capped = with_maxnreg(ln._ln_bwd_rows, cand[5], call)
+        capped = with_attr(ln._ln_bwd_rows, "GROUPS_MAXNREG", cand[5] or None, call)
         try:
             got = capped(config=cfg)
             torch.cuda.synchronize()
