@@ -32,7 +32,7 @@ programs of a group wait for each other, so they take their place from a ticket 
 (as the cooperative Triton kernel does): the programs that run hold the lowest tickets, every group but
 the last of them is complete, and the grid is ``programs_per_sm`` programs per SM (one of 8 warps, or
 several smaller ones, each with its own buffers: in 16 bits four programs of 2 warps an SM measured 1.5-2.4%
-faster than one of 8, at the same groups and partials, and six 3.0-5.2% faster than four, their groups
+faster than one of 8, at the same groups and partials, and six 3.5-7.4% faster than four, their groups
 and partials 1.5 times as many; bench/results/h200/NOTES.md, layer norm v37 and v41).
 """
 
