@@ -2,16 +2,16 @@
 grouped kernel) against the code's table entry, alternated in one process.
 
     python bench/probe_ln_bwd_groups.py [--rounds 3] [--shapes 4096x16384,...] [--dtypes bfloat16,float32]
-                                        [--candidates S:STAGES:LAG:WARPS[:P[:R]],...]
+                                        [--candidates S:STAGES:LAG:WARPS[:P[:R[:PAIRED]]],...]
                                         [--once S:STAGES:LAG:WARPS[:P]]
 
 For each shape and dtype: the table's backward (``layer_norm_bwd`` with ``config=None``), the same with
 the scratch rows of a grouped entry finished by the two-pass kernel (``FINISH_FROM_SHARES`` off), and each
 grouped candidate (``slices`` S, ``tma_stages`` STAGES, ``lag`` LAG, ``num_warps`` WARPS,
 ``programs_per_sm`` P, 1 when not given; compiled with at most R registers a thread, ``maxnreg``, where
-given), each first checked against the table's gradients (largest
-difference of dx, dw, db: both are within their tolerances of float64 by the GPU tests; here they differ
-by rounding), then timed ``--rounds`` times in turn with the sessions' GPU timer
+given and not 0; PAIRED 1: ``paired``, two groups' partials in one row), each first checked against the
+table's gradients (largest difference of dx, dw, db: both are within their tolerances of float64 by the GPU
+tests; here they differ by rounding), then timed ``--rounds`` times in turn with the sessions' GPU timer
 (``crossfuse.harness.timing.time_cuda``, p50), the order reversed every other round. Prints GB/s
 (3·M·N·bytes), the share of the copy ceiling measured in the same process (bf16 ``y.copy_(x)``, 512 MiB,
 bytes read + written) and the ratio to the table's entry, medians of the rounds.
@@ -34,18 +34,19 @@ DEFAULT_CANDIDATES = (
 )
 
 
-def parse_candidate(text: str) -> tuple[int, int, int, int, int, int]:
-    """``(slices, stages, lag, warps, programs per SM, register cap or 0)`` of
-    ``S:STAGES:LAG:WARPS[:P[:R]]``."""
+def parse_candidate(text: str) -> tuple[int, int, int, int, int, int, int]:
+    """``(slices, stages, lag, warps, programs per SM, register cap or 0, paired 0 or 1)`` of
+    ``S:STAGES:LAG:WARPS[:P[:R[:PAIRED]]]``."""
     values = [int(v) for v in text.split(":")]
-    if len(values) not in (4, 5, 6):
-        raise SystemExit(f"a candidate is S:STAGES:LAG:WARPS[:P[:R]], got {text!r}")
-    return tuple(values) + (1, 0)[len(values) - 4 :]
+    if len(values) not in (4, 5, 6, 7) or (len(values) == 7 and values[6] not in (0, 1)):
+        raise SystemExit(f"a candidate is S:STAGES:LAG:WARPS[:P[:R[:PAIRED]]] (PAIRED 0 or 1), got {text!r}")
+    return tuple(values) + (1, 0, 0)[len(values) - 4 :]
 
 
 def grouped_config(ln, n: int, cand):
-    slices, stages, lag, warps, per_sm, _ = cand
-    return ln.LaunchConfig(1, n, warps, per_sm, tma_stages=stages, smem_rows=True, slices=slices, lag=lag)
+    slices, stages, lag, warps, per_sm, _, paired = cand
+    return ln.LaunchConfig(1, n, warps, per_sm, tma_stages=stages, smem_rows=True, slices=slices, lag=lag,
+                           paired=bool(paired))  # fmt: skip
 
 
 def with_attr(module, name: str, value, fn):
@@ -80,7 +81,7 @@ def compare(torch, timing, ln, m, n, dtype, cands, rounds, cfg_t, copy_gbps) -> 
     diffs = dict.fromkeys(fns, "-")
     for cand in cands:
         name = "S{}/st{}/lag{}/w{}".format(*cand) + (f"/p{cand[4]}" if cand[4] != 1 else "")
-        name += f"/r{cand[5]}" if cand[5] else ""
+        name += (f"/r{cand[5]}" if cand[5] else "") + ("/paired" if cand[6] else "")
         cfg = grouped_config(ln, n, cand)
         capped = with_attr(ln._ln_bwd_rows, "GROUPS_MAXNREG", cand[5] or None, call)
         try:
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="4096x16384", help="MxN,...")
     ap.add_argument("--dtypes", default="bfloat16,float32")
-    ap.add_argument("--candidates", default=DEFAULT_CANDIDATES, help="S:STAGES:LAG:WARPS[:P],...")
+    ap.add_argument("--candidates", default=DEFAULT_CANDIDATES, help="S:STAGES:LAG:WARPS[:P[:R[:PAIRED]]],..")
     ap.add_argument("--once", help="S:STAGES:LAG:WARPS[:P] or 'table': run that backward 3 times, for ncu")
     from crossfuse.harness import toolchain
 

@@ -207,6 +207,8 @@ def code_tables() -> dict:
         if c.slices > 1:
             entry["slices"] = c.slices
             entry["lag"] = c.lag
+        if c.paired:
+            entry["paired"] = True
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
     for (kind, d, esize, causal, long), c in ra.TUNED.items():
         length = "long" if long else "short"

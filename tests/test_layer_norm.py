@@ -724,14 +724,16 @@ def test_smem_rows_backward_against_float64(dtype, m, n, cfg, weight, grads, gen
     check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg)
 
 
-def _grouped(n: int, slices: int, stages: int, lag: int, warps: int):
-    """A grouped entry (the Gluon kernel that splits each row between ``slices`` programs)."""
-    return ln_mod.LaunchConfig(1, n, warps, 1, tma_stages=stages, smem_rows=True, slices=slices, lag=lag)
+def _grouped(n: int, slices: int, stages: int, lag: int, warps: int, paired: bool = False, per_sm: int = 1):
+    """A grouped entry (the Gluon kernel that splits each row between ``slices`` programs; ``paired``: two
+    groups' dw and db partials added into one row)."""
+    return ln_mod.LaunchConfig(1, n, warps, per_sm, tma_stages=stages, smem_rows=True, slices=slices, lag=lag,
+                               paired=paired)  # fmt: skip
 
 
 def _group_launches(monkeypatch) -> list:
     """The groups of each launch of the grouped Gluon backward."""
-    return _gluon_launches(monkeypatch, "launch_groups", 10)
+    return _gluon_launches(monkeypatch, "launch_groups", 11)
 
 
 @pytest.mark.gpu
@@ -745,7 +747,11 @@ def _group_launches(monkeypatch) -> list:
      pytest.param(300, 8192, _grouped(8192, 4, 6, 3, 8), True, id="300x8192, lag 3, partials in a buffer"),
      pytest.param(20000, 4096, _grouped(4096, 8, 4, 2, 2), False, id="20000x4096, 8 slices, no weight"),
      pytest.param(5, 16384, _grouped(16384, 4, 8, 2, 16), True, id="5 rows: fewer rows than groups"),
-     pytest.param(1, 16384, _grouped(16384, 2, 3, 1, 16), True, id="one row: the lag past the end")],
+     pytest.param(1, 16384, _grouped(16384, 2, 3, 1, 16), True, id="one row: the lag past the end"),
+     pytest.param(4101, 16384, _grouped(16384, 8, 4, 2, 2, True, 6), True, id="4101x16384, paired groups"),
+     pytest.param(300, 8192, _grouped(8192, 4, 6, 3, 8, True), False, id="300x8192, paired, no weight"),
+     pytest.param(5, 16384, _grouped(16384, 4, 8, 2, 16, True), True, id="5 rows paired: a group alone"),
+     pytest.param(1, 16384, _grouped(16384, 2, 3, 1, 16, True), True, id="one row paired: one group")],
 )  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
                          ids=["bfloat16", "float16", "float32"])  # fmt: skip
@@ -841,13 +847,14 @@ def test_grouped_backward_finishes_its_scratch_rows_from_posted_sums(m, n, slice
 _SANITIZED_BACKWARD = """
 import sys, torch
 from crossfuse.ops import layer_norm as ln
-for m, n, dtype, slices, stages, lag, warps in {cases}:
+for m, n, dtype, slices, stages, lag, warps, paired in {cases}:
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
     w = torch.randn(n, device="cuda", dtype=dtype, generator=g)
     dy = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
     _, mean, rstd = ln.layer_norm_fwd(x, w, None, 1e-5)
-    cfg = ln.LaunchConfig(1, n, warps, 1, tma_stages=stages, smem_rows=True, slices=slices, lag=lag)
+    cfg = ln.LaunchConfig(1, n, warps, 1, tma_stages=stages, smem_rows=True, slices=slices, lag=lag,
+                          paired=paired)
     ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
     torch.cuda.synchronize()
 print("done")
@@ -869,11 +876,13 @@ def test_grouped_backward_reads_nothing_past_its_buffers(gen):
     sanitizer = _compute_sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found (CUDA's toolkit)")
-    cases = [(256, 16384, "torch.bfloat16", 8, 12, 3, 8), (2048, 16384, "torch.bfloat16", 2, 4, 2, 8),
-             (1024, 16384, "torch.float32", 2, 3, 1, 16)]  # fmt: skip
+    cases = [(256, 16384, "torch.bfloat16", 8, 12, 3, 8, False),
+             (2048, 16384, "torch.bfloat16", 2, 4, 2, 8, False),
+             (1024, 16384, "torch.float32", 2, 3, 1, 16, False),
+             (2048, 16384, "torch.bfloat16", 8, 4, 2, 2, True)]  # fmt: skip
     for m, n, dtype, *_ in cases:  # dx a whole number of 2 MiB, its scratch in its last rows
         assert m * n * (2 if "bfloat16" in dtype else 4) % (2 << 20) == 0
-    listed = ", ".join(f"({m}, {n}, {dtype}, {s}, {st}, {lag}, {w})" for m, n, dtype, s, st, lag, w in cases)
+    listed = ", ".join(f"({', '.join(map(str, case))})" for case in cases)
     code = _SANITIZED_BACKWARD.format(cases=f"[{listed}]")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     cmd = [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c", code]
@@ -970,8 +979,8 @@ def test_grouped_launch_rejects_a_launch_that_cannot_run(groups, slices, warps, 
     part = torch.zeros((max(groups, 1), 16384))
     shares, tickets = torch.zeros(8 * 2 * slices, dtype=torch.int64), torch.zeros(1, dtype=torch.int32)
     with pytest.raises(ValueError, match=words):
-        ln_mod._ln_bwd_rows.launch_groups(x, x, x, w, stats, stats, shares, tickets, part, part, groups, 8,
-                                          True, True, slices, warps, stages, lag)  # fmt: skip
+        ln_mod._ln_bwd_rows.launch_groups(x, x, x, w, stats, stats, shares, tickets, tickets, part, part,
+                                          groups, 8, True, True, slices, warps, stages, lag)  # fmt: skip
 
 
 def test_grouped_table_entries_fit_their_programs_on_an_sm():

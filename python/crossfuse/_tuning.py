@@ -112,7 +112,7 @@ def layer_norm_config(config_type, c: dict, programs_per_sm: int | None = None):
         c["pps"] if programs_per_sm is None else programs_per_sm, c.get("unroll", 1),
         bool(c.get("prefetch", False)), bool(c.get("keep_params", False)), bool(c.get("shifted", False)),
         int(c.get("tma_stages", 0)), bool(c.get("coop", False)), bool(c.get("smem_rows", False)),
-        int(c.get("slices", 1)), int(c.get("lag", 1)),
+        int(c.get("slices", 1)), int(c.get("lag", 1)), bool(c.get("paired", False)),
     )  # fmt: skip
 
 

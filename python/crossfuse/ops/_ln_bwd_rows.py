@@ -33,7 +33,10 @@ programs of a group wait for each other, so they take their place from a ticket 
 the last of them is complete, and the grid is ``programs_per_sm`` programs per SM (one of 8 warps, or
 several smaller ones, each with its own buffers: in 16 bits four programs of 2 warps an SM measured 1.5-2.4%
 faster than one of 8, at the same groups and partials, and six 3.5-7.4% faster than four, their groups
-and partials 1.5 times as many; bench/results/h200/NOTES.md, layer norm v37 and v41).
+and partials 1.5 times as many; bench/results/h200/NOTES.md, layer norm v37 and v41). With ``PAIRED``
+the groups 2k and 2k + 1 add their dw and db into one row of partials: the program of the two (of a
+slice) that ends second waits for the other's stores and adds its own, so the partials, and the scratch
+rows of dx they take, halve (layer norm v42).
 """
 
 from __future__ import annotations
@@ -239,8 +242,9 @@ if gluon is not None:
         Rstd,  # (M,) float32
         Shares,  # (M, 2, SLICES) int64, zero at launch: the slices' two row sums, posted (_posted)
         Tickets,  # (1,) int32, zero at launch: the places handed out
-        DW_part,  # partial dw, (groups, N) float32; unused unless COMPUTE_DW
-        DB_part,  # partial db, (groups, N) float32; unused unless COMPUTE_DB
+        Pairs,  # (2, slots, SLICES) int32, zero at launch, with PAIRED: each slot's arrivals, then its flags
+        DW_part,  # partial dw, (slots, N) float32; unused unless COMPUTE_DW
+        DB_part,  # partial db, (slots, N) float32; unused unless COMPUTE_DB
         stride_dxm,
         M,
         DX_M,  # dx is stored for rows below DX_M only (dw and db take every row)
@@ -254,7 +258,9 @@ if gluon is not None:
         HAS_WEIGHT: gl.constexpr,
         COMPUTE_DW: gl.constexpr,
         COMPUTE_DB: gl.constexpr,
+        PAIRED: gl.constexpr,  # groups 2k and 2k + 1 add their dw and db into slot k (else a slot a group)
         WARPS: gl.constexpr,
+        GDC: gl.constexpr,  # a programmatic dependent launch: wait for the kernel before (the memset) first
     ):
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
         # the group's SLICES shares of a row, one a lane (summed across the lanes): with every thread
@@ -265,6 +271,9 @@ if gluon is not None:
         N: gl.constexpr = NS * SLICES
         AHEAD: gl.constexpr = STAGES - 1 - LAG
         groups = gl.num_programs(0) // SLICES
+        if GDC:  # the tickets, shares and pairs zeroed and visible (see crossfuse.ops._gdc)
+            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)  # fmt: skip
         ticket = gl.atomic_add(Tickets, 1, sem="relaxed")
         part = ticket % SLICES
         group = ticket // SLICES
@@ -377,10 +386,32 @@ if gluon is not None:
 
         for b in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(b))
+        if PAIRED:
+            # the program of the pair's other group that arrives second waits for the first's slice of dw
+            # and db in the slot and adds its own: a + b is b + a, so the slot does not depend on which came
+            # first (a group without a partner arrives first and is never waited for)
+            slot = group // 2
+            slots = (groups + 1) // 2
+            arrive = Pairs + slot * SLICES + part
+            ready = arrive + slots * SLICES
+            arrived = gl.atomic_add(arrive, 1, sem="relaxed")
+            if arrived > 0:
+                while gl.atomic_add(ready, 0, sem="acquire") == 0:
+                    pass
+                if COMPUTE_DW:  # from L2 (.cg), where the first's stores are
+                    dw += gl.load(DW_part + slot * N + cols, cache_modifier=".cg")
+                if COMPUTE_DB:
+                    db += gl.load(DB_part + slot * N + cols, cache_modifier=".cg")
+        else:
+            slot = group
         if COMPUTE_DW:
-            gl.store(DW_part + group * N + cols, dw)
+            gl.store(DW_part + slot * N + cols, dw)
         if COMPUTE_DB:
-            gl.store(DB_part + group * N + cols, db)
+            gl.store(DB_part + slot * N + cols, db)
+        if PAIRED:
+            if arrived == 0:  # every thread's stores made before one thread releases the slot
+                gl.thread_barrier()
+                gl.atomic_xchg(ready, 1, sem="release")
 
 
 @functools.cache
@@ -484,14 +515,24 @@ def groups_launch_unfit(n: int, esize: int, slices: int, warps: int, stages: int
     return None
 
 
-def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, dw_part, db_part, groups: int, dx_m: int,
-                  compute_dw: bool, compute_db: bool, slices: int, warps: int, stages: int,
-                  lag: int) -> None:  # fmt: skip
-    """The grouped kernel (see the module docstring): ``groups`` groups of ``slices`` programs, each
-    group's float32 shares of dw and db in its row of ``dw_part`` / ``db_part`` ((groups, N);
-    placeholders when not computed); ``shares`` ((M, 2, slices) int64) and ``tickets`` ((1,) int32) zero
-    at launch; ``stages`` row-slice buffers of which ``lag`` hold rows waiting for the group's shares, on
-    ``warps`` warps (at most one per box row of a slice); see :func:`groups_usable`."""
+def partial_slots(groups: int, paired: bool) -> int:
+    """Rows of dw (and db) partials the grouped kernel of ``groups`` groups writes: one a group, or one a
+    pair of groups (``paired``)."""
+    return (groups + 1) // 2 if paired else groups
+
+
+def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, pairs, dw_part, db_part, groups: int,
+                  dx_m: int, compute_dw: bool, compute_db: bool, slices: int, warps: int, stages: int,
+                  lag: int, paired: bool = False, pdl: bool = False) -> None:  # fmt: skip
+    """The grouped kernel (see the module docstring): ``groups`` groups of ``slices`` programs, the float32
+    shares of dw and db in ``dw_part`` / ``db_part`` ((slots, N), :func:`partial_slots`; placeholders when
+    not computed): a row a group, or with ``paired`` a row a pair of groups (2k and 2k + 1 into row k,
+    added by the program of the two that ends second, which waits for the first's; ``pairs``, (2, slots,
+    slices) int32 zero at launch, holds their arrivals and flags; a placeholder otherwise); ``shares``
+    ((M, 2, slices) int64) and ``tickets`` ((1,) int32) zero at launch; ``stages`` row-slice buffers of
+    which ``lag`` hold rows waiting for the group's shares, on ``warps`` warps (at most one per box row of
+    a slice); ``pdl``: launched as a programmatic dependent launch, the kernel waiting for the one before
+    it in the stream before its first access (``crossfuse.ops._gdc``); see :func:`groups_usable`."""
     M, N = x.shape
     if not 1 <= groups <= M:
         raise ValueError(f"groups must be from 1 to the row count {M}, got {groups}")
@@ -500,12 +541,16 @@ def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, dw_part, db_pa
         raise ValueError(unfit)
     if shares.dtype != torch.int64 or shares.numel() < M * 2 * slices or tickets.dtype != torch.int32:
         raise ValueError("shares must hold (M, 2, slices) int64 and tickets an int32")
+    if paired and (pairs.dtype != torch.int32 or pairs.numel() < 2 * partial_slots(groups, True) * slices):
+        raise ValueError("pairs must hold (2, slots, slices) int32")
     _ln_bwd_groups_kernel[(groups * slices,)](
         dx, _row_boxes(x, slices), _row_boxes(dy, slices), weight if weight is not None else x, mean, rstd,
-        shares, tickets, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N, SLICES=slices,
-        BOX_R=N // slices // BOX_W, BOX_W=BOX_W, STAGES=stages, LAG=lag, VEC=16 // x.element_size(),
-        HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps,
-        num_warps=warps, **({"maxnreg": GROUPS_MAXNREG} if GROUPS_MAXNREG else {}),
+        shares, tickets, pairs if paired else tickets, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N,
+        SLICES=slices, BOX_R=N // slices // BOX_W, BOX_W=BOX_W, STAGES=stages, LAG=lag,
+        VEC=16 // x.element_size(), HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw,
+        COMPUTE_DB=compute_db, PAIRED=paired, WARPS=warps, GDC=pdl, num_warps=warps,
+        **({"launch_pdl": True} if pdl else {}),
+        **({"maxnreg": GROUPS_MAXNREG} if GROUPS_MAXNREG else {}),
     )  # fmt: skip
 
 
@@ -515,6 +560,7 @@ __all__ = [
     "groups_usable",
     "launch",
     "launch_groups",
+    "partial_slots",
     "stages_that_fit",
     "usable",
 ]

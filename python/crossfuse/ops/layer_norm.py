@@ -62,7 +62,9 @@ Design:
   programs (the grouped Gluon kernel of the same module): each keeps a slice's dw and db only, so the
   float32 partials in dx's last rows, and the rows computed again over them, shrink ``slices`` times;
   the programs of a group exchange their shares of the row sums through L2. In 16 bits the groups are
-  of 8 programs of 2 warps, 4 an SM: independent programs that do not wait at each other's barriers.
+  of 8 programs of 2 warps, 6 an SM: independent programs that do not wait at each other's barriers;
+  and two groups add their partials into one row (``paired``: the second of the two to end adds the
+  first's, a + b being b + a, so the result still does not depend on scheduling), halving them again.
 * On compute capability 9+ the backward's kernels after the first are programmatic dependent launches:
   each starts while the one before it ends (every kernel signals its dependents when it starts) and
   waits for it (``griddepcontrol.wait``) just before it reads that kernel's results or writes what it
@@ -1178,6 +1180,9 @@ class LaunchConfig(NamedTuple):
     # after posting its shares of the row's sums; 1 = whole rows
     slices: int = 1
     lag: int = 1
+    # with slices > 1: groups 2k and 2k + 1 add their dw and db partials into one row (the second of the two
+    # programs to end adds the first's), halving the partials and the scratch rows of dx finished after them
+    paired: bool = False
 
 
 # Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
@@ -1218,9 +1223,16 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     # process); those took 3014 GB/s against the whole-row Gluon entry's 2726 (session 37's run 4)
     # since v41, six programs an SM (the shares spread over the lanes: 168 registers a thread instead of
     # 255, so six fit): 1.035x four at bf16 4096x16384 and 1.074x at 8192x16384 (run 274, alternated);
-    # 1.030x and 1.052x v38 (run 275); in the session 3326 GB/s at 4096x16384, 78.2% of copy (run 275)
-    ("bwd", 2, 16384, False): LaunchConfig(1, 16384, 2, 6, tma_stages=4, smem_rows=True, slices=8, lag=2),
-    ("bwd", 2, 16384, True): LaunchConfig(1, 16384, 2, 6, tma_stages=4, smem_rows=True, slices=8, lag=2),
+    # 1.030x and 1.052x v38 (run 275); in the session 3326 GB/s at 4096x16384, 78.2% of copy (run 275).
+    # Since v42 its groups paired (half the partials and scratch rows) and launched after the memset as a
+    # dependent launch: 1.039x v41 at 4096x16384, 1.019x at 8192x16384 (run 278, alternated); in the session
+    # 3451 GB/s at 4096x16384, 81.2% of copy (run 279). float32's entries paired: 1.003x, 1.001x (run 277)
+    ("bwd", 2, 16384, False): LaunchConfig(
+        1, 16384, 2, 6, tma_stages=4, smem_rows=True, slices=8, lag=2, paired=True
+    ),
+    ("bwd", 2, 16384, True): LaunchConfig(
+        1, 16384, 2, 6, tma_stages=4, smem_rows=True, slices=8, lag=2, paired=True
+    ),
     ("bwd", 4, 1024, False): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 2111 GB/s (run 64; the old 1967)
     ("bwd", 4, 1024, True): LaunchConfig(4, 1024, 8, 1, tma_stages=3),  # 4044 GB/s (run 44, kept)
     ("bwd", 4, 2048, False): LaunchConfig(4, 2048, 16, 1, prefetch=True),  # 2314 GB/s (run 44, kept)
@@ -1554,7 +1566,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     # program at a time, unless a row is one slab (then the split backward gives the same results)
     coop = cfg.coop and (col_blocks == 1 or not is_interpreted(_ln_bwd_coop_kernel))
     whole_rows = col_blocks == 1 and not coop and not grouped
-    if grouped:  # programs_per_sm programs an SM, in groups of `slices`; a row of partials a group
+    if grouped:  # programs_per_sm programs an SM, in groups of `slices`; partials a row a group (or a pair)
         max_programs = max(1, max(1, cfg.programs_per_sm) * sms // cfg.slices)
         programs = min(M, max_programs)
     elif whole_rows:
@@ -1563,13 +1575,18 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     else:
         max_programs = math.ceil(cfg.programs_per_sm * sms / col_blocks)  # row groups
         programs = max(1, min(triton.cdiv(M, cfg.block_m), max_programs))
+    paired = grouped and cfg.paired
+    slots = _ln_bwd_rows.partial_slots(programs, paired) if grouped else programs  # rows of partials
+    max_slots = _ln_bwd_rows.partial_slots(max_programs, paired) if grouped else max_programs
     # the scratch: [dw partials | db partials | the split backward's c1 | c2, or the cooperative
-    # kernel's ring of row-sum shares | counters], each 128-byte aligned
-    part = _align(programs * N)
+    # kernel's ring of row-sum shares | counters, or the grouped kernel's pairs' arrivals and flags and its
+    # row-sum shares | its ticket counter], each 128-byte aligned
+    part = _align(slots * N)
     at_db = part if compute_dw else 0
     at_c1 = at_db + part if compute_db else at_db
-    if grouped:  # the shares of the row sums, (M, 2, slices) int64, and the ticket counter
-        extra = (_align(4 * cfg.slices * M), _align(1))
+    pair_words = _align(2 * slots * cfg.slices) if paired else 0
+    if grouped:  # (2, slots, slices) int32 if paired, the row sums' shares (M, 2, slices) int64; tickets
+        extra = (pair_words + _align(4 * cfg.slices * M), _align(1))
     elif whole_rows:
         extra = (0, 0)
     elif coop:
@@ -1590,11 +1607,13 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     first = dict(GDC=gdc)
     then = dict(GDC=True, launch_pdl=True) if gdc else first
     if grouped:
-        scratch[at_c1 : at_c2 + 1].zero_()  # shares and tickets: one memset
-        shares, count = scratch[at_c1:at_c2].view(torch.int64), scratch[at_c2 : at_c2 + 1].view(torch.int32)
+        scratch[at_c1 : at_c2 + 1].zero_()  # pairs, shares and tickets: one memset
+        pairs = scratch[at_c1 : at_c1 + pair_words].view(torch.int32)
+        shares = scratch[at_c1 + pair_words : at_c2].view(torch.int64)
+        count = scratch[at_c2 : at_c2 + 1].view(torch.int32)
         _ln_bwd_rows.launch_groups(
-            dx, dy, x, weight, mean, rstd, shares, count, dw_part, db_part, programs, M - R, compute_dw,
-            compute_db, cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag,
+            dx, dy, x, weight, mean, rstd, shares, count, pairs, dw_part, db_part, programs, M - R,
+            compute_dw, compute_db, cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag, paired, pdl=gdc,
         )  # fmt: skip
     elif smem_rows:
         _ln_bwd_rows.launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs, M - R, compute_dw,
@@ -1644,8 +1663,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
             **then,
         )  # fmt: skip
     if compute_dw or compute_db:
-        reduce_partials(dw_part if compute_dw else None, db_part if compute_db else None, dw, db, programs, N,
-                        max_programs, then)  # fmt: skip
+        reduce_partials(dw_part if compute_dw else None, db_part if compute_db else None, dw, db, slots, N,
+                        max_slots, then)  # fmt: skip
     finish = _finish_plan(dx, R, shares, cfg.slices) if grouped and R and FINISH_FROM_SHARES else None
     if finish:  # the grouped kernel posted the R rows' sums: their dx from those, in parallel
         finish_from_shares(dx, dy, x, weight, mean, rstd, shares, count, R, cfg.slices, programs * cfg.slices,
