@@ -387,7 +387,7 @@ if gluon is not None:
         for b in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(b))
         if PAIRED:
-            # the program of the pair's other group that arrives second waits for the first's slice of dw
+            # of the pair's two programs of this slice, the one to arrive second waits for the first's dw
             # and db in the slot and adds its own: a + b is b + a, so the slot does not depend on which came
             # first (a group without a partner arrives first and is never waited for)
             slot = group // 2
