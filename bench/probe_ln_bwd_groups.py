@@ -3,7 +3,7 @@ grouped kernel) against the code's table entry, alternated in one process.
 
     python bench/probe_ln_bwd_groups.py [--rounds 3] [--shapes 4096x16384,...] [--dtypes bfloat16,float32]
                                         [--candidates S:STAGES:LAG:WARPS[:P[:R[:PAIRED]]],...]
-                                        [--once S:STAGES:LAG:WARPS[:P]]
+                                        [--once S:STAGES:LAG:WARPS[:P[:R[:PAIRED]]]]
 
 For each shape and dtype: the table's backward (``layer_norm_bwd`` with ``config=None``), the same with
 the scratch rows of a grouped entry finished by the two-pass kernel (``FINISH_FROM_SHARES`` off), and each
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="4096x16384", help="MxN,...")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--candidates", default=DEFAULT_CANDIDATES, help="S:STAGES:LAG:WARPS[:P[:R[:PAIRED]]],..")
-    ap.add_argument("--once", help="S:STAGES:LAG:WARPS[:P] or 'table': run that backward 3 times, for ncu")
+    ap.add_argument("--once", help="a candidate or 'table': run that backward 3 times, for ncu")
     from crossfuse.harness import toolchain
 
     toolchain.add_argument(ap)
@@ -132,9 +132,11 @@ def main(argv=None) -> int:
     if args.once:
         m, n = shapes[0]
         x, w, _, dy, mean, rstd = inputs(ln, m, n, dtypes[0])
-        cfg = None if args.once == "table" else grouped_config(ln, n, parse_candidate(args.once))
+        cand = None if args.once == "table" else parse_candidate(args.once)
+        call = functools.partial(ln.layer_norm_bwd, dy, x, w, mean, rstd, True, True)
+        call = with_attr(ln._ln_bwd_rows, "GROUPS_MAXNREG", cand[5] or None, call) if cand else call
         for _ in range(3):
-            ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
+            call(config=grouped_config(ln, n, cand) if cand else None)
         torch.cuda.synchronize()
         return 0
 

@@ -1576,8 +1576,8 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
         max_programs = math.ceil(cfg.programs_per_sm * sms / col_blocks)  # row groups
         programs = max(1, min(triton.cdiv(M, cfg.block_m), max_programs))
     paired = grouped and cfg.paired
-    slots = _ln_bwd_rows.partial_slots(programs, paired) if grouped else programs  # rows of partials
-    max_slots = _ln_bwd_rows.partial_slots(max_programs, paired) if grouped else max_programs
+    slots = _ln_bwd_rows.partial_slots(programs, paired)  # rows of partials
+    max_slots = _ln_bwd_rows.partial_slots(max_programs, paired)
     # the scratch: [dw partials | db partials | the split backward's c1 | c2, or the cooperative
     # kernel's ring of row-sum shares | counters, or the grouped kernel's pairs' arrivals and flags and its
     # row-sum shares | its ticket counter], each 128-byte aligned
