@@ -2,7 +2,7 @@
 16×32×1024×64 bf16 anchor shape (``bench/extras.py``'s one row over the 5% wrapper bound in ``do_bench``
 time) and at 1×8×1024×64.
 
-    python bench/probe_attn_host.py [--calls 200] [--repeats 5]
+    python bench/probe_attn_host.py [--calls 200] [--repeats 5] [--compare-only | --fresh-phases]
 
 Every figure is µs of host time per call, the median of ``--repeats`` batches of ``--calls`` calls
 enqueued behind a GPU sleep that outlasts them (so the host never waits for the GPU). The launches of one
@@ -10,6 +10,11 @@ raw forward+backward are captured from ``_launch`` and replayed: through Triton'
 with the captured (prebuilt) descriptors, and straight into the compiled kernel's launcher (what Triton's
 ``JITFunction.run`` does after it has found the kernel), so that the three costs separate: our Python
 around the launches, Triton's dispatch, and the launcher (which encodes each descriptor's tensor map).
+
+``--fresh-phases``: where a fresh forward+backward through autograd (the graph built and freed each call,
+as ``bench/extras.py`` times it) spends the host's time, with the engine's worker thread and without, and
+the raw launchers, with the attention's launch plans on and off (alternated twice, where the checkout has
+them), each with ``do_bench`` of both paths.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--compare-only", action="store_true",
                     help="only the dispatched launch path against crossfuse.ops._direct")  # fmt: skip
+    ap.add_argument("--fresh-phases", action="store_true",
+                    help="only where a fresh autograd forward+backward spends the host's time")  # fmt: skip
     args = ap.parse_args(argv)
     from crossfuse._backend import require_cuda
 
@@ -127,6 +134,31 @@ def shape_case(B, H, L, D, causal, args) -> None:
 
     print(f"== B={B} H={H} L={L} D={D} causal={causal}: {len(launches)} launches "
           f"({', '.join(getattr(kn, '__name__', str(kn)) for kn, *_ in launches)})", flush=True)  # fmt: skip
+    if args.fresh_phases:
+        planning = getattr(ra, "PLANNING", None)
+        try:
+            for _ in range(2):  # alternated: launch plans on, then off (where this checkout has them)
+                for plans in (True, False) if planning is not None else (None,):
+                    if plans is not None:
+                        ra.PLANNING = plans
+                        print(f"-- launch plans {'on' if plans else 'off'}", flush=True)
+                    for threads in (True, False):
+                        with torch.autograd.set_multithreading_enabled(threads):
+                            fresh_phases(ra, (qg, kg, vg), do, causal, args, threads)
+                    row("raw_fwd", raw_fwd)
+                    row("raw_bwd", raw_bwd)
+                    row("raw_fwd_bwd", raw_fwd_bwd)
+                    for name, fn in (("autograd_fwd_bwd", autograd_fwd_bwd), ("raw_fwd_bwd", raw_fwd_bwd)):
+                        ms = [triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+                              for _ in range(2)]  # fmt: skip
+                        print(f"do_bench {name:20s} {', '.join(f'{x:.4f}' for x in ms)} ms", flush=True)
+        finally:
+            if planning is not None:
+                ra.PLANNING = planning
+        row("trivial_fwd_bwd (engine floor)", trivial_fwd_bwd)
+        row("_check_attention_args",
+            lambda: ra._check_attention_args(qg, kg, vg, causal, False, None, None, "bhld"))  # fmt: skip
+        return
     compare(raw_fwd_bwd, autograd_fwd_bwd, row)
     phases(ra, (qg, kg, vg), do, causal, args)
     if args.compare_only:
@@ -246,6 +278,65 @@ def phases(ra, inputs, do, causal, args) -> None:
         fn.backward = orig
     parts = ", ".join(f"{name} {statistics.median(v):.1f}" for name, v in spans.items())
     print(f"kept graph's backward, µs per call (median of every call): {parts}", flush=True)
+
+
+def fresh_phases(ra, inputs, do, causal, args, threads: bool) -> None:
+    """Where a fresh ``relu_attention`` then ``torch.autograd.grad`` (the graph built and freed each call,
+    as ``bench/extras.py`` times it) spends the host's time, per call behind a GPU sleep: from the call to
+    ``ReLUAttentionFunction.forward``'s entry, inside it, from its return to the call's end, from
+    ``torch.autograd.grad`` to the backward's entry (the engine's worker thread with ``threads``), inside
+    it, and from its return to the end of ``grad``."""
+    import crossfuse
+    import torch
+
+    fn = ra.ReLUAttentionFunction
+    fwd, bwd = fn.forward, fn.backward
+    marks: list[float] = []
+
+    def timed_fwd(ctx, *a):
+        marks.append(time.perf_counter())
+        res = fwd(ctx, *a)
+        marks.append(time.perf_counter())
+        return res
+
+    def timed_bwd(ctx, dout):
+        marks.append(time.perf_counter())
+        res = bwd(ctx, dout)
+        marks.append(time.perf_counter())
+        return res
+
+    def call():
+        t0 = time.perf_counter()
+        out = crossfuse.relu_attention(*inputs, causal=causal)
+        t1 = time.perf_counter()
+        torch.autograd.grad(out, inputs, do)
+        return t0, t1, time.perf_counter()
+
+    names = ("to forward", "inside forward", "forward's return", "grad to backward", "inside backward",
+             "backward's return", "whole call")  # fmt: skip
+    spans: dict[str, list[float]] = {n: [] for n in names}
+    fn.forward, fn.backward = staticmethod(timed_fwd), staticmethod(timed_bwd)
+    try:
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        for _ in range(args.repeats):
+            marks.clear()
+            calls = []
+            torch.cuda._sleep(int(args.calls * 2.0e-3 * 1.98e9))
+            for _ in range(args.calls):
+                calls.append(call())
+            torch.cuda.synchronize()
+            for i, (t0, t1, t2) in enumerate(calls):
+                f0, f1, b0, b1 = marks[4 * i : 4 * i + 4]
+                for n, dt in zip(names, (f0 - t0, f1 - f0, t1 - f1, b0 - t1, b1 - b0, t2 - b1, t2 - t0),
+                                 strict=True):  # fmt: skip
+                    spans[n].append(dt * 1e6)
+    finally:
+        fn.forward, fn.backward = fwd, bwd
+    parts = ", ".join(f"{n} {statistics.median(v):.1f}" for n, v in spans.items())
+    state = "on" if threads else "off"
+    print(f"fresh graph, worker thread {state}, µs per call (medians): {parts}", flush=True)
 
 
 def compare(raw_fwd_bwd, autograd_fwd_bwd, row, rounds: int = 3) -> None:

@@ -41,3 +41,14 @@ def gen():
     g, seed = fresh_generator()
     print(f"generator seed: {seed}")
     return g
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_plans(monkeypatch):
+    """The attention's launch plans (``crossfuse.ops.relu_attention._planned``) replay a call's launches
+    for a later call with the same key, past the decisions tests steer by monkeypatching: off in every
+    test but those that turn them on (tests/test_launch_plans.py)."""
+    from crossfuse.ops import relu_attention as ra
+
+    monkeypatch.setattr(ra, "PLANNING", False)
+    monkeypatch.setattr(ra, "_PLANS", {})

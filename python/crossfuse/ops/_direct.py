@@ -109,13 +109,31 @@ def key(kernel, args: tuple, options: dict) -> tuple | None:
     opts = option_keys(options)
     if opts is None:
         return None
+    now = state()
+    if now is None:
+        return None
+    return (kernel, *now, keys, opts)
+
+
+def state() -> tuple | None:
+    """What, besides the kernel and its arguments, selects the compiled kernel in Triton's cache: the
+    current device and Triton's ``debug``, ``instrumentation_mode`` (and 3.9's ``fpsan_homomorphic_casts``)
+    knobs; ``None`` where launches must go through Triton's dispatch (direct launches off, or 3.9's
+    ``add_stages_inspection_hook`` set)."""
+    if not _ENABLED:
+        return None
     knobs = triton.knobs
     if getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:  # 3.9: part of its key
         return None
     compilation = knobs.compilation
     device = triton.runtime.driver.active.get_current_device()
-    return (kernel, device, knobs.runtime.debug, compilation.instrumentation_mode,
-            getattr(compilation, "fpsan_homomorphic_casts", None), keys, opts)  # fmt: skip
+    return (device, knobs.runtime.debug, compilation.instrumentation_mode,
+            getattr(compilation, "fpsan_homomorphic_casts", None))  # fmt: skip
+
+
+def remembered(slot: tuple) -> bool:
+    """Whether a compiled kernel is kept under ``slot`` (see :func:`launch`)."""
+    return slot in _COMPILED
 
 
 def launch(slot: tuple, grid: tuple, args: tuple) -> bool:

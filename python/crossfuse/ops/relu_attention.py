@@ -53,6 +53,7 @@ is contiguous.
 from __future__ import annotations
 
 import math
+import threading
 from typing import NamedTuple
 
 import torch
@@ -981,6 +982,9 @@ def _launch(kernel, grid, key: tuple, *args, **options) -> None:
     fewer, down to one, and the stages that fit are remembered under ``(kernel, *key)``. A launch Triton
     has compiled before goes straight to the compiled kernel (:mod:`._direct`)."""
     direct = _direct.key(kernel, args, options)  # the compiled kernel, launched again without dispatch
+    record = getattr(_RECORDING, "launches", None)
+    if record is not None:  # a launch plan in the making (_planned): what was launched, how
+        record.append((direct, grid, args))
     if direct is not None and _direct.launch(direct, grid, args):
         return
     slot = (kernel, *key)
@@ -996,6 +1000,106 @@ def _launch(kernel, grid, key: tuple, *args, **options) -> None:
                 raise
             stages -= 1
             _STAGES_THAT_FIT[slot] = stages
+
+
+# Launch plans (attention v24). A call of a launcher decides its kernels, tiles, grids and arguments from
+# its tensors' shapes, strides, dtypes and alignment, its flags and tiles; at the shapes where the host
+# sets the pace (16x32x1024x64 causal: about 0.65 ms of GPU work for a forward+backward) those decisions
+# and the launch keys cost as much host time as the launches. A call records its launches (_launch);
+# where they went straight into compiled kernels (crossfuse.ops._direct) and took no tensor but the
+# call's own, they are kept under everything the decisions read, and a later call with the same key
+# builds the descriptors over its own tensors and makes the same launches.
+MAX_PLANS = 1024  # plans kept at most (ints and floats are part of their keys: a table that starts afresh)
+PLANNING = True  # False: every call decides its launches afresh (the tests, which steer those decisions)
+_PLANS: dict[tuple, tuple] = {}
+_RECORDING = threading.local()
+
+
+class _Desc(NamedTuple):
+    """In a plan's arguments: a descriptor over the call's tensor ``index`` (see _desc)."""
+
+    index: int
+    shape: list
+    strides: list
+    block: list
+
+
+class _Tensor(NamedTuple):
+    """In a plan's arguments: the call's tensor ``index`` itself (the pointer kernels)."""
+
+    index: int
+
+
+def _plan_key(kind: str, tensors: tuple, *decided) -> tuple | None:
+    """The key of a launcher's call on ``tensors``: ``kind``, what else decides it (flags, scales, tiles),
+    each tensor's shape, strides, dtype and 16-byte alignment, and what selects the compiled kernels
+    (``_direct.state``); ``None`` where launches go through Triton's dispatch."""
+    now = _direct.state() if PLANNING else None
+    if now is None:
+        return None
+    return (kind, now, *decided, *[(t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+
+
+def _replay(plan: tuple, tensors: tuple) -> bool:
+    """Make the launches of ``plan`` on ``tensors``; False, launching nothing, where a kernel it names is
+    no longer kept (``_direct``'s table started afresh)."""
+    if not all(_direct.remembered(slot) for slot, _, _ in plan):
+        return False
+    bind_cuda_context(tensors[0])  # before descriptors are filled (see bind_cuda_context)
+    for slot, grid, template in plan:
+        args = list(template)
+        for i, a in enumerate(template):
+            if type(a) is _Desc:
+                args[i] = _direct.descriptor(tensors[a.index], a.shape, a.strides, a.block)
+            elif type(a) is _Tensor:
+                args[i] = tensors[a.index]
+        _direct.launch(slot, grid, tuple(args))
+    return True
+
+
+def _make_plan(launches: list, tensors: tuple) -> tuple | None:
+    """A plan from the recorded ``launches`` of a call on ``tensors``, or ``None`` where one of them had no
+    key or took a tensor that is not one of ``tensors`` (float32's copies, say), or where one tensor was
+    given twice (its places could not be told apart: another call may pass two tensors there)."""
+    if len({id(t) for t in tensors}) < len(tensors):
+        return None
+    plan = []
+    for slot, grid, args in launches:
+        if slot is None or not _direct.remembered(slot):
+            return None
+        template = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                index = next((i for i, t in enumerate(tensors) if t is a), None)
+                a = None if index is None else _Tensor(index)
+            elif type(a) is TensorDescriptor:
+                index = next((i for i, t in enumerate(tensors) if t is a.base), None)
+                a = None if index is None else _Desc(index, a.shape, a.strides, a.block_shape)
+            if a is None:
+                return None
+            template.append(a)
+        plan.append((slot, grid, tuple(template)))
+    return tuple(plan) if plan else None
+
+
+def _planned(key: tuple | None, tensors: tuple, launch, *args) -> None:
+    """``launch(*tensors, *args)``, or the plan kept under ``key`` from an earlier call."""
+    if key is None:
+        launch(*tensors, *args)
+        return
+    plan = _PLANS.get(key)
+    if plan is not None and _replay(plan, tensors):
+        return
+    _RECORDING.launches = launches = []
+    try:
+        launch(*tensors, *args)
+    finally:
+        _RECORDING.launches = None
+    plan = _make_plan(launches, tensors)
+    if plan is not None:
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
 
 
 # CUDA's limit on a grid's second axis, where every attention kernel puts the (batch, head) pairs
@@ -1034,6 +1138,16 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         return out
     interp = is_interpreted(_relu_attn_fwd_kernel)
     cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
+    tensors = (q, k, v, out)
+    key = None if interp else _plan_key("fwd", tensors, causal, squared, scale, relu_scale, cfg)
+    _planned(key, tensors, _fwd_launches, causal, squared, scale, relu_scale, cfg, interp)
+    return out
+
+
+def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp) -> None:
+    """The forward's launches (see :func:`relu_attention_fwd`) with tiles ``cfg``."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
     grid = (triton.cdiv(Lq, cfg.block_m), B * H)
     key = (q.device, q.dtype, D, cfg)
     relu_cvt = _relu_cvt(interp, squared, q.dtype)
@@ -1047,7 +1161,7 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
             CAUSAL=causal, SQUARED=squared, RELU_CVT=relu_cvt, GROUPED=order[0] > 1, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )  # fmt: skip
-        return out
+        return
     chain = {}
     if _tf32_copies(q.dtype, interp):
         # p @ v sums over keys (see _tf32_copies); where the GPU allows, the kernel is a dependent launch
@@ -1065,7 +1179,6 @@ def relu_attention_fwd(q, k, v, causal: bool, squared: bool, scale: float, relu_
         UPCAST=interp and q.dtype == torch.bfloat16, RELU_CVT=relu_cvt, PEEL=_peel(q.dtype, causal),
         FOLD=fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **chain,
     )  # fmt: skip
-    return out
 
 
 def _relu_cvt(interp: bool, squared: bool, dtype: torch.dtype) -> bool:
@@ -1141,6 +1254,8 @@ def _l_major_copies(ts: list[torch.Tensor], signal: bool = False) -> list[torch.
         return [t.transpose(2, 3).contiguous().transpose(2, 3) for t in ts]
     out = torch.empty((len(ts), B, H, D, L), dtype=ts[0].dtype, device=ts[0].device)
     if out.numel():
+        if getattr(_RECORDING, "launches", None) is not None:  # not through _launch: no plan (_planned)
+            _RECORDING.launches.append((None, grid, ()))
         xs = [*ts, ts[0], ts[0]][:3]
         args = (*xs, out, *(s for x in xs for s in x.stride()), H, L, D)
         options = dict(T=len(ts), BLOCK_L=block_l, BLOCK_D=block_d, GDC=signal, num_warps=warps)
@@ -1226,6 +1341,16 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     copies = _tf32_copies(q.dtype, interp) if trans_copies is None else trans_copies
     cfg_dkdv = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
     cfg_dq = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
+    tensors = (q, k, v, do, dq, dk, dv)
+    decided = (causal, squared, scale, relu_scale, cfg_dkdv, cfg_dq, copies)
+    key = None if interp else _plan_key("bwd", tensors, *decided)
+    _planned(key, tensors, _bwd_launches, *decided, interp)
+    return dq, dk, dv
+
+
+def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, cfg_dkdv, cfg_dq, copies,
+                  interp) -> None:  # fmt: skip
+    """The backward's launches (see :func:`relu_attention_bwd`) with tiles ``cfg_dkdv`` and ``cfg_dq``."""
     tma = (cfg_dkdv.tma or cfg_dq.tma) and not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
     common = (causal, squared, scale, relu_scale, interp, copies)
     # float32's copies (q and dout for the dK/dV kernel, k for the dQ kernel) in one launch up front, so
@@ -1241,7 +1366,6 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     _bwd_dkdv(q, k, v, do, dk, dv, qc, doc, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=order)
     _bwd_dq(q, k, v, do, dq, kc, cfg_dq, tma and cfg_dq.tma, *common,
             order=dict(GDC=True, launch_pdl=True) if gdc else {})  # fmt: skip
-    return dq, dk, dv
 
 
 def _qkvdo_strides(q, k, v, do) -> tuple[int, ...]:

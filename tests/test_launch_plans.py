@@ -1,0 +1,186 @@
+"""The attention's launch plans (crossfuse.ops.relu_attention._planned): a call with the key of an earlier
+one makes that call's launches on its own tensors, and gets what deciding afresh gets, bit for bit.
+
+On a GPU the plans replay compiled kernels (crossfuse.ops._direct); under the CPU's interpreter, where
+nothing is compiled, a stand-in for ``_direct`` runs the kernels through the interpreter and the launchers
+decide as they would on a GPU (``is_interpreted`` False: the GPU's tiles, pointer kernels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from crossfuse.ops import _direct
+from crossfuse.ops import relu_attention as ra
+from crossfuse.reference import relu_attention_ref
+from crossfuse.tolerances import relerr, tolerance
+
+
+def randn(shape, dtype, device, gen):
+    return torch.randn(shape, dtype=torch.float64, generator=gen).to(device=device, dtype=dtype)
+
+
+class Planning:
+    """Plans on; counts the calls that decided their launches afresh and the launches made from plans."""
+
+    def __init__(self, monkeypatch, device):
+        self.decided = []
+        self.table = {}  # the CPU's stand-in for _direct's compiled kernels: slot -> (kernel, options)
+        monkeypatch.setattr(ra, "PLANNING", True)
+        for name in ("_fwd_launches", "_bwd_launches"):
+            monkeypatch.setattr(ra, name, self._counted(name, getattr(ra, name)))
+        self.replays = []
+        replay = ra._replay
+
+        def counted_replay(plan, tensors):
+            done = replay(plan, tensors)
+            self.replays.append(done)
+            return done
+
+        monkeypatch.setattr(ra, "_replay", counted_replay)
+        if device == "cpu":
+            monkeypatch.setattr(ra, "is_interpreted", lambda kernel: False)
+            for name in ("state", "key", "remember", "remembered", "launch"):
+                monkeypatch.setattr(_direct, name, getattr(self, name))
+        else:
+            _direct.clear()
+
+    def _counted(self, name, fn):
+        def counted(*args):
+            self.decided.append(name)
+            return fn(*args)
+
+        return counted
+
+    # the stand-in for _direct on the CPU: the same keys, kernels run by the interpreter
+    def state(self):
+        return ("cpu",)
+
+    def key(self, kernel, args, options):
+        keys, opts = _direct.arg_keys(args), _direct.option_keys(options)
+        return None if keys is None or opts is None else (kernel, keys, opts)
+
+    def remember(self, slot, kernel, args, options, compiled):
+        if slot is not None:
+            self.table[slot] = (kernel, options)
+
+    def remembered(self, slot):
+        return slot in self.table
+
+    def launch(self, slot, grid, args):
+        if slot not in self.table:
+            return False
+        kernel, options = self.table[slot]
+        kernel[grid](*args, **options)
+        return True
+
+
+@pytest.fixture
+def planning(monkeypatch, device):
+    yield Planning(monkeypatch, device)
+    _direct.clear()
+
+
+def _run(q, k, v, do, causal, squared, scale=0.2, relu_scale=0.01, configs=(None, None)):
+    out = ra.relu_attention_fwd(q, k, v, causal, squared, scale, relu_scale, config=configs[0])
+    grads = ra.relu_attention_bwd(q, k, v, do, causal, squared, scale, relu_scale,
+                                  configs=None if configs[1] is None else configs[1])  # fmt: skip
+    return out, *grads
+
+
+def _check_against_float64(got, q, k, v, do, causal, squared, scale=0.2, relu_scale=0.01):
+    qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    want = relu_attention_ref(qd, kd, vd, causal=causal, squared=squared, scale=scale, relu_scale=relu_scale)
+    grads = torch.autograd.grad(want, (qd, kd, vd), do.double())
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, (want, *grads), strict=True):
+        kind = "fwd" if name == "out" else "bwd"
+        tol = tolerance("relu_attention", q.dtype, kind, tf32=q.is_cuda)  # float32 on GPUs: tf32 products
+        assert relerr(g, w) <= tol, (name, relerr(g, w))
+
+
+CASES = [  # (D, L, causal, squared): the descriptor and pointer kernels of the tables, odd lengths
+    (64, 256, True, False),
+    (64, 77, False, True),
+    (128, 130, False, False),
+]
+
+
+@pytest.mark.parametrize("d, length, causal, squared", CASES)
+def test_plans_replay_what_deciding_afresh_launches(d, length, causal, squared, device, gen, planning):
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    shape = (1, 2, length, d)
+    q, k, v, do = (randn(shape, dtype, device, gen) for _ in range(4))
+    first = _run(q, k, v, do, causal, squared)  # decided, recorded
+    assert planning.decided == ["_fwd_launches", "_bwd_launches"] and len(ra._PLANS) == 2
+    _check_against_float64(first, q, k, v, do, causal, squared)
+    planning.decided.clear()
+    # the same key, other tensors: the plans' launches on the new tensors, never on the old ones
+    q2, k2, v2, do2 = (randn(shape, dtype, device, gen) for _ in range(4))
+    second = _run(q2, k2, v2, do2, causal, squared)
+    assert not planning.decided and planning.replays == [True, True]
+    _check_against_float64(second, q2, k2, v2, do2, causal, squared)
+    ra.PLANNING = False  # (monkeypatched: restored after the test) deciding afresh, for comparison
+    fresh = _run(q2, k2, v2, do2, causal, squared)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), second, fresh, strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_plans_keep_calls_with_other_keys_apart(device, gen, planning):
+    # strides, alignment, flags, scales and tiles are each part of the key: none of these calls may take
+    # another's plan; every result against float64
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    shape = (1, 2, 96, 64)
+    q, k, v, do = (randn(shape, dtype, device, gen) for _ in range(4))
+    blhd = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, do)]  # other strides
+    buf = torch.empty(q.numel() + 1, dtype=dtype, device=device)
+    q_odd = buf[1:].view(shape).copy_(q)  # 2 bytes off a 16-byte boundary
+    calls = [
+        ((q, k, v, do), dict(causal=False, squared=False)),
+        ((q, k, v, do), dict(causal=True, squared=False)),
+        ((q, k, v, do), dict(causal=False, squared=True)),
+        (tuple(blhd), dict(causal=False, squared=False)),
+        ((q_odd, k, v, do), dict(causal=False, squared=False)),
+        ((q, k, v, do), dict(causal=False, squared=False, scale=0.1)),
+        ((q, k, v, do), dict(causal=False, squared=False,
+                             configs=(ra.AttnConfig(32, 32, 4, 2), (ra.AttnConfig(32, 32, 4, 2),) * 2))),
+    ]  # fmt: skip
+    for round_ in range(2):  # decided and recorded, then each from its own plan
+        for tensors, flags in calls:
+            got = _run(*tensors, **flags)
+            _check_against_float64(got, *tensors, flags["causal"], flags["squared"], flags.get("scale", 0.2))
+        if round_ == 0:
+            assert len(planning.decided) == 2 * len(calls) and len(ra._PLANS) == 2 * len(calls)
+            planning.decided.clear()
+    assert not planning.decided and planning.replays.count(True) == 2 * len(calls)
+
+
+def test_plans_follow_the_tensors_given_twice_and_forgotten_kernels(device, gen, planning):
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    q, k, v, do = (randn((1, 2, 64, 64), dtype, device, gen) for _ in range(4))
+    # one tensor in two places (self-attention on one input): no plan is made from such a call, since a
+    # later call may pass two tensors there ...
+    _run(q, q, q, do, False, False)
+    assert not ra._PLANS
+    # ... and a plan made from distinct tensors serves it
+    _run(q, k, v, do, False, False)
+    assert len(ra._PLANS) == 2
+    planning.decided.clear()
+    got = _run(k, k, k, do, False, False)
+    assert not planning.decided
+    _check_against_float64(got, k, k, k, do, False, False)
+    # kernels no longer kept (the compiled-kernel table started afresh): decided again, nothing launched
+    # twice
+    planning.table.clear()
+    _direct.clear()
+    got = _run(q, k, v, do, False, False)
+    assert planning.decided == ["_fwd_launches", "_bwd_launches"] and planning.replays[-2:] == [False, False]
+    _check_against_float64(got, q, k, v, do, False, False)
+
+
+@pytest.mark.gpu
+def test_float32_copies_are_never_planned(gen, planning):
+    # float32's launchers copy tensors with unit stride on L (a tensor no plan could name, and a launch
+    # outside _launch): decided afresh at every call
+    q, k, v, do = (randn((1, 2, 128, 64), torch.float32, "cuda", gen) for _ in range(4))
+    for _ in range(2):
+        _check_against_float64(_run(q, k, v, do, True, False), q, k, v, do, True, False)
+    assert not ra._PLANS and planning.decided.count("_bwd_launches") == 2
