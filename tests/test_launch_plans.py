@@ -184,3 +184,14 @@ def test_float32_copies_are_never_planned(gen, planning):
     for _ in range(2):
         _check_against_float64(_run(q, k, v, do, True, False), q, k, v, do, True, False)
     assert not ra._PLANS and planning.decided.count("_bwd_launches") == 2
+
+
+def test_a_plan_keeps_literal_arguments_and_refuses_foreign_tensors(monkeypatch):
+    # None, ints and floats are arguments like any other (a kernel's optional descriptor is None); only a
+    # tensor that is not one of the call's own makes a launch unplannable
+    monkeypatch.setattr(_direct, "remembered", lambda slot: True)
+    t = torch.zeros(2)
+    plan = ra._make_plan([(("slot",), (1, 1), (t, None, 3, 0.5))], (t,))
+    assert plan == ((("slot",), (1, 1), (ra._Tensor(0), None, 3, 0.5)),)
+    assert ra._make_plan([(("slot",), (1, 1), (torch.zeros(2),))], (t,)) is None
+    assert ra._make_plan([(None, (1, 1), (t,))], (t,)) is None  # a launch without a compiled kernel's key
