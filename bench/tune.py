@@ -23,8 +23,7 @@ Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 
 ``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
 ``attn-fp32`` tunes float32 (tf32 dots) at the seed's shapes (B=4, H=16, D=64, L=4096 and L=1024);
 ``attn-fp32-fwd`` its forward alone, with 4 stages too. ``attn-tma`` tunes the bf16 kernels that read
-through tensor descriptors (TMA), D=64 and 128 at both lengths; ``attn-fp32-tma`` float32's backward
-kernels through descriptors (reading the copies of q, dout and k), D=64 at both lengths.
+through tensor descriptors (TMA), D=64 and 128 at both lengths.
 """
 
 from __future__ import annotations
@@ -269,24 +268,6 @@ def attn_tma_candidates() -> list[dict]:
     return out
 
 
-def attn_fp32_tma_candidates() -> list[dict]:
-    """float32's dK/dV and dQ kernels reading through tensor descriptors (q, dout and k K-major from their
-    copies with unit stride on L), at the seed's shapes (D=64, both lengths)."""
-    tiles = {
-        "dkdv": ((16, 64), (32, 64), (64, 64), (16, 128), (32, 128), (64, 128)),
-        "dq": ((64, 32), (64, 64), (128, 32), (128, 64)),
-    }
-    out = []
-    for causal in (False, True):
-        for kind, kind_tiles in tiles.items():
-            for bm, bn in kind_tiles:
-                for warps in (4, 8):
-                    for stages in (2, 3):
-                        c = _attn(kind, 64, causal, bm, bn, warps, stages)
-                        out.append(dict(c, dtype="float32", tma=True, short=True))
-    return out
-
-
 def of_kind(cands: list[dict], kind: str) -> list[dict]:
     """The candidates of ``--kind``: ``bwd`` is every backward candidate, the layer norm's and the
     attention's (its paired backward, and its dK/dV and dQ kernels, each timed in the whole backward)."""
@@ -467,7 +448,6 @@ def main(argv=None) -> int:
         "attn-pairs",
         "attn-fp32-fwd",
         "attn-tma",
-        "attn-fp32-tma",
     )
     ap.add_argument("--only", help=f"comma-separated subset of {', '.join(groups)} (default: ln and attn)")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
@@ -548,8 +528,6 @@ def main(argv=None) -> int:
         cands += [dict(c, short=True) for c in fp32 if c["kind"] == "fwd"]
     if "attn-tma" in only:
         cands += attn_tma_candidates()
-    if "attn-fp32-tma" in only:  # float32's backward through descriptors, reading the copies K-major
-        cands += attn_fp32_tma_candidates()
     if "attn-pairs" in only:
         if not args.pairs_from:
             ap.error("attn-pairs needs --pairs-from TUNING_CSV")

@@ -654,52 +654,6 @@ def test_tensor_descriptor_kernels(length, layout, causal, squared, device, gen)
             assert err <= tolerance("relu_attention", dtype, "bwd"), (name, dkdv, err)
 
 
-@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("length", [100, 192, 17], ids=lambda n: f"L={n}")
-def test_float32_descriptor_backward_reads_the_copies(length, causal, squared, device, gen, monkeypatch):
-    # float32's backward through tensor descriptors (attention v25): q, dout and k K-major from their
-    # copies with unit stride on L, as the pointer kernels read them; where a copy's rows are not a
-    # multiple of 16 bytes (L=17) the descriptors cannot take it and the pointer kernels run
-    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("tensor descriptors need compute capability 9 or later")
-    d = 32 if device == "cpu" else 64
-    q, k, v, do = (randn((2, 3, length, d), torch.float32, device, gen) for _ in range(4))
-    if device == "cpu":
-        tma = (ra.AttnConfig(16, 32, 4, 1, True), ra.AttnConfig(32, 16, 4, 1, True))
-    else:
-        tma = (ra.AttnConfig(32, 128, 8, 2, True), ra.AttnConfig(128, 64, 8, 2, True))
-    pointer = tuple(c._replace(tma=False) for c in tma)
-    launched = []
-    launch = ra._launch
-
-    def spy(kernel, grid, key, *args, **options):
-        launched.append((kernel, options.get("TRANS_COPIES")))
-        return launch(kernel, grid, key, *args, **options)
-
-    monkeypatch.setattr(ra, "_launch", spy)
-    args = (q, k, v, do, causal, squared, 0.2, 0.01)
-    got = ra.relu_attention_bwd(*args, configs=tma, trans_copies=True)
-    via = {kernel for kernel, _ in launched}
-    if length % 4:
-        assert ra._relu_attn_bwd_dkdv_tma_kernel not in via and ra._relu_attn_bwd_dq_tma_kernel not in via
-    else:
-        assert (ra._relu_attn_bwd_dkdv_tma_kernel, True) in launched
-        assert (ra._relu_attn_bwd_dq_tma_kernel, True) in launched
-    plain = ra.relu_attention_bwd(*args, configs=pointer, trans_copies=True)
-    tf32 = device == "cuda"
-    refs = [(tf32_truncate(t) if tf32 else t).double().requires_grad_(True) for t in (q, k, v)]
-    out = relu_attention_ref(*refs, causal=causal, squared=squared, scale=0.2, relu_scale=0.01)
-    grads = torch.autograd.grad(out, refs, do.double())
-    tol = tolerance("relu_attention", torch.float32, "bwd", tf32=tf32)
-    slack = kink_slack(q, k, v, do, causal, squared, scale=0.2, relu_scale=0.01)
-    for name, a, b, ref in zip(("dq", "dk", "dv"), got, plain, grads, strict=True):
-        err = relerr_with_slack(a, ref, slack[name])
-        assert err <= tol, (name, err)
-        # the same products of the same operands, read through descriptors or pointers
-        assert relerr(a, b) <= 1e-5, (name, relerr(a, b))
-
-
 def test_tensor_descriptors_need_aligned_strides(device, gen):
     # a view whose base is not 16-byte aligned takes the pointer kernels, with the same result
     if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:

@@ -654,13 +654,6 @@ def _tile(desc, b, h, start, ROWS: tl.constexpr, HEAD_D: tl.constexpr):
 
 
 @triton.jit
-def _tile_t(desc, b, h, start, ROWS: tl.constexpr, HEAD_D: tl.constexpr):
-    """Rows ``start ..`` of a copy with unit stride on L (``desc`` over its [B, H, HEAD_D, L] layout), as a
-    [HEAD_D, ROWS] tile: the operand float32's products summed over L read K-major (see _tf32_copies)."""
-    return desc.load([b, h, 0, start]).reshape([HEAD_D, ROWS])
-
-
-@triton.jit
 def _fwd_tma_range(acc, q, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
                    CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr, RELU_CVT: tl.constexpr):  # fmt: skip
     for start_n in range(lo, hi, BLOCK_N):
@@ -711,9 +704,9 @@ def _relu_attn_fwd_tma_kernel(
 
 
 @triton.jit
-def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, QCd, DOCd, b, h, offs_n, lo, hi, scale, BLOCK_M: tl.constexpr,
+def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, lo, hi, scale, BLOCK_M: tl.constexpr,
                     HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr,
-                    RELU_CVT: tl.constexpr, TRANS_COPIES: tl.constexpr):  # fmt: skip
+                    RELU_CVT: tl.constexpr):  # fmt: skip
     for start_m in range(lo, hi, BLOCK_M):
         q = _tile(Qd, b, h, start_m, BLOCK_M, HEAD_D)
         do = _tile(DOd, b, h, start_m, BLOCK_M, HEAD_D)
@@ -735,29 +728,20 @@ def _dkdv_tma_range(dk, dv, k, v, Qd, DOd, QCd, DOCd, b, h, offs_n, lo, hi, scal
             visible = offs_m[None, :] >= offs_n[:, None]
             pt = tl.where(visible, pt, 0.0)
             dst = tl.where(visible, dst, 0.0)
-        if TRANS_COPIES:  # float32: dout and q K-major from their copies
-            dv = tl.dot(pt, _tile_t(DOCd, b, h, start_m, BLOCK_M, HEAD_D).T, dv)
-            dk = tl.dot(dst, _tile_t(QCd, b, h, start_m, BLOCK_M, HEAD_D).T, dk)
-        else:
-            dv = tl.dot(pt.to(do.dtype), do, dv)
-            dk = tl.dot(dst.to(q.dtype), q, dk)
+        dv = tl.dot(pt.to(do.dtype), do, dv)
+        dk = tl.dot(dst.to(q.dtype), q, dk)
     return dk, dv
 
 
 @triton.jit
 def _relu_attn_bwd_dkdv_tma_kernel(
     Qd, Kd, Vd, DOd, DKd, DVd,  # rank-4 descriptors over [B, H, L, HEAD_D]
-    QCd, DOCd,  # with TRANS_COPIES: over the copies of q and dout with unit stride on L (else None)
     H, Lq, scale, relu_scale,
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
     GDC: tl.constexpr = False,  # grid dependency control: the dQ kernel may start as this one ends
     RELU_CVT: tl.constexpr = False,  # see the pointer kernel
-    TRANS_COPIES: tl.constexpr = False,  # float32 (tf32 products): see _tf32_copies
-    PEEL: tl.constexpr = False,  # see the pointer kernel and _peel
-    WAIT: tl.constexpr = False,  # a dependent launch after the copies: wait for them first (_gdc)
 ):  # fmt: skip
-    _gdc.wait_for_previous(WAIT)
     _gdc.launch_dependents(GDC)
     pid_n = tl.program_id(0)  # causal: low key blocks see the most queries; they go first
     pid_bh = tl.program_id(1)
@@ -771,18 +755,13 @@ def _relu_attn_bwd_dkdv_tma_kernel(
     dv = tl.zeros([BLOCK_N, HEAD_D], dtype=tl.float32)
     if CAUSAL:
         mid = tl.minimum(start_n + BLOCK_N, Lq)
-        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, QCd, DOCd, b, h, offs_n, start_n, mid, scale, BLOCK_M,
-                                 HEAD_D, True, SQUARED, RELU_CVT, TRANS_COPIES)  # fmt: skip
-        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, QCd, DOCd, b, h, offs_n, mid, Lq, scale, BLOCK_M,
-                                 HEAD_D, False, SQUARED, RELU_CVT, TRANS_COPIES)  # fmt: skip
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, start_n, mid, scale, BLOCK_M, HEAD_D,
+                                 True, SQUARED, RELU_CVT)  # fmt: skip
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, mid, Lq, scale, BLOCK_M, HEAD_D, False,
+                                 SQUARED, RELU_CVT)  # fmt: skip
     else:
-        first = 0
-        if PEEL:
-            first = tl.minimum(BLOCK_M, Lq)
-            dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, QCd, DOCd, b, h, offs_n, 0, first, scale, BLOCK_M,
-                                     HEAD_D, False, SQUARED, RELU_CVT, TRANS_COPIES)  # fmt: skip
-        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, QCd, DOCd, b, h, offs_n, first, Lq, scale, BLOCK_M,
-                                 HEAD_D, False, SQUARED, RELU_CVT, TRANS_COPIES)  # fmt: skip
+        dk, dv = _dkdv_tma_range(dk, dv, k, v, Qd, DOd, b, h, offs_n, 0, Lq, scale, BLOCK_M, HEAD_D, False,
+                                 SQUARED, RELU_CVT)  # fmt: skip
     if RELU_CVT:
         relu_scale = relu_scale * scale
     DKd.store([b, h, start_n, 0], (dk * relu_scale).to(DKd.dtype).reshape([1, 1, BLOCK_N, HEAD_D]))
@@ -790,9 +769,8 @@ def _relu_attn_bwd_dkdv_tma_kernel(
 
 
 @triton.jit
-def _dq_tma_range(dq, q, do, Kd, Vd, KCd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.constexpr,
-                  HEAD_D: tl.constexpr, CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr,
-                  RELU_CVT: tl.constexpr, TRANS_COPIES: tl.constexpr):  # fmt: skip
+def _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, lo, hi, scale, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+                  CAUSAL_MASK: tl.constexpr, SQUARED: tl.constexpr, RELU_CVT: tl.constexpr):  # fmt: skip
     for start_n in range(lo, hi, BLOCK_N):
         k = _tile(Kd, b, h, start_n, BLOCK_N, HEAD_D)
         v = _tile(Vd, b, h, start_n, BLOCK_N, HEAD_D)
@@ -803,24 +781,18 @@ def _dq_tma_range(dq, q, do, Kd, Vd, KCd, b, h, offs_m, lo, hi, scale, BLOCK_N: 
         if CAUSAL_MASK:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             ds = tl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
-        if TRANS_COPIES:  # float32: k K-major from its copy
-            dq = tl.dot(ds, _tile_t(KCd, b, h, start_n, BLOCK_N, HEAD_D).T, dq)
-        else:
-            dq = tl.dot(ds.to(k.dtype), k, dq)
+        dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
 
 
 @triton.jit
 def _relu_attn_bwd_dq_tma_kernel(
     Qd, Kd, Vd, DOd, DQd,  # rank-4 descriptors over [B, H, L, HEAD_D]
-    KCd,  # with TRANS_COPIES: over the copy of k with unit stride on L (else None)
     H, Lk, scale, relu_scale,
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     SQUARED: tl.constexpr,
     GDC: tl.constexpr = False,  # a dependent launch after the dK/dV kernel: wait for it at the end
     RELU_CVT: tl.constexpr = False,  # see the pointer kernel
-    TRANS_COPIES: tl.constexpr = False,  # float32 (tf32 products): see _tf32_copies
-    PEEL: tl.constexpr = False,  # see the pointer kernel and _peel
 ):  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -832,18 +804,13 @@ def _relu_attn_bwd_dq_tma_kernel(
     do = _tile(DOd, b, h, start_m, BLOCK_M, HEAD_D)
     dq = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
     if CAUSAL:
-        dq = _dq_tma_range(dq, q, do, Kd, Vd, KCd, b, h, offs_m, 0, start_m, scale, BLOCK_N, HEAD_D, False,
-                           SQUARED, RELU_CVT, TRANS_COPIES)  # fmt: skip
-        dq = _dq_tma_range(dq, q, do, Kd, Vd, KCd, b, h, offs_m, start_m, tl.minimum(start_m + BLOCK_M, Lk),
-                           scale, BLOCK_N, HEAD_D, True, SQUARED, RELU_CVT, TRANS_COPIES)  # fmt: skip
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, start_m, scale, BLOCK_N, HEAD_D, False,
+                           SQUARED, RELU_CVT)  # fmt: skip
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, start_m, tl.minimum(start_m + BLOCK_M, Lk), scale,
+                           BLOCK_N, HEAD_D, True, SQUARED, RELU_CVT)  # fmt: skip
     else:
-        first = 0
-        if PEEL:
-            first = tl.minimum(BLOCK_N, Lk)
-            dq = _dq_tma_range(dq, q, do, Kd, Vd, KCd, b, h, offs_m, 0, first, scale, BLOCK_N, HEAD_D, False,
-                               SQUARED, RELU_CVT, TRANS_COPIES)  # fmt: skip
-        dq = _dq_tma_range(dq, q, do, Kd, Vd, KCd, b, h, offs_m, first, Lk, scale, BLOCK_N, HEAD_D, False,
-                           SQUARED, RELU_CVT, TRANS_COPIES)  # fmt: skip
+        dq = _dq_tma_range(dq, q, do, Kd, Vd, b, h, offs_m, 0, Lk, scale, BLOCK_N, HEAD_D, False, SQUARED,
+                           RELU_CVT)  # fmt: skip
     if RELU_CVT:
         relu_scale = relu_scale * scale
     DQd.store([b, h, start_m, 0], (dq * relu_scale).to(DQd.dtype).reshape([1, 1, BLOCK_M, HEAD_D]))
@@ -1222,18 +1189,16 @@ def _relu_cvt(interp: bool, squared: bool, dtype: torch.dtype) -> bool:
     return not interp and not squared and dtype == torch.bfloat16
 
 
-def _tma_usable(interp: bool, *tensors: torch.Tensor, tf32: bool = False) -> bool:
-    """Whether the descriptor kernels can read and write ``tensors`` ([B, H, L, D] views, and copies with
-    unit stride on L in their [B, H, D, L] layout): 16-bit types on a GPU with a copy engine for tensors
-    (compute capability 9+; any dtype under the interpreter), float32 too with ``tf32`` (the backward
-    reading the copies of _tf32_copies), D <= 128, 16-byte aligned base and strides, unit last stride, no
+def _tma_usable(interp: bool, *tensors: torch.Tensor) -> bool:
+    """Whether the descriptor kernels can read and write ``tensors`` ([B, H, L, D] views): 16-bit types
+    on a GPU with a copy engine for tensors (compute capability 9+; any dtype under the interpreter),
+    D <= 128 (a box row of at most 256 bytes), 16-byte aligned base and strides, unit stride on D, no
     empty dimension. These are the checks of Triton's ``TensorDescriptor``, which :func:`_desc` skips."""
     if TensorDescriptor is None:
         return False
     t0 = tensors[0]
     if not interp:
-        usable = (torch.bfloat16, torch.float16, torch.float32) if tf32 else (torch.bfloat16, torch.float16)
-        if t0.device.type != "cuda" or t0.dtype not in usable:
+        if t0.device.type != "cuda" or t0.dtype not in (torch.bfloat16, torch.float16):
             return False
         if compute_capability_major(t0) < 9:
             return False
@@ -1253,15 +1218,6 @@ def _desc(t: torch.Tensor, rows: int):
     """A rank-4 tensor descriptor over the [B, H, L, D] view ``t``, boxes of ``rows`` x D. The launcher
     calls ``bind_cuda_context`` first: Triton fills the descriptor before it makes a context current."""
     return _direct.descriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]])
-
-
-def _desc_t(c: torch.Tensor | None, rows: int):
-    """A descriptor over the copy ``c`` with unit stride on L (a [B, H, L, D] view, see _l_contiguous) in
-    its own [B, H, D, L] layout, boxes of D x ``rows`` (``_tile_t``); None for None."""
-    if c is None:
-        return None
-    ct = c.transpose(2, 3)
-    return _direct.descriptor(ct, list(ct.shape), list(ct.stride()), [1, 1, ct.shape[2], rows])
 
 
 L_MAJOR_TILE = (64, 64, 4)  # BLOCK_L, BLOCK_D, warps of _l_major_copy_kernel
@@ -1397,14 +1353,13 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
 def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, cfg_dkdv, cfg_dq, copies,
                   interp) -> None:  # fmt: skip
     """The backward's launches (see :func:`relu_attention_bwd`) with tiles ``cfg_dkdv`` and ``cfg_dq``."""
+    tma = (cfg_dkdv.tma or cfg_dq.tma) and not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
     common = (causal, squared, scale, relu_scale, interp, copies)
     # float32's copies (q and dout for the dK/dV kernel, k for the dQ kernel) in one launch up front, so
     # that nothing runs between the two kernels (the three copies live together: one more than if k's
     # came after the dK/dV kernel)
     gdc = _gdc.usable(q, interp)
     qc, doc, kc = _l_contiguous(q, do, k, signal=gdc) if copies else (q, do, k)
-    tensors = (q, k, v, do, dq, dk, dv, *((c.transpose(2, 3) for c in (qc, doc, kc)) if copies else ()))
-    tma = (cfg_dkdv.tma or cfg_dq.tma) and _tma_usable(interp, *tensors, tf32=copies)
     # the two kernels are independent (each reads q, k, v and dout only): where the GPU allows, the dQ
     # kernel is a programmatic dependent launch that starts on the SMs the dK/dV kernel's last programs
     # leave, and waits for that kernel only at its end (_gdc); after float32's copies, the dK/dV kernel
@@ -1431,15 +1386,12 @@ def _bwd_dkdv(q, k, v, do, dk, dv, qc, doc, cfg, tma, causal, squared, scale, re
     relu_cvt = _relu_cvt(interp, squared, q.dtype)
     if tma:
         bind_cuda_context(q)
-        copied = dict(TRANS_COPIES=True, PEEL=_peel(q.dtype, causal)) if copies else {}
         _launch(
             _relu_attn_bwd_dkdv_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
-            _desc(dk, cfg.block_n), _desc(dv, cfg.block_n),
-            _desc_t(qc if copies else None, cfg.block_m), _desc_t(doc if copies else None, cfg.block_m),
-            H, Lq, scale, relu_scale, HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-            SQUARED=squared, RELU_CVT=relu_cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **copied,
-            **order,
+            _desc(dk, cfg.block_n), _desc(dv, cfg.block_n), H, Lq, scale, relu_scale,
+            HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
+            RELU_CVT=relu_cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
         )  # fmt: skip
         return
     fold = _fold(q.dtype, causal)
@@ -1465,13 +1417,12 @@ def _bwd_dq(q, k, v, do, dq, kc, cfg, tma, causal, squared, scale, relu_scale, i
     relu_cvt = _relu_cvt(interp, squared, q.dtype)
     if tma:
         bind_cuda_context(q)
-        copied = dict(TRANS_COPIES=True, PEEL=_peel(q.dtype, causal)) if copies else {}
         _launch(
             _relu_attn_bwd_dq_tma_kernel, grid, key,
             _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(do, cfg.block_m),
-            _desc(dq, cfg.block_m), _desc_t(kc if copies else None, cfg.block_n), H, Lk, scale, relu_scale,
+            _desc(dq, cfg.block_m), H, Lk, scale, relu_scale,
             HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SQUARED=squared,
-            RELU_CVT=relu_cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **copied, **order,
+            RELU_CVT=relu_cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **order,
         )  # fmt: skip
         return
     fold = _fold(q.dtype, causal)
