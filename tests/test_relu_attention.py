@@ -654,6 +654,44 @@ def test_tensor_descriptor_kernels(length, layout, causal, squared, device, gen)
             assert err <= tolerance("relu_attention", dtype, "bwd"), (name, dkdv, err)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [(128, 64, 2), (64, 64, 3), (64, 32, 2)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ra.LAYOUTS)
+@pytest.mark.parametrize("length", [128, 320, 100], ids=lambda n: f"L={n}")
+def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monkeypatch):
+    # the float32 forward in Gluon (attention v26; crossfuse.ops._attn_tf32): against float64 on the
+    # tf32-truncated inputs and against Triton's kernel; where the length is not a multiple of the query
+    # tile (L=100; L=320 with 128 rows) Triton's kernel runs
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon forward needs compute capability 9 or later")
+    monkeypatch.setattr(ra, "TF32_FWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
+    d = 64
+    shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
+    q, k, v = (randn(shape, torch.float32, "cuda", gen) for _ in range(3))
+    qb, kb, vb = (ra._to_bhld(t, layout) for t in (q, k, v))
+    launched = []
+    launch = ra._launch
+
+    def spy(kernel, grid, key, *args, **options):
+        launched.append(kernel)
+        return launch(kernel, grid, key, *args, **options)
+
+    monkeypatch.setattr(ra, "_launch", spy)
+    scale, relu_scale = 1 / math.sqrt(d), 1 / length
+    got = ra.relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale)
+    gluon_ran = ra._attn_tf32._attn_fwd_tf32_kernel in launched
+    assert gluon_ran == (length % tiles[0] == 0)
+    monkeypatch.setattr(ra, "TF32_FWD", {})
+    triton_kernel = ra.relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale)
+    refs = [tf32_truncate(t).double() for t in (qb, kb, vb)]
+    want = relu_attention_ref(*refs, causal=causal, squared=squared, scale=scale, relu_scale=relu_scale)
+    tol = tolerance("relu_attention", torch.float32, "fwd", tf32=True)
+    assert relerr(got, want) <= tol, relerr(got, want)
+    assert relerr(got, triton_kernel) <= 1e-5, relerr(got, triton_kernel)
+
+
 def test_tensor_descriptors_need_aligned_strides(device, gen):
     # a view whose base is not 16-byte aligned takes the pointer kernels, with the same result
     if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:

@@ -85,7 +85,7 @@ from .._validate import (
     check_tensor,
     dtype_name,
 )
-from . import _direct, _gdc, _library
+from . import _attn_tf32, _direct, _gdc, _library
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LAYOUTS = ("bhld", "blhd")
@@ -1171,6 +1171,11 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
         gdc = _gdc.usable(q, interp)
         (v,) = _l_contiguous(v, signal=gdc)
         chain = dict(WAIT=True, launch_pdl=True) if gdc else {}
+        vt = v.transpose(2, 3)  # [B, H, D, L]
+        tiles = TF32_FWD.get((causal, max(Lq, Lk) > SHORT_L)) if TF32_FWD else None
+        if tiles and vt.is_contiguous() and _attn_tf32.usable(q, k, interp, *tiles[:2]):
+            _attn_tf32.launch(q, k, vt, out, causal, squared, scale, relu_scale, *tiles, gdc, _launch)
+            return
     fold = _fold(q.dtype, causal)
     _launch(
         _relu_attn_fwd_kernel, _folded(grid, fold), key,
@@ -1181,6 +1186,20 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
         UPCAST=interp and q.dtype == torch.bfloat16, RELU_CVT=relu_cvt, PEEL=_peel(q.dtype, causal),
         FOLD=fold, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **chain,
     )  # fmt: skip
+
+
+# The float32 forward in Gluon (crossfuse.ops._attn_tf32, attention v26): (causal, long sequence) ->
+# (BLOCK_M, BLOCK_N, STAGES); where its tiles do not divide the lengths (or TF32_FWD is empty), Triton's
+# kernel runs. Measured against Triton's float32 forward at the seed's shapes (run 288,
+# bench/probe_attn_tf32.py, each with v's copy): 128x64 on 8 warps with 2 buffers 1.17, 1.16, 1.13x (full,
+# L = 1024, 2048, 4096), 1.04, 1.10x (causal, L = 2048, 4096); 64x64 on 4 warps with 3 buffers 1.055x at
+# L=1024 causal, where 128x64 ran 0.98x.
+TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int]] = {
+    (False, False): (128, 64, 2),
+    (False, True): (128, 64, 2),
+    (True, False): (64, 64, 3),
+    (True, True): (128, 64, 2),
+}
 
 
 def _relu_cvt(interp: bool, squared: bool, dtype: torch.dtype) -> bool:
