@@ -654,6 +654,25 @@ def test_tensor_descriptor_kernels(length, layout, causal, squared, device, gen)
             assert err <= tolerance("relu_attention", dtype, "bwd"), (name, dkdv, err)
 
 
+def test_gluon_forward_row_views_address_every_element(gen):
+    # the Gluon float32 forward reads q and k through 2-D views: row b*rb + h*rh + l, column h*ch + d must
+    # be element (b, h, l, d) of the [B, H, L, D] view, for [B, H, L, D] and [B, L, H, D] storage alike
+    from crossfuse.ops import _attn_tf32
+
+    B, H, L, D = 2, 3, 5, 4
+    x = torch.randn(B, L, H, D, generator=gen)
+    for t in (x.transpose(1, 2).contiguous(), x.transpose(1, 2), x.transpose(1, 2)[:, 1:]):
+        view, rb, rh, ch = _attn_tf32.rows_view(t)
+        assert view.data_ptr() == t.data_ptr()
+        b, h, ll, d = (torch.arange(n).view(*([1] * i), n, *([1] * (3 - i))) for i, n in enumerate(t.shape))
+        assert torch.equal(view[b * rb + h * rh + ll, h * ch + d], t)
+    # a head stride neither a multiple of the rows' nor past the heads' columns: no such view
+    odd = torch.empty(64).as_strided((1, 3, 4, 4), (40, 6, 8, 1))
+    assert _attn_tf32.rows_view(odd) is None
+    q = torch.zeros(1, 2, 128, 64)
+    assert not _attn_tf32.usable(q, q, True, 64, 64)  # the interpreter, or a CPU tensor: Triton's kernel
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiles", [(128, 64, 2), (64, 64, 3), (64, 32, 2)], ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])

@@ -25,6 +25,7 @@ import torch
 import triton.language as tl
 
 from .._backend import bind_cuda_context, compute_capability_major
+from ._ln_bwd_rows import GLUON_TRITON, triton_version
 
 try:
     from triton.experimental import gluon
@@ -171,10 +172,13 @@ def rows_view(t: torch.Tensor):
 
 
 def usable(q: torch.Tensor, k: torch.Tensor, interpreted: bool, block_m: int, block_n: int) -> bool:
-    """Whether the Gluon forward can take q and k (float32 on compute capability 9+, not under the
-    interpreter): ``block_n`` divides ``block_m`` (the causal loops' diagonal blocks), the lengths are
-    multiples of ``block_m``, 2-D views with 16-byte aligned bases and rows."""
+    """Whether the Gluon forward can take q and k (float32 on compute capability 9+ with the Triton of
+    ``GLUON_TRITON``, not under the interpreter): ``block_n`` divides ``block_m`` (the causal loops'
+    diagonal blocks), the lengths are multiples of ``block_m``, 2-D views with 16-byte aligned bases and
+    rows."""
     if gluon is None or interpreted or q.device.type != "cuda" or q.dtype != torch.float32:
+        return False
+    if triton_version() != GLUON_TRITON:
         return False
     if compute_capability_major(q) < 9 or q.shape[3] not in (32, 64, 128):
         return False
