@@ -40,7 +40,11 @@ over the sequence read copies of their operands with unit stride on L (v in the 
 backward, made before both kernels, in one launch where Lq == Lk; see ``_tf32_copies``), one pass over
 each, so float32 needs up to three extra input-sized buffers while the backward runs. On compute
 capability 9+ the kernel after a copy (the forward; the dK/dV kernel) is a dependent launch that waits for
-the copy at its start (attention v22).
+the copy at its start (attention v22). There, with Triton 3.6, the float32 forward is a Gluon kernel
+(``_attn_tf32``, attention v26) that keeps q and p in registers as the products' left operands, which
+Triton keeps in shared memory for 32-bit types, where lengths are multiples of its tiles (``TF32_FWD``).
+A call whose shapes, strides, dtypes, alignment, flags and tiles match an earlier call's replays that
+call's launches (``_planned``, attention v24).
 Under torch.compile the autograd function calls the launchers through custom operators
 (``torch.ops.crossfuse.relu_attention_fwd``/``_bwd``, see ``_library``), which the tracer does not enter.
 
