@@ -171,24 +171,24 @@ def rows_view(t: torch.Tensor):
     return torch.as_strided(t, (rows, cols), (s2, 1)), rb, rh, ch
 
 
-def usable(q: torch.Tensor, k: torch.Tensor, interpreted: bool, block_m: int, block_n: int) -> bool:
-    """Whether the Gluon forward can take q and k (float32 on compute capability 9+ with the Triton of
-    ``GLUON_TRITON``, not under the interpreter): ``block_n`` divides ``block_m`` (the causal loops'
-    diagonal blocks), the lengths are multiples of ``block_m``, 2-D views with 16-byte aligned bases and
-    rows."""
+def usable(q: torch.Tensor, k: torch.Tensor, interpreted: bool, block_m: int, block_n: int):
+    """The row views (:func:`rows_view`) of q and k where the Gluon forward can take them, else ``None``:
+    float32 on compute capability 9+ with the Triton of ``GLUON_TRITON``, not under the interpreter;
+    ``block_n`` divides ``block_m`` (the causal loops' diagonal blocks), the lengths are multiples of
+    ``block_m``, the views' bases and rows 16-byte aligned."""
     if gluon is None or interpreted or q.device.type != "cuda" or q.dtype != torch.float32:
-        return False
+        return None
     if triton_version() != GLUON_TRITON:
-        return False
+        return None
     if compute_capability_major(q) < 9 or q.shape[3] not in (32, 64, 128):
-        return False
+        return None
     if block_m % block_n or q.shape[2] % block_m or k.shape[2] % block_m:  # (then block_n divides them too)
-        return False
-    for t in (q, k):
-        view = rows_view(t)
-        if view is None or view[0].data_ptr() % 16 or view[0].stride(0) * 4 % 16:
-            return False
-    return True
+        return None
+    views = (rows_view(q), rows_view(k))
+    for view in views:
+        if view is None or view[0].data_ptr() % 16 or view[0].stride(0) * view[0].element_size() % 16:
+            return None
+    return views
 
 
 def _desc(view: torch.Tensor, block: list[int]):
@@ -196,13 +196,14 @@ def _desc(view: torch.Tensor, block: list[int]):
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
-def launch(q, k, vt, out, causal: bool, squared: bool, scale: float, relu_scale: float, block_m: int,
+def launch(q, k, views, vt, out, causal: bool, squared: bool, scale: float, relu_scale: float, block_m: int,
            block_n: int, stages: int, wait: bool, run) -> None:  # fmt: skip
-    """The forward on [B, H, L, D] views q, k, out and v's copy ``vt`` ([B, H, D, L] contiguous), through
-    ``run(kernel, grid, key, *args, **options)`` (the launcher's ``_launch``)."""
+    """The forward on [B, H, L, D] views q, k (``views``: their row views, what :func:`usable` returned), out
+    and v's copy ``vt`` ([B, H, D, L] contiguous), through ``run(kernel, grid, key, *args, **options)`` (the
+    launcher's ``_launch``)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
-    (qv, q_rb, q_rh, q_ch), (kv, k_rb, k_rh, k_ch) = rows_view(q), rows_view(k)
+    (qv, q_rb, q_rh, q_ch), (kv, k_rb, k_rh, k_ch) = views
     bind_cuda_context(q)
     args = (
         _desc(qv, [block_m, D]), _desc(kv, [block_n, D]), _desc(vt.reshape(B * H * D, Lk), [D, block_n]),

@@ -986,9 +986,7 @@ def _launch(kernel, grid, key: tuple, *args, **options) -> None:
     fewer, down to one, and the stages that fit are remembered under ``(kernel, *key)``. A launch Triton
     has compiled before goes straight to the compiled kernel (:mod:`._direct`)."""
     direct = _direct.key(kernel, args, options)  # the compiled kernel, launched again without dispatch
-    record = getattr(_RECORDING, "launches", None)
-    if record is not None:  # a launch plan in the making (_planned): what was launched, how
-        record.append((direct, grid, args))
+    _record(direct, grid, args)
     if direct is not None and _direct.launch(direct, grid, args):
         return
     slot = (kernel, *key)
@@ -1032,6 +1030,14 @@ class _Tensor(NamedTuple):
     """In a plan's arguments: the call's tensor ``index`` itself (the pointer kernels)."""
 
     index: int
+
+
+def _record(slot: tuple | None, grid, args: tuple) -> None:
+    """Where a launch plan is in the making on this thread (_planned), note a launch: its compiled kernel's
+    slot (``None`` for one that cannot be replayed), grid and arguments."""
+    launches = getattr(_RECORDING, "launches", None)
+    if launches is not None:
+        launches.append((slot, grid, args))
 
 
 def _plan_key(kind: str, tensors: tuple, *decided) -> tuple | None:
@@ -1176,9 +1182,10 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
         (v,) = _l_contiguous(v, signal=gdc)
         chain = dict(WAIT=True, launch_pdl=True) if gdc else {}
         vt = v.transpose(2, 3)  # [B, H, D, L]
-        tiles = TF32_FWD.get((causal, max(Lq, Lk) > SHORT_L)) if TF32_FWD else None
-        if tiles and vt.is_contiguous() and _attn_tf32.usable(q, k, interp, *tiles[:2]):
-            _attn_tf32.launch(q, k, vt, out, causal, squared, scale, relu_scale, *tiles, gdc, _launch)
+        tiles = TF32_FWD.get((causal, max(Lq, Lk) > SHORT_L))
+        views = _attn_tf32.usable(q, k, interp, *tiles[:2]) if tiles and vt.is_contiguous() else None
+        if views:
+            _attn_tf32.launch(q, k, views, vt, out, causal, squared, scale, relu_scale, *tiles, gdc, _launch)
             return
     fold = _fold(q.dtype, causal)
     _launch(
@@ -1279,8 +1286,7 @@ def _l_major_copies(ts: list[torch.Tensor], signal: bool = False) -> list[torch.
         return [t.transpose(2, 3).contiguous().transpose(2, 3) for t in ts]
     out = torch.empty((len(ts), B, H, D, L), dtype=ts[0].dtype, device=ts[0].device)
     if out.numel():
-        if getattr(_RECORDING, "launches", None) is not None:  # not through _launch: no plan (_planned)
-            _RECORDING.launches.append((None, grid, ()))
+        _record(None, grid, ())  # not through _launch: no plan
         xs = [*ts, ts[0], ts[0]][:3]
         args = (*xs, out, *(s for x in xs for s in x.stride()), H, L, D)
         options = dict(T=len(ts), BLOCK_L=block_l, BLOCK_D=block_d, GDC=signal, num_warps=warps)
