@@ -1,12 +1,16 @@
-"""Probe: the float32 forward in Gluon (``crossfuse.ops._attn_tf32``, attention v26) against Triton's
-float32 forward, at the seed's shapes (``bench/extras.py``'s float32 section: [B, L, H, D] as [B, H, L, D]
-views, B=4, H=16, D=64, L = 1024, 2048, 4096, causal and not), each with v's copy, alternated ``--rounds``
-times, medians of ``crossfuse.harness.timing.time_cuda``.
+"""Probe: the float32 forward and backward in Gluon (``crossfuse.ops._attn_tf32``, attention v26, v27)
+against Triton's float32 kernels, at the seed's shapes (``bench/extras.py``'s float32 section: [B, L, H, D]
+as [B, H, L, D] views, B=4, H=16, D=64, L = 1024, 2048, 4096, causal and not), each with its copies,
+alternated ``--rounds`` times, medians of ``crossfuse.harness.timing.time_cuda``.
 
     python bench/probe_attn_tf32.py [--rounds 3] [--tiles 64:64:2,64:32:3,...]
+    python bench/probe_attn_tf32.py --kind bwd [--tiles 32:64:3:1/64:64:2:1,...]
+    python bench/probe_attn_tf32.py --kind copies
 
-Prints per shape: TFLOP/s of Triton's kernel and of each Gluon tile (BLOCK_M:BLOCK_N:STAGES), their ratio,
-and the largest relative difference of the Gluon output from Triton's.
+Prints per shape: TFLOP/s of Triton's kernels and of each Gluon tile (BLOCK_M:BLOCK_N:STAGES; for the
+backward BLOCK_M:BLOCK_N:STAGES:ASYNC of the dK/dV kernel, then after ``/`` the dQ kernel's), their ratio,
+and the relative difference of the Gluon result from Triton's (the largest over dq, dk, dv).
+``--kind copies`` times the backward's copies of q, dout and k with unit stride on L (one launch).
 """
 
 from __future__ import annotations
@@ -23,8 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--tiles", default="64:64:2,64:64:3,64:32:3,128:64:2,64:128:2")
+    ap.add_argument("--kind", choices=("fwd", "bwd", "copies"), default="fwd")
+    ap.add_argument("--tiles", default=None, help="default: 64:64:2,64:64:3,64:32:3,128:64:2 (fwd), "
+                    "32:64:3:1/64:64:2:1,32:64:2:1/64:32:3:1,32:64:3:0/64:64:2:0 (bwd)")  # fmt: skip
     args = ap.parse_args(argv)
+    bwd = args.kind == "bwd"
+    if args.tiles is None:
+        bwd_tiles = "32:64:3:1/64:64:2:1,32:64:2:1/64:32:3:1,32:64:3:0/64:64:2:0"
+        args.tiles = bwd_tiles if bwd else "64:64:2,64:64:3,64:32:3,128:64:2"
     from crossfuse._backend import require_cuda
 
     require_cuda("bench/probe_attn_tf32.py")
@@ -33,30 +43,54 @@ def main(argv=None) -> int:
     from crossfuse.ops import relu_attention as ra
     from crossfuse.tolerances import relerr
 
-    tiles = [tuple(int(x) for x in t.split(":")) for t in args.tiles.split(",")]
+    def parse(spec):
+        parts = [tuple(int(x) for x in p.split(":")) for p in spec.split("/")]
+        return tuple(parts) if bwd else parts[0]
+
+    if args.kind == "copies":
+        for L in (1024, 2048, 4096):
+            q, k, do = (torch.randn(4, L, 16, 64, device="cuda").transpose(1, 2) for _ in range(3))
+            t = time_cuda(lambda q=q, k=k, do=do: ra._l_contiguous(q, do, k)).p50  # ms
+            moved = 3 * 2 * q.numel() * q.element_size()  # read and written
+            print(f"L={L}: copies of q, dout, k {t * 1e3:.1f} us, {moved / t / 1e6:.0f} GB/s", flush=True)
+        return 0
+    tiles = {spec: parse(spec) for spec in args.tiles.split(",")}
+    table = "TF32_BWD" if bwd else "TF32_FWD"
     B, H, D = 4, 16, 64
-    saved = ra.TF32_FWD
+    saved, launch = getattr(ra, table), ra._launch
+    op = ra.relu_attention_bwd if bwd else ra.relu_attention_fwd
+    launched: set[str] = set()
+
+    def spy(kernel, *args, **options):  # which kernels ran (a tile the launcher refuses: Triton's)
+        launched.add(getattr(kernel, "__name__", str(kernel)))
+        return launch(kernel, *args, **options)
+
+    ra._launch = spy
     try:
         for L in (1024, 2048, 4096):
             for causal in (False, True):
                 gen = torch.Generator(device="cuda").manual_seed(L + causal)
-                q, k, v = (torch.randn(B, L, H, D, device="cuda", generator=gen).transpose(1, 2)
-                           for _ in range(3))  # fmt: skip
+                q, k, v, do = (torch.randn(B, L, H, D, device="cuda", generator=gen).transpose(1, 2)
+                               for _ in range(4))  # fmt: skip
                 scale, relu_scale = 1 / math.sqrt(D), 1 / L
-                flops = 4 * B * H * L * L * D * (0.5 if causal else 1.0)
-                ra.TF32_FWD = {}
-                ref = ra.relu_attention_fwd(q, k, v, causal, False, scale, relu_scale)
-                variants = {"triton": None, **{":".join(map(str, t)): t for t in tiles}}
+                flops = 4 * B * H * L * L * D * (0.5 if causal else 1.0) * (2.5 if bwd else 1.0)
+                call = (q, k, v, do) if bwd else (q, k, v)
+                call += (causal, False, scale, relu_scale)
+                setattr(ra, table, {})
+                ref = op(*call)
+                variants = {"triton": None, **tiles}
                 times: dict[str, list[float]] = {name: [] for name in variants}
-                diffs = {}
+                diffs, gluon = {}, {}
                 for _ in range(args.rounds):
                     for name, cfg in variants.items():
-                        ra.TF32_FWD = {} if cfg is None else {(causal, L > ra.SHORT_L): cfg}
+                        setattr(ra, table, {} if cfg is None else {(causal, L > ra.SHORT_L): cfg})
                         try:
-                            call = (q, k, v, causal, False, scale, relu_scale)
-                            fn = lambda call=call: ra.relu_attention_fwd(*call)  # noqa: E731
+                            fn = lambda call=call: op(*call)  # noqa: E731
+                            launched.clear()
                             out = fn()
-                            diffs[name] = relerr(out, ref)
+                            gluon[name] = any("tf32" in n for n in launched)
+                            pairs = zip(out, ref, strict=True) if bwd else [(out, ref)]
+                            diffs[name] = max(relerr(a, b) for a, b in pairs)
                             times[name].append(time_cuda(fn).p50)
                         except Exception as exc:  # a tile that does not fit: reported, not fatal
                             times[name].append(float("nan"))
@@ -69,10 +103,12 @@ def main(argv=None) -> int:
                     t = statistics.median(times[name])
                     d = diffs[name]
                     dtxt = f"{d:.1e}" if isinstance(d, float) else d
-                    line.append(f"{name} {flops / t / 1e9:.1f} ({base / t:.3f}x, diff {dtxt})")
+                    ran = "" if gluon.get(name) else ", Triton's kernels ran"
+                    line.append(f"{name} {flops / t / 1e9:.1f} ({base / t:.3f}x, diff {dtxt}{ran})")
                 print("; ".join(line), flush=True)
     finally:
-        ra.TF32_FWD = saved
+        setattr(ra, table, saved)
+        ra._launch = launch
     return 0
 
 

@@ -671,6 +671,8 @@ def test_gluon_forward_row_views_address_every_element(gen):
     assert _attn_tf32.rows_view(odd) is None
     q = torch.zeros(1, 2, 128, 64)
     assert not _attn_tf32.usable(q, q, True, 64, 64)  # the interpreter, or a CPU tensor: Triton's kernel
+    tiles = ((32, 64, 2, 1), (64, 64, 2, 1))
+    assert not _attn_tf32.usable_bwd(q, q, q, q, (q, q, q), (q, q, q), True, *tiles)
 
 
 @pytest.mark.gpu
@@ -710,6 +712,55 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
     assert relerr(got, want) <= tol, relerr(got, want)
     assert relerr(got, triton_kernel) <= 1e-5, relerr(got, triton_kernel)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "tiles",
+    [((32, 64, 3, 1), (64, 64, 2, 1)), ((64, 64, 2, 0), (128, 64, 2, 0)), ((32, 128, 2, 1), (64, 32, 3, 0))],
+    ids=lambda t: f"{t[0][0]}x{t[0][1]}{'a' * t[0][3]}-{t[1][0]}x{t[1][1]}{'a' * t[1][3]}",
+)  # fmt: skip
+@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ra.LAYOUTS)
+@pytest.mark.parametrize("length", [128, 384, 100], ids=lambda n: f"L={n}")
+def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, monkeypatch):
+    # the float32 backward in Gluon (attention v27; crossfuse.ops._attn_tf32): against float64 on the
+    # tf32-truncated inputs and against Triton's kernels; where the length is not a multiple of the tiles
+    # (L=100; L=384 with 128-row tiles) Triton's kernels run
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon backward needs compute capability 9 or later")
+    monkeypatch.setattr(ra, "TF32_BWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
+    d = 64
+    shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
+    q, k, v, do = (randn(shape, torch.float32, "cuda", gen) for _ in range(4))
+    qb, kb, vb, dob = (ra._to_bhld(t, layout) for t in (q, k, v, do))
+    launched = []
+    launch = ra._launch
+
+    def spy(kernel, grid, key, *args, **options):
+        launched.append(kernel)
+        return launch(kernel, grid, key, *args, **options)
+
+    monkeypatch.setattr(ra, "_launch", spy)
+    scale, relu_scale = 1 / math.sqrt(d), 1 / length
+    args = (qb, kb, vb, dob, causal, squared, scale, relu_scale)
+    got = ra.relu_attention_bwd(*args)
+    gluon = {ra._attn_tf32._attn_bwd_dkdv_tf32_kernel, ra._attn_tf32._attn_bwd_dq_tf32_kernel}
+    multiple = math.lcm(tiles[0][1], tiles[1][0])
+    assert (gluon <= set(launched)) == (length % multiple == 0), (launched, multiple)
+    monkeypatch.setattr(ra, "TF32_BWD", {})
+    triton_kernels = ra.relu_attention_bwd(*args)
+    refs = [tf32_truncate(t).double().requires_grad_(True) for t in (qb, kb, vb)]
+    out = relu_attention_ref(*refs, causal=causal, squared=squared, scale=scale, relu_scale=relu_scale)
+    grads = torch.autograd.grad(out, refs, dob.double())
+    slack = kink_slack(qb, kb, vb, dob, causal, squared, scale=scale, relu_scale=relu_scale)
+    tol = tolerance("relu_attention", torch.float32, "bwd", tf32=True)
+    for name, a, b, ref in zip(("dq", "dk", "dv"), got, triton_kernels, grads, strict=True):
+        err = relerr_with_slack(a, ref, slack[name])
+        assert err <= tol, (name, err)
+        # the same tf32 products summed in another order: equal up to float32 rounding
+        assert relerr(a, b) <= 1e-4, (name, relerr(a, b))
 
 def test_tensor_descriptors_need_aligned_strides(device, gen):
     # a view whose base is not 16-byte aligned takes the pointer kernels, with the same result

@@ -17,9 +17,20 @@ the output, are addressed through 2-D views: ``(rb, rh, ch)`` place row l of hea
 ``b*rb + h*rh + l``, column ``h*ch`` of the view (heads in rows for [B, H, L, D] layouts, in columns for
 [B, L, H, D]); v's copy is [B, H, D, L]. Sequence lengths must be multiples of both tiles (see
 :func:`usable`): there are no masks for tails.
+
+The backward (attention v27) is two kernels of the same kind. The dK/dV kernel holds a block of k and v in
+registers and streams q, dout and their copies with unit stride on L: ``s^T = k q^T`` and ``dp^T = v
+dout^T``, then ``dv += p^T dout`` and ``dk += ds^T q`` with p^T and ds^T moved into the left operand's
+layout by shuffles; the dQ kernel holds q and dout and streams k, v and k's copy: ``s = q k^T``, ``dp =
+dout v^T``, ``dq += ds k``. With ASYNC each product is issued asynchronously and the elementwise work
+before the next one runs while it does (``warpgroup_mma_wait``): 1.02-1.06x the synchronous form (run 291).
+Triton's float32 kernels read the left operands of all seven products from shared memory and write p^T
+and ds^T there each step.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton.language as tl
@@ -30,7 +41,12 @@ from ._ln_bwd_rows import GLUON_TRITON, triton_version
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError:  # Triton without Gluon's Hopper modules
     gluon = None
@@ -150,6 +166,293 @@ if gluon is not None:
         gl.store(o_ptrs + offs_d[None, :], acc * relu_scale)
 
 
+    @gluon.jit
+    def _griddep(WAIT: gl.constexpr):
+        """``griddepcontrol.wait`` where WAIT, else ``griddepcontrol.launch_dependents`` (see
+        crossfuse.ops._gdc)."""
+        if WAIT:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)  # fmt: skip
+        else:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _operands(Ad, Bd, a_at, b_at, layout: gl.constexpr):
+        """The tiles at ``a_at`` of ``Ad`` and at ``b_at`` of ``Bd`` (descriptors of one box shape) in
+        registers, in the left-operand layout ``layout``. Their shared memory is free once they are loaded:
+        the caller allocates its buffers for the loop after this."""
+        a_s = gl.allocate_shared_memory(Ad.dtype, Ad.block_type.shape, Ad.layout)
+        b_s = gl.allocate_shared_memory(Bd.dtype, Bd.block_type.shape, Bd.layout)
+        bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar, count=1)
+        mbarrier.expect(bar, Ad.block_type.nbytes + Bd.block_type.nbytes)
+        tma.async_copy_global_to_shared(Ad, a_at, bar, a_s)
+        tma.async_copy_global_to_shared(Bd, b_at, bar, b_s)
+        mbarrier.wait(bar, 0)
+        mbarrier.invalidate(bar)
+        return a_s.load(layout), b_s.load(layout)
+
+    @gluon.jit
+    def _fill(descs, bars, bufs, slot, at_rows, at_cols, ok):
+        """Buffer ``slot`` of each of the ring's tensors takes its tile (``descs[i]`` at ``[at_rows[i],
+        at_cols[i]]``), all under ``bars[slot]``; nothing where not ``ok``."""
+        nbytes: gl.constexpr = descs[0].block_type.nbytes * len(descs)
+        mbarrier.expect(bars.index(slot), nbytes, pred=ok)
+        for i in gl.static_range(len(descs)):
+            tma.async_copy_global_to_shared(descs[i], [at_rows[i], at_cols[i]], bars.index(slot),
+                                            bufs[i].index(slot), pred=ok)  # fmt: skip
+
+    @gluon.jit
+    def _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout: gl.constexpr, ds_layout: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SQUARED: gl.constexpr, MASKED: gl.constexpr,
+                 ASYNC: gl.constexpr):  # fmt: skip
+        """Key block j of the dQ kernel: its scores and ``dp``, ``dq += ds @ k`` (k's copy); then its
+        buffers take key block j + STAGES."""
+        descs, bars, bufs, k_row, k_col, v_row, v_col, kt_row, steps = ring
+        slot = j % STAGES
+        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        if ASYNC:  # dp's product runs while the scores' relu is taken
+            sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+            dp = warpgroup_mma(do, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc,))
+            if SQUARED:
+                a = gl.maximum(sc * scale, 0.0)
+                dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+                ds = dp * (2.0 * scale) * a
+            else:
+                pos = sc > 0.0
+                dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+                ds = gl.where(pos, dp * scale, 0.0)
+        else:
+            sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
+            dp = warpgroup_mma(do, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False)
+            if SQUARED:
+                ds = dp * (2.0 * scale) * gl.maximum(sc * scale, 0.0)
+            else:
+                ds = gl.where(sc > 0.0, dp * scale, 0.0)
+        if MASKED:
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            ds = gl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
+        dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), bufs[2].index(slot).permute((1, 0)), dq)
+        gl.thread_barrier()  # every warp's products have read buffer slot
+        nxt = (j + STAGES) * BLOCK_N
+        _fill(descs, bars, bufs, slot, (k_row + nxt, v_row + nxt, kt_row), (k_col, v_col, nxt),
+              j + STAGES < steps)  # fmt: skip
+        return dq
+
+    @gluon.jit
+    def _attn_bwd_dq_tf32_kernel(
+        Qd, DOd,  # 2-D descriptors of q and dout, boxes [BLOCK_M, HEAD_D]
+        Kd, Vd, KTd,  # of k and v (boxes [BLOCK_N, HEAD_D]) and k's copy (boxes [HEAD_D, BLOCK_N])
+        DQ,  # out, (B, H, L, HEAD_D) through strides
+        stride_dqb, stride_dqh, stride_dql,
+        H, Lk,
+        q_rb, q_rh, q_ch, do_rb, do_rh, do_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,  # heads in the 2-D views
+        scale, relu_scale,
+        HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
+        WAIT_END: gl.constexpr,  # a dependent launch after the dK/dV kernel: complete after it
+        ASYNC: gl.constexpr,  # the scores' relu taken while dp's product runs
+    ):  # fmt: skip
+        WARPS: gl.constexpr = gl.num_warps()
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                           instr_shape=[16, BLOCK_N, 8])  # fmt: skip
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                           instr_shape=[16, HEAD_D, 8])  # fmt: skip
+        q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=1)
+        ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
+
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # causal: the heaviest query blocks first
+        pid_bh = gl.program_id(1)
+        b = pid_bh // H
+        h = pid_bh % H
+        start_m = pid_m * BLOCK_M
+        if CAUSAL:
+            steps = gl.minimum(start_m + BLOCK_M, Lk) // BLOCK_N
+        else:
+            steps = Lk // BLOCK_N
+        q, do = _operands(Qd, DOd, [b * q_rb + h * q_rh + start_m, h * q_ch],
+                          [b * do_rb + h * do_rh + start_m, h * do_ch], q_layout)  # fmt: skip
+
+        k_s = gl.allocate_shared_memory(Kd.dtype, [STAGES, BLOCK_N, HEAD_D], Kd.layout)
+        v_s = gl.allocate_shared_memory(Vd.dtype, [STAGES, BLOCK_N, HEAD_D], Vd.layout)
+        kt_s = gl.allocate_shared_memory(KTd.dtype, [STAGES, HEAD_D, BLOCK_N], KTd.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        k_row = b * k_rb + h * k_rh
+        k_col = h * k_ch
+        v_row = b * v_rb + h * v_rh
+        v_col = h * v_ch
+        kt_row = pid_bh * HEAD_D
+        descs = (Kd, Vd, KTd)
+        bufs = (k_s, v_s, kt_s)
+        for s in gl.static_range(STAGES):  # the first key blocks' tiles
+            at = s * BLOCK_N
+            _fill(descs, bars, bufs, s, (k_row + at, v_row + at, kt_row), (k_col, v_col, at), s < steps)
+
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+        zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        ring = (descs, bars, bufs, k_row, k_col, v_row, v_col, kt_row, steps)
+        if CAUSAL:  # the key blocks before the diagonal, then the diagonal's, masked
+            n_full = start_m // BLOCK_N
+            for j in range(n_full):
+                dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
+                              SQUARED, False, ASYNC)  # fmt: skip
+            for j in range(n_full, steps):
+                dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
+                              SQUARED, True, ASYNC)  # fmt: skip
+        else:
+            for j in range(steps):
+                dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
+                              SQUARED, False, ASYNC)  # fmt: skip
+
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+        offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+        rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        ptrs = DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + rows[:, None] * stride_dql
+        gl.store(ptrs + offs_d[None, :], dq * relu_scale)
+        if WAIT_END:
+            _griddep(True)
+
+    @gluon.jit
+    def _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout: gl.constexpr,
+                   pt_layout: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                   SQUARED: gl.constexpr, MASKED: gl.constexpr, ASYNC: gl.constexpr):  # fmt: skip
+        """Query block ``first + j`` of the dK/dV kernel: the block's scores and ``dp`` transposed,
+        ``dv += p^T @ dout`` and ``dk += ds^T @ q`` (dout's and q's copies); then its buffers take query
+        block ``first + j + STAGES``."""
+        descs, bars, bufs, q_row, q_col, do_row, do_col, t_row, first, steps = ring
+        slot = j % STAGES
+        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        if ASYNC:  # each product runs while the elementwise work of the one before it is done
+            st = warpgroup_mma(k, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(v, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        else:
+            st = warpgroup_mma(k, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
+            dpt = warpgroup_mma(v, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False)
+        at = gl.maximum(st * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
+        if SQUARED:
+            pt = at * at
+        else:
+            pt = at
+        if MASKED:
+            offs_m = (first + j) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+            visible = offs_m[None, :] >= offs_n[:, None]
+            pt = gl.where(visible, pt, 0.0)
+        pt = gl.convert_layout(pt, pt_layout)
+        if ASYNC:
+            dv = warpgroup_mma(pt, bufs[3].index(slot).permute((1, 0)), dv, is_async=True)
+            dpt, pt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt))
+        else:
+            dv = warpgroup_mma(pt, bufs[3].index(slot).permute((1, 0)), dv)
+        if SQUARED:
+            dst = dpt * (2.0 * scale) * at
+        else:
+            dst = gl.where(st > 0.0, dpt * scale, 0.0)
+        if MASKED:
+            dst = gl.where(visible, dst, 0.0)
+        dst = gl.convert_layout(dst, pt_layout)
+        if ASYNC:
+            dk = warpgroup_mma(dst, bufs[2].index(slot).permute((1, 0)), dk, is_async=True)
+            dv, dk, pt, dst = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt, dst))
+        else:
+            dk = warpgroup_mma(dst, bufs[2].index(slot).permute((1, 0)), dk)
+        gl.thread_barrier()  # every warp's products have read buffer slot
+        nxt = (first + j + STAGES) * BLOCK_M
+        _fill(descs, bars, bufs, slot, (q_row + nxt, do_row + nxt, t_row, t_row), (q_col, do_col, nxt, nxt),
+              j + STAGES < steps)  # fmt: skip
+        return dk, dv
+
+    @gluon.jit
+    def _attn_bwd_dkdv_tf32_kernel(
+        Kd, Vd,  # 2-D descriptors of k and v, boxes [BLOCK_N, HEAD_D]
+        Qd, DOd, QTd, DOTd,  # of q and dout (boxes [BLOCK_M, HEAD_D]) and their copies ([HEAD_D, BLOCK_M])
+        DK, DV,  # out, (B, H, L, HEAD_D) through strides
+        stride_dkb, stride_dkh, stride_dkl, stride_dvb, stride_dvh, stride_dvl,
+        H, Lq,
+        k_rb, k_rh, k_ch, v_rb, v_rh, v_ch, q_rb, q_rh, q_ch, do_rb, do_rh, do_ch,  # heads in the 2-D views
+        scale, relu_scale,
+        HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
+        CHAIN: gl.constexpr,  # a dependent launch after the copies (wait for them), before the dQ kernel
+        ASYNC: gl.constexpr,  # each product running while the elementwise work of the one before is done
+    ):  # fmt: skip
+        WARPS: gl.constexpr = gl.num_warps()
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                            instr_shape=[16, BLOCK_M, 8])  # fmt: skip
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                           instr_shape=[16, HEAD_D, 8])  # fmt: skip
+        k_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=1)
+        pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
+
+        if CHAIN:  # the copies first; then the dQ kernel (which reads k's copy) may start
+            _griddep(True)
+            _griddep(False)
+        pid_n = gl.program_id(0)  # causal: the first key blocks see the most queries; they go first
+        pid_bh = gl.program_id(1)
+        b = pid_bh // H
+        h = pid_bh % H
+        start_n = pid_n * BLOCK_N
+        if CAUSAL:  # query blocks from the diagonal's on
+            first = start_n // BLOCK_M
+        else:
+            first = 0
+        steps = gl.maximum(Lq // BLOCK_M - first, 0)
+        k, v = _operands(Kd, Vd, [b * k_rb + h * k_rh + start_n, h * k_ch],
+                         [b * v_rb + h * v_rh + start_n, h * v_ch], k_layout)  # fmt: skip
+
+        q_s = gl.allocate_shared_memory(Qd.dtype, [STAGES, BLOCK_M, HEAD_D], Qd.layout)
+        do_s = gl.allocate_shared_memory(DOd.dtype, [STAGES, BLOCK_M, HEAD_D], DOd.layout)
+        qt_s = gl.allocate_shared_memory(QTd.dtype, [STAGES, HEAD_D, BLOCK_M], QTd.layout)
+        dot_s = gl.allocate_shared_memory(DOTd.dtype, [STAGES, HEAD_D, BLOCK_M], DOTd.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        q_row = b * q_rb + h * q_rh
+        q_col = h * q_ch
+        do_row = b * do_rb + h * do_rh
+        do_col = h * do_ch
+        t_row = pid_bh * HEAD_D
+        descs = (Qd, DOd, QTd, DOTd)
+        bufs = (q_s, do_s, qt_s, dot_s)
+        for s in gl.static_range(STAGES):  # the first query blocks' tiles
+            at = (first + s) * BLOCK_M
+            _fill(descs, bars, bufs, s, (q_row + at, do_row + at, t_row, t_row), (q_col, do_col, at, at),
+                  s < steps)  # fmt: skip
+
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+        dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, o_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, o_layout)
+        zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        ring = (descs, bars, bufs, q_row, q_col, do_row, do_col, t_row, first, steps)
+        if CAUSAL:  # the query blocks on the diagonal, masked, then the later ones
+            n_diag = gl.minimum(BLOCK_N // BLOCK_M, steps)
+            for j in range(n_diag):
+                dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
+                                    STAGES, SQUARED, True, ASYNC)  # fmt: skip
+            for j in range(n_diag, steps):
+                dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
+                                    STAGES, SQUARED, False, ASYNC)  # fmt: skip
+        else:
+            for j in range(steps):
+                dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
+                                    STAGES, SQUARED, False, ASYNC)  # fmt: skip
+
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+        offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+        rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, o_layout))
+        dk_ptrs = DK + b.to(gl.int64) * stride_dkb + h.to(gl.int64) * stride_dkh + rows[:, None] * stride_dkl
+        dv_ptrs = DV + b.to(gl.int64) * stride_dvb + h.to(gl.int64) * stride_dvh + rows[:, None] * stride_dvl
+        gl.store(dk_ptrs + offs_d[None, :], dk * relu_scale)
+        gl.store(dv_ptrs + offs_d[None, :], dv * relu_scale)
+
+
 def rows_view(t: torch.Tensor):
     """``(view, rb, rh, ch)``: a 2-D view of the [B, H, L, D] view ``t`` (unit stride on D) in which row l of
     head (b, h) is row ``b*rb + h*rh + l`` and starts at column ``h*ch``; ``None`` where no such view
@@ -171,24 +474,62 @@ def rows_view(t: torch.Tensor):
     return torch.as_strided(t, (rows, cols), (s2, 1)), rb, rh, ch
 
 
-def usable(q: torch.Tensor, k: torch.Tensor, interpreted: bool, block_m: int, block_n: int):
-    """The row views (:func:`rows_view`) of q and k where the Gluon forward can take them, else ``None``:
-    float32 on compute capability 9+ with the Triton of ``GLUON_TRITON``, not under the interpreter;
-    ``block_n`` divides ``block_m`` (the causal loops' diagonal blocks), the lengths are multiples of
-    ``block_m``, the views' bases and rows 16-byte aligned."""
+def _row_views(tensors, interpreted: bool, multiple: int):
+    """The row views (:func:`rows_view`) of ``tensors`` ([B, H, L, D] views) where the Gluon kernels can
+    take them, else ``None``: float32 on compute capability 9+ with the Triton of ``GLUON_TRITON``, not
+    under the interpreter; lengths multiples of ``multiple``; the views' bases and rows 16-byte aligned."""
+    q = tensors[0]
     if gluon is None or interpreted or q.device.type != "cuda" or q.dtype != torch.float32:
         return None
     if triton_version() != GLUON_TRITON:
         return None
     if compute_capability_major(q) < 9 or q.shape[3] not in (32, 64, 128):
         return None
-    if block_m % block_n or q.shape[2] % block_m or k.shape[2] % block_m:  # (then block_n divides them too)
+    if any(t.shape[2] % multiple for t in tensors):
         return None
-    views = (rows_view(q), rows_view(k))
+    views = tuple(rows_view(t) for t in tensors)
     for view in views:
         if view is None or view[0].data_ptr() % 16 or view[0].stride(0) * view[0].element_size() % 16:
             return None
     return views
+
+
+def usable(q: torch.Tensor, k: torch.Tensor, interpreted: bool, block_m: int, block_n: int):
+    """The row views of q and k where the Gluon forward can take them, else ``None`` (see
+    :func:`_row_views`); ``block_n`` must divide ``block_m`` (the causal loops' diagonal blocks), the
+    lengths be multiples of ``block_m``."""
+    if block_m % block_n:
+        return None
+    return _row_views((q, k), interpreted, block_m)
+
+
+def l_major_2d(copy: torch.Tensor):
+    """The [B*H*D, L] matrix of a [B, H, L, D] view with unit stride on L whose [B, H, D, L] transpose is
+    contiguous (the launcher's copies), else ``None``."""
+    t = copy.transpose(2, 3)
+    if not t.is_contiguous() or t.data_ptr() % 16 or t.shape[3] * t.element_size() % 16:
+        return None
+    return t.reshape(-1, t.shape[3])
+
+
+def usable_bwd(q, k, v, do, copies, outs, interpreted: bool, dkdv_tiles, dq_tiles):
+    """``(row views of q, k, v, dout; [B*H*D, L] matrices of the copies of q, dout, k)`` where the Gluon
+    backward can take them, else ``None``: as :func:`_row_views`, D <= 64, each kernel's query tile
+    dividing its key tile (dK/dV) or the reverse (dQ), the larger tile at least 64 rows (4 warps), lengths
+    multiples of every tile, ``copies`` (q, dout and k with unit stride on L) whose transposes are
+    contiguous; ``outs`` (dq, dk, dv) with unit stride on D."""
+    if any(t.stride(3) != 1 for t in outs):
+        return None
+    (bm1, bn1, *_), (bm2, bn2, *_) = dkdv_tiles, dq_tiles
+    if bn1 % bm1 or bm2 % bn2 or min(bn1, bm2) < 64:  # a warp per 16 rows; wgmma needs 4
+        return None
+    if q.shape[3] > 64:  # D=128: compiled for D <= 64 only (the dK/dV kernel keeps k, v, dk, dv in registers)
+        return None
+    views = _row_views((q, k, v, do), interpreted, math.lcm(bn1, bm2))
+    if views is None:
+        return None
+    mats = tuple(l_major_2d(c) for c in copies)
+    return None if any(m is None for m in mats) else (views, mats)
 
 
 def _desc(view: torch.Tensor, block: list[int]):
@@ -216,3 +557,37 @@ def launch(q, k, views, vt, out, causal: bool, squared: bool, scale: float, relu
         options["launch_pdl"] = True
     run(_attn_fwd_tf32_kernel, (Lq // block_m, B * H), (q.device, q.dtype, D, "tf32", block_m, block_n),
         *args, num_stages=1, **options)  # fmt: skip
+
+
+def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: bool, scale: float,
+               relu_scale: float, dkdv_tiles, dq_tiles, chain: bool, run) -> None:  # fmt: skip
+    """The backward's two kernels on [B, H, L, D] views (``usable_views``: what :func:`usable_bwd`
+    returned), through ``run`` (the launcher's ``_launch``); with ``chain``, the dK/dV kernel is a dependent
+    launch after the copies and the dQ kernel one after it (crossfuse.ops._gdc)."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    ((qv, *qh), (kv, *kh), (vv, *vh), (dov, *doh)), (qt, dot, kt) = usable_views
+    bind_cuda_context(q)
+    bm, bn, stages, is_async = dkdv_tiles
+    args = (
+        _desc(kv, [bn, D]), _desc(vv, [bn, D]), _desc(qv, [bm, D]), _desc(dov, [bm, D]), _desc(qt, [D, bm]),
+        _desc(dot, [D, bm]), dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, Lq, *kh, *vh, *qh, *doh,
+        scale, relu_scale,
+    )  # fmt: skip
+    options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
+                   CHAIN=chain, ASYNC=bool(is_async), num_warps=bn // 16)  # fmt: skip
+    if chain:
+        options["launch_pdl"] = True
+    run(_attn_bwd_dkdv_tf32_kernel, (Lk // bn, B * H), (q.device, q.dtype, D, "tf32-dkdv", bm, bn), *args,
+        num_stages=1, **options)  # fmt: skip
+    bm, bn, stages, is_async = dq_tiles
+    args = (
+        _desc(qv, [bm, D]), _desc(dov, [bm, D]), _desc(kv, [bn, D]), _desc(vv, [bn, D]), _desc(kt, [D, bn]),
+        dq, *dq.stride()[:3], H, Lk, *qh, *doh, *kh, *vh, scale, relu_scale,
+    )  # fmt: skip
+    options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
+                   WAIT_END=chain, ASYNC=bool(is_async), num_warps=bm // 16)  # fmt: skip
+    if chain:
+        options["launch_pdl"] = True
+    run(_attn_bwd_dq_tf32_kernel, (Lq // bm, B * H), (q.device, q.dtype, D, "tf32-dq", bm, bn), *args,
+        num_stages=1, **options)  # fmt: skip

@@ -42,7 +42,10 @@ each, so float32 needs up to three extra input-sized buffers while the backward 
 capability 9+ the kernel after a copy (the forward; the dK/dV kernel) is a dependent launch that waits for
 the copy at its start (attention v22). There, with Triton 3.6, the float32 forward is a Gluon kernel
 (``_attn_tf32``, attention v26) that keeps q and p in registers as the products' left operands, which
-Triton keeps in shared memory for 32-bit types, where lengths are multiples of its tiles (``TF32_FWD``).
+Triton keeps in shared memory for 32-bit types, where lengths are multiples of its tiles (``TF32_FWD``);
+so is the float32 backward (attention v27: k, v and the transposed p and ds of the dK/dV kernel, q, dout and
+ds of the dQ kernel in registers; each product overlapping the elementwise work before the next; tiles
+``TF32_BWD``).
 A call whose shapes, strides, dtypes, alignment, flags and tiles match an earlier call's replays that
 call's launches (``_planned``, attention v24).
 Under torch.compile the autograd function calls the launchers through custom operators
@@ -1213,6 +1216,20 @@ TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int]] = {
 }
 
 
+# The float32 backward in Gluon (crossfuse.ops._attn_tf32, attention v27): (causal, long sequence) ->
+# ((BLOCK_M, BLOCK_N, STAGES, ASYNC) of the dK/dV kernel, the same of the dQ kernel); where the tiles do
+# not divide the lengths (or TF32_BWD is empty), Triton's kernels run. Measured against Triton's float32
+# backward at the seed's shapes (run 291, bench/probe_attn_tf32.py --kind bwd, both with the copies):
+# 1.239, 1.254 (full, L = 1024, 2048), 1.230 (full, L=4096), 1.190, 1.197 (causal, L = 1024, 2048),
+# 1.157 (causal, L=4096); the synchronous products (ASYNC 0) 1.12-1.20.
+TF32_BWD: dict[tuple[bool, bool], tuple[tuple[int, int, int, int], tuple[int, int, int, int]]] = {
+    (False, False): ((32, 64, 2, 1), (64, 64, 2, 1)),
+    (False, True): ((32, 64, 2, 1), (64, 32, 3, 1)),
+    (True, False): ((32, 64, 2, 1), (64, 32, 3, 1)),
+    (True, True): ((32, 64, 3, 1), (64, 64, 2, 1)),
+}
+
+
 def _relu_cvt(interp: bool, squared: bool, dtype: torch.dtype) -> bool:
     """Whether the kernels take relu's bf16 operands from ``_relu_to_bf16`` and apply ``scale`` to their
     outputs: compiled bfloat16 relu (not squared: relu(s)^2 has no one-instruction form)."""
@@ -1389,6 +1406,13 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
     # came after the dK/dV kernel)
     gdc = _gdc.usable(q, interp)
     qc, doc, kc = _l_contiguous(q, do, k, signal=gdc) if copies else (q, do, k)
+    if copies:  # the Gluon kernels where their tiles fit
+        tiles = TF32_BWD.get((causal, max(q.shape[2], k.shape[2]) > SHORT_L))
+        found = tiles and _attn_tf32.usable_bwd(q, k, v, do, (qc, doc, kc), (dq, dk, dv), interp, *tiles)
+        if found:
+            _attn_tf32.launch_bwd(q, k, v, do, dq, dk, dv, found, causal, squared, scale, relu_scale,
+                                  *tiles, gdc, _launch)  # fmt: skip
+            return
     # the two kernels are independent (each reads q, k, v and dout only): where the GPU allows, the dQ
     # kernel is a programmatic dependent launch that starts on the SMs the dK/dV kernel's last programs
     # leave, and waits for that kernel only at its end (_gdc); after float32's copies, the dK/dV kernel
