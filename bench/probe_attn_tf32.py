@@ -27,8 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--side", choices=("on", "off", "both"), default="on",
-                    help="bwd: the copies of q and dout on a second stream (SIDE_COPIES), or not, or each")
     ap.add_argument("--kind", choices=("fwd", "bwd", "copies"), default="fwd")
     ap.add_argument("--tiles", default=None, help="default: 64:64:2,64:64:3,64:32:3,128:64:2 (fwd), "
                     "32:64:3:1/64:64:2:1,32:64:2:1/64:32:3:1,32:64:3:0/64:64:2:0 (bwd)")  # fmt: skip
@@ -59,7 +57,7 @@ def main(argv=None) -> int:
     tiles = {spec: parse(spec) for spec in args.tiles.split(",")}
     table = "TF32_BWD" if bwd else "TF32_FWD"
     B, H, D = 4, 16, 64
-    saved, launch, saved_side = getattr(ra, table), ra._launch, ra.SIDE_COPIES
+    saved, launch = getattr(ra, table), ra._launch
     op = ra.relu_attention_bwd if bwd else ra.relu_attention_fwd
     launched: set[str] = set()
 
@@ -80,18 +78,12 @@ def main(argv=None) -> int:
                 call += (causal, False, scale, relu_scale)
                 setattr(ra, table, {})
                 ref = op(*call)
-                sides = {"on": (True,), "off": (False,), "both": (True, False)}[args.side] if bwd else (True,)
-                variants = {"triton": (None, True)}
-                for spec, cfg in tiles.items():
-                    for side in sides:
-                        suffix = "" if len(sides) == 1 else "+side" if side else "+one"
-                        variants[spec + suffix] = (cfg, side)
+                variants = {"triton": None, **tiles}
                 times: dict[str, list[float]] = {name: [] for name in variants}
                 diffs, gluon = {}, {}
                 for _ in range(args.rounds):
-                    for name, (cfg, side) in variants.items():
+                    for name, cfg in variants.items():
                         setattr(ra, table, {} if cfg is None else {(causal, L > ra.SHORT_L): cfg})
-                        ra.SIDE_COPIES = side
                         try:
                             fn = lambda call=call: op(*call)  # noqa: E731
                             launched.clear()
@@ -116,7 +108,7 @@ def main(argv=None) -> int:
                 print("; ".join(line), flush=True)
     finally:
         setattr(ra, table, saved)
-        ra._launch, ra.SIDE_COPIES = launch, saved_side
+        ra._launch = launch
     return 0
 
 

@@ -252,7 +252,6 @@ if gluon is not None:
         scale, relu_scale,
         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
-        WAIT_START: gl.constexpr,  # a dependent launch after the copies: wait for them, let the next start
         WAIT_END: gl.constexpr,  # a dependent launch after the dK/dV kernel: complete after it
         ASYNC: gl.constexpr,  # the scores' relu taken while dp's product runs
     ):  # fmt: skip
@@ -273,9 +272,6 @@ if gluon is not None:
             steps = gl.minimum(start_m + BLOCK_M, Lk) // BLOCK_N
         else:
             steps = Lk // BLOCK_N
-        if WAIT_START:
-            _griddep(True)
-            _griddep(False)
         q, do = _operands(Qd, DOd, [b * q_rb + h * q_rh + start_m, h * q_ch],
                           [b * do_rb + h * do_rh + start_m, h * do_ch], q_layout)  # fmt: skip
 
@@ -383,8 +379,7 @@ if gluon is not None:
         scale, relu_scale,
         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
-        WAIT_START: gl.constexpr,  # a dependent launch after the copies: wait for them, let the next start
-        WAIT_END: gl.constexpr,  # a dependent launch after the dQ kernel: complete after it
+        CHAIN: gl.constexpr,  # a dependent launch after the copies (wait for them), before the dQ kernel
         ASYNC: gl.constexpr,  # each product running while the elementwise work of the one before is done
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
@@ -395,7 +390,7 @@ if gluon is not None:
         k_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=1)
         pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
 
-        if WAIT_START:  # the copies first (this kernel reads them); then the next kernel may start
+        if CHAIN:  # the copies first; then the dQ kernel (which reads k's copy) may start
             _griddep(True)
             _griddep(False)
         pid_n = gl.program_id(0)  # causal: the first key blocks see the most queries; they go first
@@ -456,8 +451,6 @@ if gluon is not None:
         dv_ptrs = DV + b.to(gl.int64) * stride_dvb + h.to(gl.int64) * stride_dvh + rows[:, None] * stride_dvl
         gl.store(dk_ptrs + offs_d[None, :], dk * relu_scale)
         gl.store(dv_ptrs + offs_d[None, :], dv * relu_scale)
-        if WAIT_END:
-            _griddep(True)
 
 
 def rows_view(t: torch.Tensor):
@@ -567,41 +560,34 @@ def launch(q, k, views, vt, out, causal: bool, squared: bool, scale: float, relu
 
 
 def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: bool, scale: float,
-               relu_scale: float, dkdv_tiles, dq_tiles, chain: bool, run, dq_first: bool = False,
-               between=None) -> None:  # fmt: skip
+               relu_scale: float, dkdv_tiles, dq_tiles, chain: bool, run) -> None:  # fmt: skip
     """The backward's two kernels on [B, H, L, D] views (``usable_views``: what :func:`usable_bwd`
-    returned), through ``run`` (the launcher's ``_launch``): the dK/dV kernel first, or with ``dq_first``
-    the dQ kernel first, and ``between()`` called between the two launches. With ``chain`` the first
-    kernel is a dependent launch that waits for the copy before it (crossfuse.ops._gdc), the second one a
-    dependent launch after the first that completes after it (the two kernels are independent)."""
+    returned), through ``run`` (the launcher's ``_launch``); with ``chain``, the dK/dV kernel is a dependent
+    launch after the copies and the dQ kernel one after it (crossfuse.ops._gdc)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     ((qv, *qh), (kv, *kh), (vv, *vh), (dov, *doh)), (qt, dot, kt) = usable_views
     bind_cuda_context(q)
     bm, bn, stages, is_async = dkdv_tiles
-    dkdv_args = (
+    args = (
         _desc(kv, [bn, D]), _desc(vv, [bn, D]), _desc(qv, [bm, D]), _desc(dov, [bm, D]), _desc(qt, [D, bm]),
         _desc(dot, [D, bm]), dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, Lq, *kh, *vh, *qh, *doh,
         scale, relu_scale,
     )  # fmt: skip
-    dkdv_options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
-                        ASYNC=bool(is_async), num_warps=bn // 16)  # fmt: skip
-    dkdv = (_attn_bwd_dkdv_tf32_kernel, (Lk // bn, B * H), (q.device, q.dtype, D, "tf32-dkdv", bm, bn))
+    options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
+                   CHAIN=chain, ASYNC=bool(is_async), num_warps=bn // 16)  # fmt: skip
+    if chain:
+        options["launch_pdl"] = True
+    run(_attn_bwd_dkdv_tf32_kernel, (Lk // bn, B * H), (q.device, q.dtype, D, "tf32-dkdv", bm, bn), *args,
+        num_stages=1, **options)  # fmt: skip
     bm, bn, stages, is_async = dq_tiles
-    dq_args = (
+    args = (
         _desc(qv, [bm, D]), _desc(dov, [bm, D]), _desc(kv, [bn, D]), _desc(vv, [bn, D]), _desc(kt, [D, bn]),
         dq, *dq.stride()[:3], H, Lk, *qh, *doh, *kh, *vh, scale, relu_scale,
     )  # fmt: skip
-    dq_options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
-                      ASYNC=bool(is_async), num_warps=bm // 16)  # fmt: skip
-    dqk = (_attn_bwd_dq_tf32_kernel, (Lq // bm, B * H), (q.device, q.dtype, D, "tf32-dq", bm, bn))
-    first, second = ((dqk, dq_args, dq_options), (dkdv, dkdv_args, dkdv_options))
-    if not dq_first:
-        first, second = second, first
-    for i, ((kernel, grid, key), args, options) in enumerate((first, second)):
-        options.update(WAIT_START=chain and i == 0, WAIT_END=chain and i == 1)
-        if chain:
-            options["launch_pdl"] = True
-        if i == 1 and between is not None:
-            between()
-        run(kernel, grid, key, *args, num_stages=1, **options)
+    options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
+                   WAIT_END=chain, ASYNC=bool(is_async), num_warps=bm // 16)  # fmt: skip
+    if chain:
+        options["launch_pdl"] = True
+    run(_attn_bwd_dq_tf32_kernel, (Lq // bm, B * H), (q.device, q.dtype, D, "tf32-dq", bm, bn), *args,
+        num_stages=1, **options)  # fmt: skip

@@ -1270,22 +1270,21 @@ def _desc(t: torch.Tensor, rows: int):
 L_MAJOR_TILE = (64, 64, 4)  # BLOCK_L, BLOCK_D, warps of _l_major_copy_kernel
 
 
-def _l_contiguous(*tensors: torch.Tensor, signal: bool = False, stream=None) -> tuple[torch.Tensor, ...]:
+def _l_contiguous(*tensors: torch.Tensor, signal: bool = False) -> tuple[torch.Tensor, ...]:
     """[B, H, L, D] views with unit stride on L of ``tensors``: each tensor itself when it has one, else a
     copy ([B, H, D, L] contiguous, seen transposed). Tensors of one shape, dtype and device are copied
     three at a time by one launch into one buffer (which lives as long as any of its copies). The copy is a
     Triton kernel: torch's ``contiguous()`` of the transposed view moved about 1 TB/s on the H200 at the
     seed's float32 shapes, a third of a plain copy's rate (run 136), and the copies were then 30% of the
     float32 forward at L=1024. With ``signal``, the copy kernel lets a dependent launch after it start
-    (:mod:`._gdc`); that kernel must wait for it before reading the copies. With ``stream``, the copy kernel
-    runs on that stream (its buffer still allocated on the current one, whose work must wait for it)."""
+    (:mod:`._gdc`); that kernel must wait for it before reading the copies."""
     out = list(tensors)
     todo = [i for i, t in enumerate(tensors) if t.stride(2) != 1]
     while todo:
         kind = _copy_kind(tensors[todo[0]])
         group = [i for i in todo if _copy_kind(tensors[i]) == kind][:3]
         todo = [i for i in todo if i not in group]
-        for i, c in zip(group, _l_major_copies([tensors[i] for i in group], signal, stream), strict=True):
+        for i, c in zip(group, _l_major_copies([tensors[i] for i in group], signal), strict=True):
             out[i] = c
     return tuple(out)
 
@@ -1294,7 +1293,7 @@ def _copy_kind(t: torch.Tensor) -> tuple:
     return t.shape, t.dtype, t.device
 
 
-def _l_major_copies(ts: list[torch.Tensor], signal: bool = False, stream=None) -> list[torch.Tensor]:
+def _l_major_copies(ts: list[torch.Tensor], signal: bool = False) -> list[torch.Tensor]:
     """One to three tensors of one [B, H, L, D] shape copied with unit stride on L (see _l_contiguous)."""
     B, H, L, D = ts[0].shape
     block_l, block_d, warps = L_MAJOR_TILE
@@ -1308,11 +1307,7 @@ def _l_major_copies(ts: list[torch.Tensor], signal: bool = False, stream=None) -
         xs = [*ts, ts[0], ts[0]][:3]
         args = (*xs, out, *(s for x in xs for s in x.stride()), H, L, D)
         options = dict(T=len(ts), BLOCK_L=block_l, BLOCK_D=block_d, GDC=signal, num_warps=warps)
-        if stream is None:
-            _direct.run(_l_major_copy_kernel, grid, args, options)
-        else:
-            with torch.cuda.stream(stream):
-                _direct.run(_l_major_copy_kernel, grid, args, options)
+        _direct.run(_l_major_copy_kernel, grid, args, options)
     return [y.transpose(2, 3) for y in out.unbind(0)]
 
 
@@ -1406,13 +1401,18 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
     """The backward's launches (see :func:`relu_attention_bwd`) with tiles ``cfg_dkdv`` and ``cfg_dq``."""
     tma = (cfg_dkdv.tma or cfg_dq.tma) and not copies and _tma_usable(interp, q, k, v, do, dq, dk, dv)
     common = (causal, squared, scale, relu_scale, interp, copies)
-    gdc = _gdc.usable(q, interp)
-    if copies and _gluon_bwd(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, interp, gdc):
-        return
     # float32's copies (q and dout for the dK/dV kernel, k for the dQ kernel) in one launch up front, so
     # that nothing runs between the two kernels (the three copies live together: one more than if k's
     # came after the dK/dV kernel)
+    gdc = _gdc.usable(q, interp)
     qc, doc, kc = _l_contiguous(q, do, k, signal=gdc) if copies else (q, do, k)
+    if copies:  # the Gluon kernels where their tiles fit
+        tiles = TF32_BWD.get((causal, max(q.shape[2], k.shape[2]) > SHORT_L))
+        found = tiles and _attn_tf32.usable_bwd(q, k, v, do, (qc, doc, kc), (dq, dk, dv), interp, *tiles)
+        if found:
+            _attn_tf32.launch_bwd(q, k, v, do, dq, dk, dv, found, causal, squared, scale, relu_scale,
+                                  *tiles, gdc, _launch)  # fmt: skip
+            return
     # the two kernels are independent (each reads q, k, v and dout only): where the GPU allows, the dQ
     # kernel is a programmatic dependent launch that starts on the SMs the dK/dV kernel's last programs
     # leave, and waits for that kernel only at its end (_gdc); after float32's copies, the dK/dV kernel
@@ -1421,43 +1421,6 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
     _bwd_dkdv(q, k, v, do, dk, dv, qc, doc, cfg_dkdv, tma and cfg_dkdv.tma, *common, order=order)
     _bwd_dq(q, k, v, do, dq, kc, cfg_dq, tma and cfg_dq.tma, *common,
             order=dict(GDC=True, launch_pdl=True) if gdc else {})  # fmt: skip
-
-
-# The Gluon float32 backward's copies of q and dout (which only its second kernel, dK/dV, reads) made on a
-# second stream while k's copy and the dQ kernel run (attention v29); False: the three copies in one launch
-# before the dK/dV kernel, then the dQ kernel (v27).
-SIDE_COPIES = True
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _gluon_bwd(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, interp, gdc) -> bool:
-    """The float32 backward through the Gluon kernels (see TF32_BWD) where their tiles fit; whether it ran."""
-    tiles = TF32_BWD.get((causal, max(q.shape[2], k.shape[2]) > SHORT_L))
-    if not tiles:
-        return False
-    if not SIDE_COPIES:
-        copies = _l_contiguous(q, do, k, signal=gdc)
-        found = _attn_tf32.usable_bwd(q, k, v, do, copies, (dq, dk, dv), interp, *tiles)
-        if found:
-            _attn_tf32.launch_bwd(q, k, v, do, dq, dk, dv, found, causal, squared, scale, relu_scale, *tiles,
-                                  gdc, _launch)  # fmt: skip
-        return bool(found)
-    if _attn_tf32.usable_bwd(q, k, v, do, (), (dq, dk, dv), interp, *tiles) is None:
-        return False
-    main = torch.cuda.current_stream(q.device)
-    side = _SIDE_STREAMS.get(q.device.index)
-    if side is None:
-        side = _SIDE_STREAMS[q.device.index] = torch.cuda.Stream(q.device)
-    side.wait_stream(main)  # q and dout as the caller's stream left them
-    qc, doc = _l_contiguous(q, do, stream=side)  # (their buffer from this stream's pool)
-    (kc,) = _l_contiguous(k, signal=gdc)
-    found = _attn_tf32.usable_bwd(q, k, v, do, (qc, doc, kc), (dq, dk, dv), interp, *tiles)
-    if not found:  # (copies whose transposes are not contiguous: none of _l_contiguous's)
-        main.wait_stream(side)
-        return False
-    _attn_tf32.launch_bwd(q, k, v, do, dq, dk, dv, found, causal, squared, scale, relu_scale, *tiles, gdc,
-                          _launch, dq_first=True, between=lambda: main.wait_stream(side))  # fmt: skip
-    return True
 
 
 def _qkvdo_strides(q, k, v, do) -> tuple[int, ...]:
