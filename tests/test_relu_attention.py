@@ -762,6 +762,41 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
         # the same tf32 products summed in another order: equal up to float32 rounding
         assert relerr(a, b) <= 1e-4, (name, relerr(a, b))
 
+@pytest.mark.gpu
+def test_float32_gluon_backward_in_a_cuda_graph(gen, monkeypatch):
+    # the Gluon float32 backward (its copies and dependent launches) captured into a CUDA graph: replays
+    # on new values equal the eager backward bit for bit (the same kernels in the same order)
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon backward needs compute capability 9 or later")
+    launched = []
+    launch = ra._launch
+
+    def spy(kernel, grid, key, *args, **options):
+        launched.append(kernel)
+        return launch(kernel, grid, key, *args, **options)
+
+    monkeypatch.setattr(ra, "_launch", spy)
+    shape = (2, 128, 3, 64)  # [B, L, H, D], the seed's layout
+    static = [randn(shape, torch.float32, "cuda", gen).transpose(1, 2) for _ in range(4)]
+    call = (*static, True, False, 0.125, 1 / 128)
+    ra.relu_attention_bwd(*call)
+    assert ra._attn_tf32._attn_bwd_dkdv_tf32_kernel in launched
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        ra.relu_attention_bwd(*call)
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ra.relu_attention_bwd(*call)
+    for _ in range(2):
+        for t in static:
+            t.copy_(randn(t.shape, torch.float32, "cuda", gen))
+        graph.replay()
+        eager = ra.relu_attention_bwd(*call)
+        for name, a, b in zip(("dq", "dk", "dv"), captured, eager, strict=True):
+            assert torch.equal(a, b), (name, relerr(a, b))
+
 def test_tensor_descriptors_need_aligned_strides(device, gen):
     # a view whose base is not 16-byte aligned takes the pointer kernels, with the same result
     if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
