@@ -1221,7 +1221,8 @@ TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int]] = {
 # not divide the lengths (or TF32_BWD is empty), Triton's kernels run. Measured against Triton's float32
 # backward at the seed's shapes (run 291, bench/probe_attn_tf32.py --kind bwd, both with the copies):
 # 1.239, 1.254 (full, L = 1024, 2048), 1.230 (full, L=4096), 1.190, 1.197 (causal, L = 1024, 2048),
-# 1.157 (causal, L=4096); the synchronous products (ASYNC 0) 1.12-1.20.
+# 1.157 (causal, L=4096); in run 293 1.239, 1.221, 1.191, 1.184, 1.178, 1.134; the synchronous products
+# (ASYNC 0) 1.12-1.20 (run 291).
 TF32_BWD: dict[tuple[bool, bool], tuple[tuple[int, int, int, int], tuple[int, int, int, int]]] = {
     (False, False): ((32, 64, 2, 1), (64, 64, 2, 1)),
     (False, True): ((32, 64, 2, 1), (64, 32, 3, 1)),
