@@ -37,6 +37,20 @@ def kink_slack(q, k, v, dout, causal, squared, **scales):
                                                                   device=v.device)}  # fmt: skip
 
 
+@pytest.fixture
+def launched(monkeypatch):
+    """The kernels ``relu_attention``'s launchers launch through ``_launch`` during the test, in order."""
+    kernels = []
+    launch = ra._launch
+
+    def spy(kernel, grid, key, *args, **options):
+        kernels.append(kernel)
+        return launch(kernel, grid, key, *args, **options)
+
+    monkeypatch.setattr(ra, "_launch", spy)
+    return kernels
+
+
 def run_and_compare(q, k, v, causal, squared, gen, layout="bhld"):
     """Kernel forward + backward vs the float64 reference; returns the errors (asserted here)."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
@@ -681,7 +695,7 @@ def test_gluon_forward_row_views_address_every_element(gen):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ra.LAYOUTS)
 @pytest.mark.parametrize("length", [128, 320, 100], ids=lambda n: f"L={n}")
-def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monkeypatch):
+def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monkeypatch, launched):
     # the float32 forward in Gluon (attention v26; crossfuse.ops._attn_tf32): against float64 on the
     # tf32-truncated inputs and against Triton's kernel; where the length is not a multiple of the query
     # tile (L=100; L=320 with 128 rows) Triton's kernel runs
@@ -692,14 +706,6 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
     shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
     q, k, v = (randn(shape, torch.float32, "cuda", gen) for _ in range(3))
     qb, kb, vb = (ra._to_bhld(t, layout) for t in (q, k, v))
-    launched = []
-    launch = ra._launch
-
-    def spy(kernel, grid, key, *args, **options):
-        launched.append(kernel)
-        return launch(kernel, grid, key, *args, **options)
-
-    monkeypatch.setattr(ra, "_launch", spy)
     scale, relu_scale = 1 / math.sqrt(d), 1 / length
     got = ra.relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale)
     gluon_ran = ra._attn_tf32._attn_fwd_tf32_kernel in launched
@@ -724,7 +730,7 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ra.LAYOUTS)
 @pytest.mark.parametrize("length", [128, 384, 100], ids=lambda n: f"L={n}")
-def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, monkeypatch):
+def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, monkeypatch, launched):
     # the float32 backward in Gluon (attention v27; crossfuse.ops._attn_tf32): against float64 on the
     # tf32-truncated inputs and against Triton's kernels; where the length is not a multiple of the tiles
     # (L=100; L=384 with 128-row tiles) Triton's kernels run
@@ -735,14 +741,6 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
     shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
     q, k, v, do = (randn(shape, torch.float32, "cuda", gen) for _ in range(4))
     qb, kb, vb, dob = (ra._to_bhld(t, layout) for t in (q, k, v, do))
-    launched = []
-    launch = ra._launch
-
-    def spy(kernel, grid, key, *args, **options):
-        launched.append(kernel)
-        return launch(kernel, grid, key, *args, **options)
-
-    monkeypatch.setattr(ra, "_launch", spy)
     scale, relu_scale = 1 / math.sqrt(d), 1 / length
     args = (qb, kb, vb, dob, causal, squared, scale, relu_scale)
     got = ra.relu_attention_bwd(*args)
@@ -763,19 +761,11 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
         assert relerr(a, b) <= 1e-4, (name, relerr(a, b))
 
 @pytest.mark.gpu
-def test_float32_gluon_backward_in_a_cuda_graph(gen, monkeypatch):
+def test_float32_gluon_backward_in_a_cuda_graph(gen, launched):
     # the Gluon float32 backward (its copies and dependent launches) captured into a CUDA graph: replays
     # on new values equal the eager backward bit for bit (the same kernels in the same order)
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon backward needs compute capability 9 or later")
-    launched = []
-    launch = ra._launch
-
-    def spy(kernel, grid, key, *args, **options):
-        launched.append(kernel)
-        return launch(kernel, grid, key, *args, **options)
-
-    monkeypatch.setattr(ra, "_launch", spy)
     shape = (2, 128, 3, 64)  # [B, L, H, D], the seed's layout
     static = [randn(shape, torch.float32, "cuda", gen).transpose(1, 2) for _ in range(4)]
     call = (*static, True, False, 0.125, 1 / 128)

@@ -54,6 +54,20 @@ except ImportError:  # Triton without Gluon's Hopper modules
 if gluon is not None:
 
     @gluon.jit
+    def _query_block(H, Lk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """``(pid_bh, b, h, start_m, steps)`` of a program over one query block (the heaviest causal blocks
+        first): its (batch, head) pair, first query row, and how many key blocks it reads (up to the
+        diagonal's where CAUSAL)."""
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        pid_bh = gl.program_id(1)
+        start_m = pid_m * BLOCK_M
+        if CAUSAL:
+            steps = gl.minimum(start_m + BLOCK_M, Lk) // BLOCK_N
+        else:
+            steps = Lk // BLOCK_N
+        return pid_bh, pid_bh // H, pid_bh % H, start_m, steps
+
+    @gluon.jit
     def _step(acc, q, zero, j, ring, offs_m, scale, s_layout: gl.constexpr, p_layout: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SQUARED: gl.constexpr,
               MASKED: gl.constexpr):  # fmt: skip
@@ -104,15 +118,7 @@ if gluon is not None:
         q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=1)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
 
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # causal: the heaviest query blocks first
-        pid_bh = gl.program_id(1)
-        b = pid_bh // H
-        h = pid_bh % H
-        start_m = pid_m * BLOCK_M
-        if CAUSAL:
-            steps = gl.minimum(start_m + BLOCK_M, Lk) // BLOCK_N
-        else:
-            steps = Lk // BLOCK_N
+        pid_bh, b, h, start_m, steps = _query_block(H, Lk, BLOCK_M, BLOCK_N, CAUSAL)
         k_row = b * k_rb + h * k_rh
         k_col = h * k_ch
         vt_row = pid_bh * HEAD_D
@@ -263,15 +269,7 @@ if gluon is not None:
         q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=1)
         ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
 
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # causal: the heaviest query blocks first
-        pid_bh = gl.program_id(1)
-        b = pid_bh // H
-        h = pid_bh % H
-        start_m = pid_m * BLOCK_M
-        if CAUSAL:
-            steps = gl.minimum(start_m + BLOCK_M, Lk) // BLOCK_N
-        else:
-            steps = Lk // BLOCK_N
+        pid_bh, b, h, start_m, steps = _query_block(H, Lk, BLOCK_M, BLOCK_N, CAUSAL)
         q, do = _operands(Qd, DOd, [b * q_rb + h * q_rh + start_m, h * q_ch],
                           [b * do_rb + h * do_rh + start_m, h * do_ch], q_layout)  # fmt: skip
 
