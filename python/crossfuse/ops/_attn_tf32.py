@@ -24,8 +24,8 @@ dout^T``, then ``dv += p^T dout`` and ``dk += ds^T q`` with p^T and ds^T moved i
 layout by shuffles; the dQ kernel holds q and dout and streams k, v and k's copy: ``s = q k^T``, ``dp =
 dout v^T``, ``dq += ds k``. With ASYNC each product is issued asynchronously and the elementwise work
 before the next one runs while it does (``warpgroup_mma_wait``): 1.02-1.06x the synchronous form (run 291).
-Triton's float32 kernels read the left operands of all seven products from shared memory and write p^T
-and ds^T there each step.
+Triton's float32 backward kernels, which keep every tf32 product's left operand in shared memory (as its
+forward, above), write p^T, ds^T and ds there each step and read them back.
 """
 
 from __future__ import annotations
@@ -68,16 +68,37 @@ if gluon is not None:
         return pid_bh, pid_bh // H, pid_bh % H, start_m, steps
 
     @gluon.jit
+    def _griddep(WAIT: gl.constexpr):
+        """``griddepcontrol.wait`` where WAIT, else ``griddepcontrol.launch_dependents`` (see
+        crossfuse.ops._gdc)."""
+        if WAIT:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)  # fmt: skip
+        else:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _fill(descs, bars, bufs, slot, at_rows, at_cols, ok):
+        """Buffer ``slot`` of each of the ring's tensors (boxes of one size) takes its tile (``descs[i]`` at
+        ``[at_rows[i], at_cols[i]]``), all under ``bars[slot]``; nothing where not ``ok``."""
+        nbytes: gl.constexpr = descs[0].block_type.nbytes * len(descs)
+        mbarrier.expect(bars.index(slot), nbytes, pred=ok)
+        for i in gl.static_range(len(descs)):
+            tma.async_copy_global_to_shared(descs[i], [at_rows[i], at_cols[i]], bars.index(slot),
+                                            bufs[i].index(slot), pred=ok)  # fmt: skip
+
+    @gluon.jit
     def _step(acc, q, zero, j, ring, offs_m, scale, s_layout: gl.constexpr, p_layout: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SQUARED: gl.constexpr,
               MASKED: gl.constexpr):  # fmt: skip
         """Key block j: its scores, p (keys after the query masked where MASKED), ``acc += p @ v``; then its
         buffers take key block j + STAGES. (A mask chosen per block by a run-time ``if`` came out wrong
         from Triton 3.6 on the GPU, run 287: the diagonal blocks have a loop of their own instead.)"""
-        k_s, vt_s, bars, Kd, VTd, k_row, k_col, vt_row, steps = ring
+        descs, bars, bufs, k_row, k_col, vt_row, steps = ring
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        sc = warpgroup_mma(q, k_s.index(slot).permute((1, 0)), zero, use_acc=False)
+        sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
         a = gl.maximum(sc * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
         if SQUARED:
             p = a * a
@@ -86,16 +107,10 @@ if gluon is not None:
         if MASKED:
             offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
-        acc = warpgroup_mma(gl.convert_layout(p, p_layout), vt_s.index(slot).permute((1, 0)), acc)
-        # every warp's products have read buffer slot: it takes key block j + STAGES
-        gl.thread_barrier()
-        nxt = j + STAGES
-        ok = nxt < steps
-        mbarrier.expect(bars.index(slot), Kd.block_type.nbytes + VTd.block_type.nbytes, pred=ok)
-        tma.async_copy_global_to_shared(Kd, [k_row + nxt * BLOCK_N, k_col], bars.index(slot),
-                                        k_s.index(slot), pred=ok)  # fmt: skip
-        tma.async_copy_global_to_shared(VTd, [vt_row, nxt * BLOCK_N], bars.index(slot), vt_s.index(slot),
-                                        pred=ok)  # fmt: skip
+        acc = warpgroup_mma(gl.convert_layout(p, p_layout), bufs[1].index(slot).permute((1, 0)), acc)
+        gl.thread_barrier()  # every warp's products have read buffer slot: it takes key block j + STAGES
+        nxt = (j + STAGES) * BLOCK_N
+        _fill(descs, bars, bufs, slot, (k_row + nxt, vt_row), (k_col, nxt), j + STAGES < steps)
         return acc
 
     @gluon.jit
@@ -124,8 +139,7 @@ if gluon is not None:
         vt_row = pid_bh * HEAD_D
 
         if WAIT:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)  # fmt: skip
+            _griddep(True)
         q_s = gl.allocate_shared_memory(Qd.dtype, [BLOCK_M, HEAD_D], Qd.layout)
         k_s = gl.allocate_shared_memory(Kd.dtype, [STAGES, BLOCK_N, HEAD_D], Kd.layout)
         vt_s = gl.allocate_shared_memory(VTd.dtype, [STAGES, HEAD_D, BLOCK_N], VTd.layout)
@@ -134,22 +148,19 @@ if gluon is not None:
         mbarrier.init(q_bar, count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(bars.index(s), count=1)
-        step_bytes: gl.constexpr = Kd.block_type.nbytes + VTd.block_type.nbytes
         mbarrier.expect(q_bar, Qd.block_type.nbytes)
         tma.async_copy_global_to_shared(Qd, [b * q_rb + h * q_rh + start_m, h * q_ch], q_bar, q_s)
-        for s in gl.static_range(STAGES):  # the first key blocks' copies
-            ok = s < steps
-            mbarrier.expect(bars.index(s), step_bytes, pred=ok)
-            tma.async_copy_global_to_shared(Kd, [k_row + s * BLOCK_N, k_col], bars.index(s), k_s.index(s),
-                                            pred=ok)  # fmt: skip
-            tma.async_copy_global_to_shared(VTd, [vt_row, s * BLOCK_N], bars.index(s), vt_s.index(s), pred=ok)
+        descs = (Kd, VTd)
+        bufs = (k_s, vt_s)
+        for s in gl.static_range(STAGES):  # the first key blocks' tiles
+            _fill(descs, bars, bufs, s, (k_row + s * BLOCK_N, vt_row), (k_col, s * BLOCK_N), s < steps)
 
         mbarrier.wait(q_bar, 0)
         q = q_s.load(q_layout)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
         zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        ring = (k_s, vt_s, bars, Kd, VTd, k_row, k_col, vt_row, steps)
+        ring = (descs, bars, bufs, k_row, k_col, vt_row, steps)
         if CAUSAL:  # the key blocks before the diagonal, then the diagonal's, masked (two loops, one ring)
             n_full = start_m // BLOCK_N
             for j in range(n_full):
@@ -173,17 +184,6 @@ if gluon is not None:
 
 
     @gluon.jit
-    def _griddep(WAIT: gl.constexpr):
-        """``griddepcontrol.wait`` where WAIT, else ``griddepcontrol.launch_dependents`` (see
-        crossfuse.ops._gdc)."""
-        if WAIT:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)  # fmt: skip
-        else:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
-
-    @gluon.jit
     def _operands(Ad, Bd, a_at, b_at, layout: gl.constexpr):
         """The tiles at ``a_at`` of ``Ad`` and at ``b_at`` of ``Bd`` (descriptors of one box shape) in
         registers, in the left-operand layout ``layout``. Their shared memory is free once they are loaded:
@@ -198,16 +198,6 @@ if gluon is not None:
         mbarrier.wait(bar, 0)
         mbarrier.invalidate(bar)
         return a_s.load(layout), b_s.load(layout)
-
-    @gluon.jit
-    def _fill(descs, bars, bufs, slot, at_rows, at_cols, ok):
-        """Buffer ``slot`` of each of the ring's tensors takes its tile (``descs[i]`` at ``[at_rows[i],
-        at_cols[i]]``), all under ``bars[slot]``; nothing where not ``ok``."""
-        nbytes: gl.constexpr = descs[0].block_type.nbytes * len(descs)
-        mbarrier.expect(bars.index(slot), nbytes, pred=ok)
-        for i in gl.static_range(len(descs)):
-            tma.async_copy_global_to_shared(descs[i], [at_rows[i], at_cols[i]], bars.index(slot),
-                                            bufs[i].index(slot), pred=ok)  # fmt: skip
 
     @gluon.jit
     def _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout: gl.constexpr, ds_layout: gl.constexpr,
