@@ -689,6 +689,12 @@ def test_gluon_forward_row_views_address_every_element(gen):
     assert not _attn_tf32.usable_bwd(q, q, q, q, (q, q, q), (q, q, q), True, *tiles)
 
 
+def _float32_gpu_inputs(n, length, layout, d, gen):
+    """``n`` random float32 CUDA tensors of B=2, H=3 stored in ``layout``, as [B, H, L, D] views."""
+    shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
+    return [ra._to_bhld(randn(shape, torch.float32, "cuda", gen), layout) for _ in range(n)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiles", [(128, 64, 2), (64, 64, 3), (64, 32, 2)], ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
@@ -703,9 +709,7 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
         pytest.skip("the Gluon forward needs compute capability 9 or later")
     monkeypatch.setattr(ra, "TF32_FWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
     d = 64
-    shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
-    q, k, v = (randn(shape, torch.float32, "cuda", gen) for _ in range(3))
-    qb, kb, vb = (ra._to_bhld(t, layout) for t in (q, k, v))
+    qb, kb, vb = _float32_gpu_inputs(3, length, layout, d, gen)
     scale, relu_scale = 1 / math.sqrt(d), 1 / length
     got = ra.relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale)
     gluon_ran = ra._attn_tf32._attn_fwd_tf32_kernel in launched
@@ -717,7 +721,6 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
     tol = tolerance("relu_attention", torch.float32, "fwd", tf32=True)
     assert relerr(got, want) <= tol, relerr(got, want)
     assert relerr(got, triton_kernel) <= 1e-5, relerr(got, triton_kernel)
-
 
 
 @pytest.mark.gpu
@@ -738,9 +741,7 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
         pytest.skip("the Gluon backward needs compute capability 9 or later")
     monkeypatch.setattr(ra, "TF32_BWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
     d = 64
-    shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
-    q, k, v, do = (randn(shape, torch.float32, "cuda", gen) for _ in range(4))
-    qb, kb, vb, dob = (ra._to_bhld(t, layout) for t in (q, k, v, do))
+    qb, kb, vb, dob = _float32_gpu_inputs(4, length, layout, d, gen)
     scale, relu_scale = 1 / math.sqrt(d), 1 / length
     args = (qb, kb, vb, dob, causal, squared, scale, relu_scale)
     got = ra.relu_attention_bwd(*args)
@@ -759,6 +760,7 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
         assert err <= tol, (name, err)
         # the same tf32 products summed in another order: equal up to float32 rounding
         assert relerr(a, b) <= 1e-4, (name, relerr(a, b))
+
 
 @pytest.mark.gpu
 def test_float32_gluon_backward_in_a_cuda_graph(gen, launched):
@@ -786,6 +788,7 @@ def test_float32_gluon_backward_in_a_cuda_graph(gen, launched):
         eager = ra.relu_attention_bwd(*call)
         for name, a, b in zip(("dq", "dk", "dv"), captured, eager, strict=True):
             assert torch.equal(a, b), (name, relerr(a, b))
+
 
 def test_tensor_descriptors_need_aligned_strides(device, gen):
     # a view whose base is not 16-byte aligned takes the pointer kernels, with the same result
