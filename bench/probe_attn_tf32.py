@@ -3,12 +3,15 @@ against Triton's float32 kernels, at the seed's shapes (``bench/extras.py``'s fl
 as [B, H, L, D] views, B=4, H=16, D=64, L = 1024, 2048, 4096, causal and not), each with its copies,
 alternated ``--rounds`` times, medians of ``crossfuse.harness.timing.time_cuda``.
 
-    python bench/probe_attn_tf32.py [--rounds 3] [--tiles 64:64:2,64:32:3,...]
+    python bench/probe_attn_tf32.py [--rounds 3] [--tiles 64:64:2:0,64:64:3:1,...]
     python bench/probe_attn_tf32.py --kind bwd [--tiles 32:64:3:1/64:64:2:1,...]
     python bench/probe_attn_tf32.py --kind copies
 
-Prints per shape: TFLOP/s of Triton's kernels and of each Gluon tile (BLOCK_M:BLOCK_N:STAGES; for the
-backward BLOCK_M:BLOCK_N:STAGES:ASYNC of the dK/dV kernel, then after ``/`` the dQ kernel's), their ratio,
+``--groups 1,16,64`` runs each tile with each number of heads per group of the causal launch order
+(``crossfuse.ops._attn_tf32.head_group``; ``auto``: the launcher's choice).
+
+Prints per shape: TFLOP/s of Triton's kernels and of each Gluon tile (BLOCK_M:BLOCK_N:STAGES:ASYNC; for
+the backward that of the dK/dV kernel, then after ``/`` the dQ kernel's), their ratio,
 and the relative difference of the Gluon result from Triton's (the largest over dq, dk, dv).
 ``--kind copies`` times the backward's copies of q, dout and k with unit stride on L (one launch).
 """
@@ -28,24 +31,29 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kind", choices=("fwd", "bwd", "copies"), default="fwd")
-    ap.add_argument("--tiles", default=None, help="default: 64:64:2,64:64:3,64:32:3,128:64:2 (fwd), "
-                    "32:64:3:1/64:64:2:1,32:64:2:1/64:32:3:1,32:64:3:0/64:64:2:0 (bwd)")  # fmt: skip
+    ap.add_argument("--tiles", default=None, help="default: 128:64:2:0,64:64:3:0,64:64:2:1,64:64:3:1,"
+                    "128:64:2:1 (fwd), 32:64:3:1/64:64:2:1,32:64:2:1/64:32:3:1,32:64:3:0/64:64:2:0 "
+                    "(bwd)")  # fmt: skip
+    ap.add_argument("--groups", default="auto", help="heads per group of the causal launch order, each "
+                    "tile with each: 'auto' (the launcher's head_group) or numbers, as 1,16,64")  # fmt: skip
+    ap.add_argument("--causal", action="store_true", help="the causal shapes only")
     args = ap.parse_args(argv)
     bwd = args.kind == "bwd"
     if args.tiles is None:
         bwd_tiles = "32:64:3:1/64:64:2:1,32:64:2:1/64:32:3:1,32:64:3:0/64:64:2:0"
-        args.tiles = bwd_tiles if bwd else "64:64:2,64:64:3,64:32:3,128:64:2"
+        args.tiles = bwd_tiles if bwd else "128:64:2:0,64:64:3:0,64:64:2:1,64:64:3:1,128:64:2:1"
     from crossfuse._backend import require_cuda
 
     require_cuda("bench/probe_attn_tf32.py")
     import torch
     from crossfuse.harness.timing import time_cuda
+    from crossfuse.ops import _attn_tf32
     from crossfuse.ops import relu_attention as ra
     from crossfuse.tolerances import relerr
 
     def parse(spec):
         parts = [tuple(int(x) for x in p.split(":")) for p in spec.split("/")]
-        return tuple(parts) if bwd else parts[0]
+        return tuple(parts) if bwd else (parts[0] + (0,))[:4]  # ASYNC 0 where not given
 
     if args.kind == "copies":
         for L in (1024, 2048, 4096):
@@ -54,7 +62,9 @@ def main(argv=None) -> int:
             moved = 3 * 2 * q.numel() * q.element_size()  # read and written
             print(f"L={L}: copies of q, dout, k {t * 1e3:.1f} us, {moved / t / 1e6:.0f} GB/s", flush=True)
         return 0
-    tiles = {spec: parse(spec) for spec in args.tiles.split(",")}
+    groups = [None if g == "auto" else int(g) for g in args.groups.split(",")]
+    tiles = {f"{spec}@{g or 'auto'}" if len(groups) > 1 or g else spec: (parse(spec), g)
+             for spec in args.tiles.split(",") for g in groups}  # fmt: skip
     table = "TF32_BWD" if bwd else "TF32_FWD"
     B, H, D = 4, 16, 64
     saved, launch = getattr(ra, table), ra._launch
@@ -68,7 +78,7 @@ def main(argv=None) -> int:
     ra._launch = spy
     try:
         for L in (1024, 2048, 4096):
-            for causal in (False, True):
+            for causal in (True,) if args.causal else (False, True):
                 gen = torch.Generator(device="cuda").manual_seed(L + causal)
                 q, k, v, do = (torch.randn(B, L, H, D, device="cuda", generator=gen).transpose(1, 2)
                                for _ in range(4))  # fmt: skip
@@ -78,12 +88,13 @@ def main(argv=None) -> int:
                 call += (causal, False, scale, relu_scale)
                 setattr(ra, table, {})
                 ref = op(*call)
-                variants = {"triton": None, **tiles}
+                variants = {"triton": (None, None), **tiles}
                 times: dict[str, list[float]] = {name: [] for name in variants}
                 diffs, gluon = {}, {}
                 for _ in range(args.rounds):
-                    for name, cfg in variants.items():
+                    for name, (cfg, group) in variants.items():
                         setattr(ra, table, {} if cfg is None else {(causal, L > ra.SHORT_L): cfg})
+                        _attn_tf32.FORCE_GROUP = group
                         try:
                             fn = lambda call=call: op(*call)  # noqa: E731
                             launched.clear()
@@ -109,6 +120,7 @@ def main(argv=None) -> int:
     finally:
         setattr(ra, table, saved)
         ra._launch = launch
+        _attn_tf32.FORCE_GROUP = None
     return 0
 
 

@@ -197,10 +197,13 @@ def test_custom_scales(causal, squared, device, gen):
     out = crossfuse.relu_attention(q, k, v, **kw)
     dout = randn(out.shape, torch.float32, device, gen)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    refs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    # on GPUs the reference takes the inputs truncated to tf32, as the kernels' products do: a score
+    # within tf32's rounding of 0 falls on the same side of relu's kink in both (run 300: one score of
+    # 3.3e-4 on the other side moved dq by 0.114 of its norm)
+    tf32 = q.is_cuda
+    refs = [(tf32_truncate(t) if tf32 else t).detach().double().requires_grad_(True) for t in (q, k, v)]
     ref = relu_attention_ref(*refs, **kw)
     ref_grads = torch.autograd.grad(ref, refs, dout.double())
-    tf32 = q.is_cuda
     assert relerr(out, ref) <= tolerance("relu_attention", torch.float32, tf32=tf32)
     slack = kink_slack(*refs, dout, causal, squared, scale=0.3, relu_scale=2.0)
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
@@ -689,6 +692,22 @@ def test_gluon_forward_row_views_address_every_element(gen):
     assert not _attn_tf32.usable_bwd(q, q, q, q, (q, q, q), (q, q, q), True, *tiles)
 
 
+def test_head_group_is_the_smallest_divisor_with_a_wave_of_programs(monkeypatch):
+    # the causal launch order's groups of heads (attention v30): the smallest divisor of B*H whose heads
+    # have GROUP_PROGRAMS programs (all heads where fewer); one head at a time where not causal; FORCE_GROUP
+    # (a probe's) as a divisor of B*H
+    monkeypatch.setattr(ra._attn_tf32, "GROUP_PROGRAMS", 256)
+    assert ra._attn_tf32.head_group(64, True, 16) == 16  # L=1024 in 64-row blocks
+    assert ra._attn_tf32.head_group(64, True, 32) == 8
+    assert ra._attn_tf32.head_group(60, True, 24) == 12  # 11 heads would do: 12 is the next divisor
+    assert ra._attn_tf32.head_group(6, True, 2) == 6  # 12 programs in all: every head in one group
+    assert ra._attn_tf32.head_group(13, True, 64) == 13  # prime
+    assert ra._attn_tf32.head_group(64, True, 512) == 1
+    assert ra._attn_tf32.head_group(64, False, 16) == 1
+    monkeypatch.setattr(ra._attn_tf32, "FORCE_GROUP", 16)
+    assert ra._attn_tf32.head_group(24, False, 4) == 8
+
+
 def _float32_gpu_inputs(n, length, layout, d, gen):
     """``n`` random float32 CUDA tensors of B=2, H=3 stored in ``layout``, as [B, H, L, D] views."""
     shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
@@ -696,15 +715,19 @@ def _float32_gpu_inputs(n, length, layout, d, gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", [(128, 64, 2), (64, 64, 3), (64, 32, 2)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize(
+    "tiles",
+    [(128, 64, 2, 0), (64, 64, 3, 0), (64, 32, 2, 0), (128, 64, 2, 1), (64, 64, 3, 1), (64, 32, 3, 1)],
+    ids=lambda t: f"{t[0]}x{t[1]}x{t[2]}{'a' * t[3]}",
+)  # fmt: skip
 @pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ra.LAYOUTS)
 @pytest.mark.parametrize("length", [128, 320, 100], ids=lambda n: f"L={n}")
 def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monkeypatch, launched):
-    # the float32 forward in Gluon (attention v26; crossfuse.ops._attn_tf32): against float64 on the
-    # tf32-truncated inputs and against Triton's kernel; where the length is not a multiple of the query
-    # tile (L=100; L=320 with 128 rows) Triton's kernel runs
+    # the float32 forward in Gluon (attention v26, its products in flight v30; crossfuse.ops._attn_tf32):
+    # against float64 on the tf32-truncated inputs and against Triton's kernel; where the length is not a
+    # multiple of the query tile (L=100; L=320 with 128 rows) Triton's kernel runs
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon forward needs compute capability 9 or later")
     monkeypatch.setattr(ra, "TF32_FWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
@@ -759,6 +782,37 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
         err = relerr_with_slack(a, ref, slack[name])
         assert err <= tol, (name, err)
         # the same tf32 products summed in another order: equal up to float32 rounding
+        assert relerr(a, b) <= 1e-4, (name, relerr(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float32_gluon_launch_orders(causal, gen, monkeypatch, launched):
+    # the Gluon kernels' blocks in every launch order (heads in groups of 1, 2, 3, 6 of B*H = 6; attention
+    # v30): the same results bit for bit (each block is computed by one program whatever its place), and
+    # the same as Triton's kernels up to float32 rounding
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon kernels need compute capability 9 or later")
+    keys = [(c, long) for c in (False, True) for long in (False, True)]
+    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(keys, (64, 64, 3, 1)))
+    monkeypatch.setattr(ra, "TF32_BWD", dict.fromkeys(keys, ((32, 64, 2, 1), (64, 32, 3, 1))))
+    qb, kb, vb, dob = _float32_gpu_inputs(4, 256, "blhd", 64, gen)
+    call = (qb, kb, vb, causal, False, 0.125, 1 / 256)
+    results = {}
+    for group in (1, 2, 3, 6):
+        monkeypatch.setattr(ra._attn_tf32, "FORCE_GROUP", group)
+        launched.clear()
+        results[group] = (ra.relu_attention_fwd(*call), *ra.relu_attention_bwd(qb, kb, vb, dob, *call[3:]))
+        kernels = {ra._attn_tf32._attn_fwd_tf32_kernel, ra._attn_tf32._attn_bwd_dkdv_tf32_kernel,
+                   ra._attn_tf32._attn_bwd_dq_tf32_kernel}  # fmt: skip
+        assert kernels <= set(launched), launched
+    for group in (2, 3, 6):
+        for name, a, b in zip(("out", "dq", "dk", "dv"), results[group], results[1], strict=True):
+            assert torch.equal(a, b), (group, name, relerr(a, b))
+    monkeypatch.setattr(ra, "TF32_FWD", {})
+    monkeypatch.setattr(ra, "TF32_BWD", {})
+    triton_kernels = (ra.relu_attention_fwd(*call), *ra.relu_attention_bwd(qb, kb, vb, dob, *call[3:]))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), results[1], triton_kernels, strict=True):
         assert relerr(a, b) <= 1e-4, (name, relerr(a, b))
 
 

@@ -12,7 +12,9 @@ from shared memory: 32 KB read a step.
 
 One warp group per 64 query rows (``num_warps`` 4 or 8); k and v's copy stream through ``STAGES``
 shared-memory buffers filled by the copy engine (an mbarrier each); each step's products are synchronous
-(the warp groups of other programs on the SM fill the tensor cores meanwhile). Rows of q and k, and of
+(the warp groups of other programs on the SM fill the tensor cores meanwhile), or with ASYNC (attention
+v30) in flight: block j+1's scores are issued before block j's relu and ``p @ v``, which runs on while
+block j+1's relu is taken (k and v then have rings of their own). Rows of q and k, and of
 the output, are addressed through 2-D views: ``(rb, rh, ch)`` place row l of head (b, h) at row
 ``b*rb + h*rh + l``, column ``h*ch`` of the view (heads in rows for [B, H, L, D] layouts, in columns for
 [B, L, H, D]); v's copy is [B, H, D, L]. Sequence lengths must be multiples of both tiles (see
@@ -26,10 +28,16 @@ dout v^T``, ``dq += ds k``. With ASYNC each product is issued asynchronously and
 before the next one runs while it does (``warpgroup_mma_wait``): 1.02-1.06x the synchronous form (run 291).
 Triton's float32 backward kernels, which keep every tf32 product's left operand in shared memory (as its
 forward, above), write p^T, ds^T and ds there each step and read them back.
+
+Every kernel's blocks start in the order of :func:`head_group` (attention v30): where causal, the heaviest
+blocks of a group of heads first, not of one head after another's. A kernel launched after a copy (the
+forward after v's, the dK/dV kernel after those of q, dout and k) issues its loads of the tensors the
+copy does not write before it waits for the copy.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -45,6 +53,7 @@ try:
         mbarrier,
         tma,
         warpgroup_mma,
+        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -54,12 +63,21 @@ except ImportError:  # Triton without Gluon's Hopper modules
 if gluon is not None:
 
     @gluon.jit
-    def _query_block(H, Lk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    def _block_order(GROUP):
+        """``(i, pid_bh, blocks)`` of this program of a grid (blocks * GROUP, B*H / GROUP): its block's place
+        in the launch order, its (batch, head) pair and the number of blocks per head. The heads go in groups
+        of GROUP, and within a group the i-th blocks of all its heads start before the (i+1)-th (GROUP = 1:
+        one head's blocks after the other's; GROUP = B*H: the i-th blocks of all heads first)."""
+        t = gl.program_id(0)
+        return t // GROUP, gl.program_id(1) * GROUP + t % GROUP, gl.num_programs(0) // GROUP
+
+    @gluon.jit
+    def _query_block(H, Lk, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
         """``(pid_bh, b, h, start_m, steps)`` of a program over one query block (the heaviest causal blocks
-        first): its (batch, head) pair, first query row, and how many key blocks it reads (up to the
-        diagonal's where CAUSAL)."""
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-        pid_bh = gl.program_id(1)
+        first, in groups of GROUP heads: :func:`_block_order`): its (batch, head) pair, first query row, and
+        how many key blocks it reads (up to the diagonal's where CAUSAL)."""
+        i, pid_bh, blocks = _block_order(GROUP)
+        pid_m = blocks - 1 - i
         start_m = pid_m * BLOCK_M
         if CAUSAL:
             steps = gl.minimum(start_m + BLOCK_M, Lk) // BLOCK_N
@@ -79,14 +97,28 @@ if gluon is not None:
                                       dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
 
     @gluon.jit
+    def _fill_rest(descs, bars, bufs, slot, at_rows, at_cols, ok, FIRST: gl.constexpr):
+        """Buffer ``slot`` of the ring's tensors from the FIRST-th on takes its tile (``descs[i]`` at
+        ``[at_rows[i], at_cols[i]]``) under ``bars[slot]``, whose bytes :func:`_fill_first` expected;
+        nothing where not ``ok``."""
+        for i in gl.static_range(FIRST, len(descs)):
+            tma.async_copy_global_to_shared(descs[i], [at_rows[i], at_cols[i]], bars.index(slot),
+                                            bufs[i].index(slot), pred=ok)  # fmt: skip
+
+    @gluon.jit
+    def _fill_first(descs, bars, bufs, slot, at_rows, at_cols, ok, FIRST: gl.constexpr):
+        """``bars[slot]`` expects the tiles of all the ring's tensors (boxes of one size); those of the
+        first FIRST come now (:func:`_fill_rest`), the others' by a call of ``_fill_rest`` later (a
+        dependent launch issues its loads of the earlier kernel's results after it waits for that)."""
+        nbytes: gl.constexpr = descs[0].block_type.nbytes * len(descs)
+        mbarrier.expect(bars.index(slot), nbytes, pred=ok)
+        _fill_rest(descs[:FIRST], bars, bufs, slot, at_rows, at_cols, ok, 0)
+
+    @gluon.jit
     def _fill(descs, bars, bufs, slot, at_rows, at_cols, ok):
         """Buffer ``slot`` of each of the ring's tensors (boxes of one size) takes its tile (``descs[i]`` at
         ``[at_rows[i], at_cols[i]]``), all under ``bars[slot]``; nothing where not ``ok``."""
-        nbytes: gl.constexpr = descs[0].block_type.nbytes * len(descs)
-        mbarrier.expect(bars.index(slot), nbytes, pred=ok)
-        for i in gl.static_range(len(descs)):
-            tma.async_copy_global_to_shared(descs[i], [at_rows[i], at_cols[i]], bars.index(slot),
-                                            bufs[i].index(slot), pred=ok)  # fmt: skip
+        _fill_first(descs, bars, bufs, slot, at_rows, at_cols, ok, len(descs))
 
     @gluon.jit
     def _step(acc, q, zero, j, ring, offs_m, scale, s_layout: gl.constexpr, p_layout: gl.constexpr,
@@ -114,16 +146,58 @@ if gluon is not None:
         return acc
 
     @gluon.jit
+    def _step_async(acc, sc, p_prev, q, zero, j, ring, offs_m, scale, s_layout: gl.constexpr,
+                    p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    SQUARED: gl.constexpr, MASKED: gl.constexpr, NEXT: gl.constexpr):  # fmt: skip
+        """Key block j with the products in flight (attention v30): ``sc`` holds its scores on entry; where
+        NEXT, block j + 1's scores are issued first and taken while the relu of these and the product
+        ``acc += p @ v`` of this block run. On entry ``acc += p_prev @ v`` of block j - 1 may be in flight;
+        once it is done, k's buffer of block j and v's of block j - 1 take the blocks STAGES later (k and v
+        have rings of their own). Returns ``(acc, scores of block j + 1, p)`` with this block's product in
+        flight."""
+        k_bars, v_bars, k_s, vt_s, k_desc, vt_desc, k_row, k_col, vt_row, steps = ring
+        if NEXT:
+            n = j + 1
+            mbarrier.wait(k_bars.index(n % STAGES), (n // STAGES) & 1)
+            sn = warpgroup_mma(q, k_s.index(n % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True)
+        else:
+            sn = sc
+        a = gl.maximum(sc * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
+        if SQUARED:
+            p = a * a
+        else:
+            p = a
+        if MASKED:
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        if NEXT:  # block j - 1's product done (block j + 1's scores may run on)
+            acc, p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_prev))
+        else:
+            acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
+        gl.thread_barrier()  # every warp group's products have read k's buffer of block j, v's of block j - 1
+        nxt = j + STAGES
+        _fill((k_desc,), k_bars, (k_s,), j % STAGES, (k_row + nxt * BLOCK_N,), (k_col,), nxt < steps)
+        _fill((vt_desc,), v_bars, (vt_s,), (j + STAGES - 1) % STAGES, (vt_row,), ((nxt - 1) * BLOCK_N,),
+              (j > 0) & (nxt - 1 < steps))  # fmt: skip
+        p = gl.convert_layout(p, p_layout)
+        mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
+        acc = warpgroup_mma(p, vt_s.index(j % STAGES).permute((1, 0)), acc, is_async=True)
+        if NEXT:  # block j + 1's scores done; this block's product runs on
+            sn, p = warpgroup_mma_wait(num_outstanding=1, deps=(sn, p))
+        return acc, sn, p
+
+    @gluon.jit
     def _attn_fwd_tf32_kernel(
         Qd, Kd, VTd,  # 2-D descriptors: q and k (boxes [BLOCK, HEAD_D]), v's copy (boxes [HEAD_D, BLOCK_N])
         O,  # out, (B, H, L, HEAD_D) through strides
         stride_ob, stride_oh, stride_ol,
-        H, Lk,
+        H, Lk, GROUP,  # GROUP: heads per group of the launch order (_block_order)
         q_rb, q_rh, q_ch, k_rb, k_rh, k_ch,  # where head (b, h) sits in the 2-D views of q and k
         scale, relu_scale,
         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
         WAIT: gl.constexpr,  # a dependent launch after v's copy: wait for it first (crossfuse.ops._gdc)
+        ASYNC: gl.constexpr,  # each block's scores issued before the relu and product of the one before
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -133,13 +207,11 @@ if gluon is not None:
         q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=1)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
 
-        pid_bh, b, h, start_m, steps = _query_block(H, Lk, BLOCK_M, BLOCK_N, CAUSAL)
+        pid_bh, b, h, start_m, steps = _query_block(H, Lk, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
         k_row = b * k_rb + h * k_rh
         k_col = h * k_ch
         vt_row = pid_bh * HEAD_D
 
-        if WAIT:
-            _griddep(True)
         q_s = gl.allocate_shared_memory(Qd.dtype, [BLOCK_M, HEAD_D], Qd.layout)
         k_s = gl.allocate_shared_memory(Kd.dtype, [STAGES, BLOCK_N, HEAD_D], Kd.layout)
         vt_s = gl.allocate_shared_memory(VTd.dtype, [STAGES, HEAD_D, BLOCK_N], VTd.layout)
@@ -150,29 +222,73 @@ if gluon is not None:
             mbarrier.init(bars.index(s), count=1)
         mbarrier.expect(q_bar, Qd.block_type.nbytes)
         tma.async_copy_global_to_shared(Qd, [b * q_rb + h * q_rh + start_m, h * q_ch], q_bar, q_s)
-        descs = (Kd, VTd)
-        bufs = (k_s, vt_s)
-        for s in gl.static_range(STAGES):  # the first key blocks' tiles
-            _fill(descs, bars, bufs, s, (k_row + s * BLOCK_N, vt_row), (k_col, s * BLOCK_N), s < steps)
-
-        mbarrier.wait(q_bar, 0)
-        q = q_s.load(q_layout)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
         zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        ring = (descs, bars, bufs, k_row, k_col, vt_row, steps)
-        if CAUSAL:  # the key blocks before the diagonal, then the diagonal's, masked (two loops, one ring)
-            n_full = start_m // BLOCK_N
-            for j in range(n_full):
-                acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
-                            SQUARED, False)  # fmt: skip
-            for j in range(n_full, steps):
-                acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
-                            SQUARED, True)  # fmt: skip
+        if ASYNC:  # k's ring under ``bars``, v's under barriers of its own
+            k_bars = bars
+            v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for s in gl.static_range(STAGES):
+                mbarrier.init(v_bars.index(s), count=1)
+            for s in gl.static_range(STAGES):  # the first key blocks' tiles
+                _fill((Kd,), k_bars, (k_s,), s, (k_row + s * BLOCK_N,), (k_col,), s < steps)
+            mbarrier.wait(q_bar, 0)
+            q = q_s.load(q_layout)
+            mbarrier.wait(k_bars.index(0), 0)
+            sc = warpgroup_mma(q, k_s.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if WAIT:  # v's copy: written by the kernel before
+                _griddep(True)
+            for s in gl.static_range(STAGES):
+                _fill((VTd,), v_bars, (vt_s,), s, (vt_row,), (s * BLOCK_N,), s < steps)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
+            p = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, p_layout)
+            acc = warpgroup_mma_init(acc)  # the loop carries it in flight
+            ring = (k_bars, v_bars, k_s, vt_s, Kd, VTd, k_row, k_col, vt_row, steps)
+            if CAUSAL:  # as below, the last block alone (no next block's scores)
+                n_full = start_m // BLOCK_N
+                for j in range(n_full):
+                    acc, sc, p = _step_async(acc, sc, p, q, zero, j, ring, offs_m, scale, s_layout, p_layout,
+                                             BLOCK_N, STAGES, SQUARED, False, True)  # fmt: skip
+                for j in range(n_full, steps - 1):
+                    acc, sc, p = _step_async(acc, sc, p, q, zero, j, ring, offs_m, scale, s_layout, p_layout,
+                                             BLOCK_N, STAGES, SQUARED, True, True)  # fmt: skip
+                acc, sc, p = _step_async(acc, sc, p, q, zero, steps - 1, ring, offs_m, scale, s_layout,
+                                         p_layout, BLOCK_N, STAGES, SQUARED, True, False)  # fmt: skip
+            else:
+                for j in range(steps - 1):
+                    acc, sc, p = _step_async(acc, sc, p, q, zero, j, ring, offs_m, scale, s_layout, p_layout,
+                                             BLOCK_N, STAGES, SQUARED, False, True)  # fmt: skip
+                acc, sc, p = _step_async(acc, sc, p, q, zero, steps - 1, ring, offs_m, scale, s_layout,
+                                         p_layout, BLOCK_N, STAGES, SQUARED, False, False)  # fmt: skip
+            acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+            for s in gl.static_range(STAGES):
+                mbarrier.invalidate(v_bars.index(s))
         else:
-            for j in range(steps):
-                acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
-                            SQUARED, False)  # fmt: skip
+            descs = (Kd, VTd)
+            bufs = (k_s, vt_s)
+            for s in gl.static_range(STAGES):  # the first key blocks' tiles: k's now, v's copy after the wait
+                at = s * BLOCK_N
+                _fill_first(descs, bars, bufs, s, (k_row + at, vt_row), (k_col, at), s < steps, 1)
+            if WAIT:
+                _griddep(True)
+            for s in gl.static_range(STAGES):
+                at = s * BLOCK_N
+                _fill_rest(descs, bars, bufs, s, (k_row + at, vt_row), (k_col, at), s < steps, 1)
+            mbarrier.wait(q_bar, 0)
+            q = q_s.load(q_layout)
+            ring = (descs, bars, bufs, k_row, k_col, vt_row, steps)
+            if CAUSAL:  # the key blocks before the diagonal, then the diagonal's, masked (one ring)
+                n_full = start_m // BLOCK_N
+                for j in range(n_full):
+                    acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
+                                SQUARED, False)  # fmt: skip
+                for j in range(n_full, steps):
+                    acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
+                                SQUARED, True)  # fmt: skip
+            else:
+                for j in range(steps):
+                    acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
+                                SQUARED, False)  # fmt: skip
 
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
@@ -243,7 +359,7 @@ if gluon is not None:
         Kd, Vd, KTd,  # of k and v (boxes [BLOCK_N, HEAD_D]) and k's copy (boxes [HEAD_D, BLOCK_N])
         DQ,  # out, (B, H, L, HEAD_D) through strides
         stride_dqb, stride_dqh, stride_dql,
-        H, Lk,
+        H, Lk, GROUP,
         q_rb, q_rh, q_ch, do_rb, do_rh, do_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,  # heads in the 2-D views
         scale, relu_scale,
         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -259,7 +375,7 @@ if gluon is not None:
         q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=1)
         ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
 
-        pid_bh, b, h, start_m, steps = _query_block(H, Lk, BLOCK_M, BLOCK_N, CAUSAL)
+        pid_bh, b, h, start_m, steps = _query_block(H, Lk, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
         q, do = _operands(Qd, DOd, [b * q_rb + h * q_rh + start_m, h * q_ch],
                           [b * do_rb + h * do_rh + start_m, h * do_ch], q_layout)  # fmt: skip
 
@@ -362,7 +478,7 @@ if gluon is not None:
         Qd, DOd, QTd, DOTd,  # of q and dout (boxes [BLOCK_M, HEAD_D]) and their copies ([HEAD_D, BLOCK_M])
         DK, DV,  # out, (B, H, L, HEAD_D) through strides
         stride_dkb, stride_dkh, stride_dkl, stride_dvb, stride_dvh, stride_dvl,
-        H, Lq,
+        H, Lq, GROUP,
         k_rb, k_rh, k_ch, v_rb, v_rh, v_ch, q_rb, q_rh, q_ch, do_rb, do_rh, do_ch,  # heads in the 2-D views
         scale, relu_scale,
         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -378,11 +494,7 @@ if gluon is not None:
         k_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=1)
         pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
 
-        if CHAIN:  # the copies first; then the dQ kernel (which reads k's copy) may start
-            _griddep(True)
-            _griddep(False)
-        pid_n = gl.program_id(0)  # causal: the first key blocks see the most queries; they go first
-        pid_bh = gl.program_id(1)
+        pid_n, pid_bh, _ = _block_order(GROUP)  # causal: the first key blocks see the most queries: first
         b = pid_bh // H
         h = pid_bh % H
         start_n = pid_n * BLOCK_N
@@ -408,10 +520,16 @@ if gluon is not None:
         t_row = pid_bh * HEAD_D
         descs = (Qd, DOd, QTd, DOTd)
         bufs = (q_s, do_s, qt_s, dot_s)
-        for s in gl.static_range(STAGES):  # the first query blocks' tiles
+        for s in gl.static_range(STAGES):  # the first query blocks' tiles: q's and dout's now
             at = (first + s) * BLOCK_M
-            _fill(descs, bars, bufs, s, (q_row + at, do_row + at, t_row, t_row), (q_col, do_col, at, at),
-                  s < steps)  # fmt: skip
+            rows = (q_row + at, do_row + at, t_row, t_row)
+            _fill_first(descs, bars, bufs, s, rows, (q_col, do_col, at, at), s < steps, 2)
+        if CHAIN:  # the copies done; then the dQ kernel (which reads k's copy) may start
+            _griddep(True)
+            _griddep(False)
+        for s in gl.static_range(STAGES):  # their copies'
+            at = (first + s) * BLOCK_M
+            _fill_rest(descs, bars, bufs, s, (t_row, t_row, t_row, t_row), (0, 0, at, at), s < steps, 2)
 
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
         dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, o_layout)
@@ -520,13 +638,38 @@ def usable_bwd(q, k, v, do, copies, outs, interpreted: bool, dkdv_tiles, dq_tile
     return None if any(m is None for m in mats) else (views, mats)
 
 
+# The fewest programs one group of heads of the causal launch order should have (:func:`head_group`):
+# about a wave of them on an H200 (132 SMs, two programs each), so that the last group's blocks, heaviest
+# first, keep every SM busy to the end.
+GROUP_PROGRAMS = 256
+FORCE_GROUP: int | None = None  # a probe's override of head_group (bench/probe_attn_tf32.py)
+
+
+def head_group(heads: int, causal: bool, blocks: int) -> int:
+    """The heads per group of the launch order (``_block_order``) of a kernel with ``blocks`` programs per
+    head: 1 where not causal (one head's blocks after another's, which read its k and v from L2 while
+    they are there). A causal block's work grows with its distance from the first one, and the blocks of a
+    group start heaviest first: with one head at a time the last head's heaviest block starts among the
+    last programs and runs on alone (at L=1024 the forward's 64 x 64 tiles took 1.06x as long as with
+    groups of 16 heads, run 298). There the group is the smallest divisor of ``heads`` with at least
+    GROUP_PROGRAMS programs (all heads where fewer)."""
+    if FORCE_GROUP is not None:
+        return math.gcd(FORCE_GROUP, heads)
+    return _causal_group(heads, blocks, GROUP_PROGRAMS) if causal else 1
+
+
+@functools.lru_cache(maxsize=256)
+def _causal_group(heads: int, blocks: int, programs: int) -> int:
+    return next((g for g in range(1, heads + 1) if heads % g == 0 and g * blocks >= programs), heads)
+
+
 def _desc(view: torch.Tensor, block: list[int]):
     layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
 def launch(q, k, views, vt, out, causal: bool, squared: bool, scale: float, relu_scale: float, block_m: int,
-           block_n: int, stages: int, wait: bool, run) -> None:  # fmt: skip
+           block_n: int, stages: int, is_async: int, wait: bool, run) -> None:  # fmt: skip
     """The forward on [B, H, L, D] views q, k (``views``: their row views, what :func:`usable` returned), out
     and v's copy ``vt`` ([B, H, D, L] contiguous), through ``run(kernel, grid, key, *args, **options)`` (the
     launcher's ``_launch``)."""
@@ -534,17 +677,19 @@ def launch(q, k, views, vt, out, causal: bool, squared: bool, scale: float, relu
     Lk = k.shape[2]
     (qv, q_rb, q_rh, q_ch), (kv, k_rb, k_rh, k_ch) = views
     bind_cuda_context(q)
+    group = head_group(B * H, causal, Lq // block_m)
     args = (
         _desc(qv, [block_m, D]), _desc(kv, [block_n, D]), _desc(vt.reshape(B * H * D, Lk), [D, block_n]),
-        out, out.stride(0), out.stride(1), out.stride(2), H, Lk, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch,
+        out, out.stride(0), out.stride(1), out.stride(2), H, Lk, group, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch,
         scale, relu_scale,
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, SQUARED=squared,
-                   WAIT=wait, num_warps=block_m // 16)  # fmt: skip
+                   WAIT=wait, ASYNC=bool(is_async), num_warps=block_m // 16)  # fmt: skip
     if wait:
         options["launch_pdl"] = True
-    run(_attn_fwd_tf32_kernel, (Lq // block_m, B * H), (q.device, q.dtype, D, "tf32", block_m, block_n),
-        *args, num_stages=1, **options)  # fmt: skip
+    grid = (Lq // block_m * group, B * H // group)
+    run(_attn_fwd_tf32_kernel, grid, (q.device, q.dtype, D, "tf32", block_m, block_n), *args, num_stages=1,
+        **options)  # fmt: skip
 
 
 def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: bool, scale: float,
@@ -556,26 +701,29 @@ def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: boo
     Lk = k.shape[2]
     ((qv, *qh), (kv, *kh), (vv, *vh), (dov, *doh)), (qt, dot, kt) = usable_views
     bind_cuda_context(q)
+    group = head_group(B * H, causal, max(Lk // dkdv_tiles[1], Lq // dq_tiles[0]))
     bm, bn, stages, is_async = dkdv_tiles
     args = (
         _desc(kv, [bn, D]), _desc(vv, [bn, D]), _desc(qv, [bm, D]), _desc(dov, [bm, D]), _desc(qt, [D, bm]),
-        _desc(dot, [D, bm]), dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, Lq, *kh, *vh, *qh, *doh,
+        _desc(dot, [D, bm]), dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, Lq, group, *kh, *vh, *qh, *doh,
         scale, relu_scale,
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
                    CHAIN=chain, ASYNC=bool(is_async), num_warps=bn // 16)  # fmt: skip
     if chain:
         options["launch_pdl"] = True
-    run(_attn_bwd_dkdv_tf32_kernel, (Lk // bn, B * H), (q.device, q.dtype, D, "tf32-dkdv", bm, bn), *args,
-        num_stages=1, **options)  # fmt: skip
+    grid = (Lk // bn * group, B * H // group)
+    run(_attn_bwd_dkdv_tf32_kernel, grid, (q.device, q.dtype, D, "tf32-dkdv", bm, bn), *args, num_stages=1,
+        **options)  # fmt: skip
     bm, bn, stages, is_async = dq_tiles
     args = (
         _desc(qv, [bm, D]), _desc(dov, [bm, D]), _desc(kv, [bn, D]), _desc(vv, [bn, D]), _desc(kt, [D, bn]),
-        dq, *dq.stride()[:3], H, Lk, *qh, *doh, *kh, *vh, scale, relu_scale,
+        dq, *dq.stride()[:3], H, Lk, group, *qh, *doh, *kh, *vh, scale, relu_scale,
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
                    WAIT_END=chain, ASYNC=bool(is_async), num_warps=bm // 16)  # fmt: skip
     if chain:
         options["launch_pdl"] = True
-    run(_attn_bwd_dq_tf32_kernel, (Lq // bm, B * H), (q.device, q.dtype, D, "tf32-dq", bm, bn), *args,
-        num_stages=1, **options)  # fmt: skip
+    grid = (Lq // bm * group, B * H // group)
+    run(_attn_bwd_dq_tf32_kernel, grid, (q.device, q.dtype, D, "tf32-dq", bm, bn), *args, num_stages=1,
+        **options)  # fmt: skip

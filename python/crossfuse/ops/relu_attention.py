@@ -45,7 +45,8 @@ the copy at its start (attention v22). There, with Triton 3.6, the float32 forwa
 Triton keeps in shared memory for 32-bit types, where lengths are multiples of its tiles (``TF32_FWD``);
 so is the float32 backward (attention v27: k, v and the transposed p and ds of the dK/dV kernel, q, dout and
 ds of the dQ kernel in registers; each product overlapping the elementwise work before the next; tiles
-``TF32_BWD``).
+``TF32_BWD``). Their causal blocks start heaviest first across groups of heads (attention v30,
+``_attn_tf32.head_group``).
 A call whose shapes, strides, dtypes, alignment, flags and tiles match an earlier call's replays that
 call's launches (``_planned``, attention v24).
 Under torch.compile the autograd function calls the launchers through custom operators
@@ -1202,17 +1203,20 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
     )  # fmt: skip
 
 
-# The float32 forward in Gluon (crossfuse.ops._attn_tf32, attention v26): (causal, long sequence) ->
-# (BLOCK_M, BLOCK_N, STAGES); where its tiles do not divide the lengths (or TF32_FWD is empty), Triton's
-# kernel runs. Measured against Triton's float32 forward at the seed's shapes (run 288,
+# The float32 forward in Gluon (crossfuse.ops._attn_tf32, attention v26; ASYNC: v30): (causal, long
+# sequence) -> (BLOCK_M, BLOCK_N, STAGES, ASYNC); where its tiles do not divide the lengths (or TF32_FWD is
+# empty), Triton's kernel runs. Measured against Triton's float32 forward at the seed's shapes (run 288,
 # bench/probe_attn_tf32.py, each with v's copy): 128x64 on 8 warps with 2 buffers 1.17, 1.16, 1.13x (full,
 # L = 1024, 2048, 4096), 1.04, 1.10x (causal, L = 2048, 4096); 64x64 on 4 warps with 3 buffers 1.055x at
-# L=1024 causal, where 128x64 ran 0.98x.
-TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int]] = {
-    (False, False): (128, 64, 2),
-    (False, True): (128, 64, 2),
-    (True, False): (64, 64, 3),
-    (True, True): (128, 64, 2),
+# L=1024 causal, where 128x64 ran 0.98x. With v30's launch order (run 299, the causal rows): 64x64 with 3
+# buffers and ASYNC 1.189, 1.144x (L = 1024, 2048; 128x64 1.182, 1.161x), 128x64 1.156x at L=4096. ASYNC
+# against the synchronous form at the same tile (run 297): 0.96-1.02x at 64x64 with 3 buffers (the gains
+# at the causal rows), 0.75-0.81x at 128x64 with 2 (one program an SM: 180 registers).
+TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int, int]] = {
+    (False, False): (128, 64, 2, 0),
+    (False, True): (128, 64, 2, 0),
+    (True, False): (64, 64, 3, 1),
+    (True, True): (128, 64, 2, 0),
 }
 
 
