@@ -121,6 +121,21 @@ if gluon is not None:
         _fill_first(descs, bars, bufs, slot, at_rows, at_cols, ok, len(descs))
 
     @gluon.jit
+    def _probs(sc, j, offs_m, scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, SQUARED: gl.constexpr,
+               MASKED: gl.constexpr):  # fmt: skip
+        """p of key block j from its scores ``sc``: relu (squared where SQUARED) of the scaled scores, the
+        keys after each query (rows ``offs_m``) zeroed where MASKED."""
+        a = gl.maximum(sc * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
+        if SQUARED:
+            p = a * a
+        else:
+            p = a
+        if MASKED:
+            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        return p
+
+    @gluon.jit
     def _step(acc, q, zero, j, ring, offs_m, scale, s_layout: gl.constexpr, p_layout: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SQUARED: gl.constexpr,
               MASKED: gl.constexpr):  # fmt: skip
@@ -131,14 +146,7 @@ if gluon is not None:
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
-        a = gl.maximum(sc * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
-        if SQUARED:
-            p = a * a
-        else:
-            p = a
-        if MASKED:
-            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
         acc = warpgroup_mma(gl.convert_layout(p, p_layout), bufs[1].index(slot).permute((1, 0)), acc)
         gl.thread_barrier()  # every warp's products have read buffer slot: it takes key block j + STAGES
         nxt = (j + STAGES) * BLOCK_N
@@ -162,14 +170,7 @@ if gluon is not None:
             sn = warpgroup_mma(q, k_s.index(n % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True)
         else:
             sn = sc
-        a = gl.maximum(sc * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
-        if SQUARED:
-            p = a * a
-        else:
-            p = a
-        if MASKED:
-            offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
         if NEXT:  # block j - 1's product done (block j + 1's scores may run on)
             acc, p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_prev))
         else:
