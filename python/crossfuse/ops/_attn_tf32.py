@@ -86,6 +86,24 @@ if gluon is not None:
         return pid_bh, pid_bh // H, pid_bh % H, start_m, steps
 
     @gluon.jit
+    def _head_at(b, h, rb, rh, ch):
+        """``(row, column)`` where head (b, h) starts in a 2-D row view (:func:`rows_view`'s rb, rh, ch)."""
+        return b * rb + h * rh, h * ch
+
+    @gluon.jit
+    def _barriers(N: gl.constexpr):
+        """N mbarriers in shared memory ([N, 1]), each expecting one arrival (:func:`_release` ends them)."""
+        bars = gl.allocate_shared_memory(gl.int64, [N, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(N):
+            mbarrier.init(bars.index(s), count=1)
+        return bars
+
+    @gluon.jit
+    def _release(bars, N: gl.constexpr):
+        for s in gl.static_range(N):
+            mbarrier.invalidate(bars.index(s))
+
+    @gluon.jit
     def _griddep(WAIT: gl.constexpr):
         """``griddepcontrol.wait`` where WAIT, else ``griddepcontrol.launch_dependents`` (see
         crossfuse.ops._gdc)."""
@@ -209,28 +227,24 @@ if gluon is not None:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
 
         pid_bh, b, h, start_m, steps = _query_block(H, Lk, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
-        k_row = b * k_rb + h * k_rh
-        k_col = h * k_ch
+        k_row, k_col = _head_at(b, h, k_rb, k_rh, k_ch)
+        q_row, q_col = _head_at(b, h, q_rb, q_rh, q_ch)
         vt_row = pid_bh * HEAD_D
 
         q_s = gl.allocate_shared_memory(Qd.dtype, [BLOCK_M, HEAD_D], Qd.layout)
         k_s = gl.allocate_shared_memory(Kd.dtype, [STAGES, BLOCK_N, HEAD_D], Kd.layout)
         vt_s = gl.allocate_shared_memory(VTd.dtype, [STAGES, HEAD_D, BLOCK_N], VTd.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(bars.index(s), count=1)
+        bars = _barriers(STAGES)
         mbarrier.expect(q_bar, Qd.block_type.nbytes)
-        tma.async_copy_global_to_shared(Qd, [b * q_rb + h * q_rh + start_m, h * q_ch], q_bar, q_s)
+        tma.async_copy_global_to_shared(Qd, [q_row + start_m, q_col], q_bar, q_s)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
         zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         if ASYNC:  # k's ring under ``bars``, v's under barriers of its own
             k_bars = bars
-            v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            for s in gl.static_range(STAGES):
-                mbarrier.init(v_bars.index(s), count=1)
+            v_bars = _barriers(STAGES)
             for s in gl.static_range(STAGES):  # the first key blocks' tiles
                 _fill((Kd,), k_bars, (k_s,), s, (k_row + s * BLOCK_N,), (k_col,), s < steps)
             mbarrier.wait(q_bar, 0)
@@ -262,8 +276,7 @@ if gluon is not None:
                 acc, sc, p = _step_async(acc, sc, p, q, zero, steps - 1, ring, offs_m, scale, s_layout,
                                          p_layout, BLOCK_N, STAGES, SQUARED, False, False)  # fmt: skip
             acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-            for s in gl.static_range(STAGES):
-                mbarrier.invalidate(v_bars.index(s))
+            _release(v_bars, STAGES)
         else:
             descs = (Kd, VTd)
             bufs = (k_s, vt_s)
@@ -291,8 +304,7 @@ if gluon is not None:
                     acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
                                 SQUARED, False)  # fmt: skip
 
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(s))
+        _release(bars, STAGES)
         mbarrier.invalidate(q_bar)
         offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
@@ -377,19 +389,16 @@ if gluon is not None:
         ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
 
         pid_bh, b, h, start_m, steps = _query_block(H, Lk, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
-        q, do = _operands(Qd, DOd, [b * q_rb + h * q_rh + start_m, h * q_ch],
-                          [b * do_rb + h * do_rh + start_m, h * do_ch], q_layout)  # fmt: skip
+        q_row, q_col = _head_at(b, h, q_rb, q_rh, q_ch)
+        do_row, do_col = _head_at(b, h, do_rb, do_rh, do_ch)
+        q, do = _operands(Qd, DOd, [q_row + start_m, q_col], [do_row + start_m, do_col], q_layout)
 
         k_s = gl.allocate_shared_memory(Kd.dtype, [STAGES, BLOCK_N, HEAD_D], Kd.layout)
         v_s = gl.allocate_shared_memory(Vd.dtype, [STAGES, BLOCK_N, HEAD_D], Vd.layout)
         kt_s = gl.allocate_shared_memory(KTd.dtype, [STAGES, HEAD_D, BLOCK_N], KTd.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(bars.index(s), count=1)
-        k_row = b * k_rb + h * k_rh
-        k_col = h * k_ch
-        v_row = b * v_rb + h * v_rh
-        v_col = h * v_ch
+        bars = _barriers(STAGES)
+        k_row, k_col = _head_at(b, h, k_rb, k_rh, k_ch)
+        v_row, v_col = _head_at(b, h, v_rb, v_rh, v_ch)
         kt_row = pid_bh * HEAD_D
         descs = (Kd, Vd, KTd)
         bufs = (k_s, v_s, kt_s)
@@ -414,8 +423,7 @@ if gluon is not None:
                 dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
                               SQUARED, False, ASYNC)  # fmt: skip
 
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(s))
+        _release(bars, STAGES)
         offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
         ptrs = DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + rows[:, None] * stride_dql
@@ -504,20 +512,17 @@ if gluon is not None:
         else:
             first = 0
         steps = gl.maximum(Lq // BLOCK_M - first, 0)
-        k, v = _operands(Kd, Vd, [b * k_rb + h * k_rh + start_n, h * k_ch],
-                         [b * v_rb + h * v_rh + start_n, h * v_ch], k_layout)  # fmt: skip
+        k_row, k_col = _head_at(b, h, k_rb, k_rh, k_ch)
+        v_row, v_col = _head_at(b, h, v_rb, v_rh, v_ch)
+        k, v = _operands(Kd, Vd, [k_row + start_n, k_col], [v_row + start_n, v_col], k_layout)
 
         q_s = gl.allocate_shared_memory(Qd.dtype, [STAGES, BLOCK_M, HEAD_D], Qd.layout)
         do_s = gl.allocate_shared_memory(DOd.dtype, [STAGES, BLOCK_M, HEAD_D], DOd.layout)
         qt_s = gl.allocate_shared_memory(QTd.dtype, [STAGES, HEAD_D, BLOCK_M], QTd.layout)
         dot_s = gl.allocate_shared_memory(DOTd.dtype, [STAGES, HEAD_D, BLOCK_M], DOTd.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(bars.index(s), count=1)
-        q_row = b * q_rb + h * q_rh
-        q_col = h * q_ch
-        do_row = b * do_rb + h * do_rh
-        do_col = h * do_ch
+        bars = _barriers(STAGES)
+        q_row, q_col = _head_at(b, h, q_rb, q_rh, q_ch)
+        do_row, do_col = _head_at(b, h, do_rb, do_rh, do_ch)
         t_row = pid_bh * HEAD_D
         descs = (Qd, DOd, QTd, DOTd)
         bufs = (q_s, do_s, qt_s, dot_s)
@@ -550,8 +555,7 @@ if gluon is not None:
                 dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
                                     STAGES, SQUARED, False, ASYNC)  # fmt: skip
 
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(s))
+        _release(bars, STAGES)
         offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
         rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, o_layout))
         dk_ptrs = DK + b.to(gl.int64) * stride_dkb + h.to(gl.int64) * stride_dkh + rows[:, None] * stride_dkl
