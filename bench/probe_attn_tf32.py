@@ -1,17 +1,18 @@
-"""Probe: the float32 forward and backward in Gluon (``crossfuse.ops._attn_tf32``, attention v26, v27)
+"""Probe: the float32 forward and backward in Gluon (``crossfuse.ops._attn_tf32``, attention v26-v31)
 against Triton's float32 kernels, at the seed's shapes (``bench/extras.py``'s float32 section: [B, L, H, D]
 as [B, H, L, D] views, B=4, H=16, D=64, L = 1024, 2048, 4096, causal and not), each with its copies,
 alternated ``--rounds`` times, medians of ``crossfuse.harness.timing.time_cuda``.
 
-    python bench/probe_attn_tf32.py [--rounds 3] [--tiles 64:64:2:0,64:64:3:1,...]
+    python bench/probe_attn_tf32.py [--rounds 3] [--tiles 64:64:2:0,64:64:3:1,128:64:2:0:1,...]
     python bench/probe_attn_tf32.py --kind bwd [--tiles 32:64:3:1/64:64:2:1,...]
     python bench/probe_attn_tf32.py --kind copies
 
 ``--groups 1,16,64`` runs each tile with each number of heads per group of the causal launch order
 (``crossfuse.ops._attn_tf32.head_group``; ``auto``: the launcher's choice).
 
-Prints per shape: TFLOP/s of Triton's kernels and of each Gluon tile (BLOCK_M:BLOCK_N:STAGES:ASYNC; for
-the backward that of the dK/dV kernel, then after ``/`` the dQ kernel's), their ratio,
+Prints per shape: TFLOP/s of Triton's kernels and of each Gluon tile (BLOCK_M:BLOCK_N:STAGES:ASYNC, and
+for the forward :TRANS, v transposed in the kernel instead of copied, attention v31; ASYNC and TRANS 0
+where not given; for the backward that of the dK/dV kernel, then after ``/`` the dQ kernel's), their ratio,
 and the relative difference of the Gluon result from Triton's (the largest over dq, dk, dv).
 ``--kind copies`` times the backward's copies of q, dout and k with unit stride on L (one launch).
 """
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
 
     def parse(spec):
         parts = [tuple(int(x) for x in p.split(":")) for p in spec.split("/")]
-        return tuple(parts) if bwd else (parts[0] + (0,))[:4]  # ASYNC 0 where not given
+        return tuple(parts) if bwd else (parts[0] + (0, 0))[:5]  # ASYNC, TRANS 0 where not given
 
     if args.kind == "copies":
         for L in (1024, 2048, 4096):
@@ -76,6 +77,7 @@ def main(argv=None) -> int:
         return launch(kernel, *args, **options)
 
     ra._launch = spy
+    saved_trans_l, ra.TF32_TRANS_MAX_L = ra.TF32_TRANS_MAX_L, 1 << 30  # a TRANS tile transposes at every L
     try:
         for L in (1024, 2048, 4096):
             for causal in (True,) if args.causal else (False, True):
@@ -120,6 +122,7 @@ def main(argv=None) -> int:
     finally:
         setattr(ra, table, saved)
         ra._launch = launch
+        ra.TF32_TRANS_MAX_L = saved_trans_l
         _attn_tf32.FORCE_GROUP = None
     return 0
 

@@ -717,26 +717,32 @@ def _float32_gpu_inputs(n, length, layout, d, gen):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "tiles",
-    [(128, 64, 2, 0), (64, 64, 3, 0), (64, 32, 2, 0), (128, 64, 2, 1), (64, 64, 3, 1), (64, 32, 3, 1)],
-    ids=lambda t: f"{t[0]}x{t[1]}x{t[2]}{'a' * t[3]}",
+    [(128, 64, 2, 0, 0), (64, 64, 3, 0, 0), (64, 32, 2, 0, 0), (128, 64, 2, 1, 0), (64, 64, 3, 1, 0),
+     (64, 32, 3, 1, 0), (128, 64, 2, 0, 1), (64, 64, 2, 1, 1), (64, 32, 2, 0, 1), (128, 64, 2, 1, 1)],
+    ids=lambda t: f"{t[0]}x{t[1]}x{t[2]}{'a' * t[3]}{'t' * t[4]}",
 )  # fmt: skip
 @pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ra.LAYOUTS)
 @pytest.mark.parametrize("length", [128, 320, 100], ids=lambda n: f"L={n}")
 def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monkeypatch, launched):
-    # the float32 forward in Gluon (attention v26, its products in flight v30; crossfuse.ops._attn_tf32):
-    # against float64 on the tf32-truncated inputs and against Triton's kernel; where the length is not a
-    # multiple of the query tile (L=100; L=320 with 128 rows) Triton's kernel runs
+    # the float32 forward in Gluon (attention v26, its products in flight v30, v transposed in the kernel
+    # v31; crossfuse.ops._attn_tf32): against float64 on the tf32-truncated inputs and against Triton's
+    # kernel; where the length is not a multiple of the query tile (L=100; L=320 with 128 rows) Triton's
+    # kernel runs, after v's copy, as does the Gluon kernel without TRANS
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon forward needs compute capability 9 or later")
     monkeypatch.setattr(ra, "TF32_FWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
+    copies, copy = [], ra._l_major_copies
+    monkeypatch.setattr(ra, "_l_major_copies", lambda ts, *a: copies.append(len(ts)) or copy(ts, *a))
     d = 64
     qb, kb, vb = _float32_gpu_inputs(3, length, layout, d, gen)
+    v_before = vb.clone()
     scale, relu_scale = 1 / math.sqrt(d), 1 / length
     got = ra.relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale)
     gluon_ran = ra._attn_tf32._attn_fwd_tf32_kernel in launched
     assert gluon_ran == (length % tiles[0] == 0)
+    assert copies == ([] if gluon_ran and tiles[4] else [1]), copies  # v's copy, unless TRANS
     monkeypatch.setattr(ra, "TF32_FWD", {})
     triton_kernel = ra.relu_attention_fwd(qb, kb, vb, causal, squared, scale, relu_scale)
     refs = [tf32_truncate(t).double() for t in (qb, kb, vb)]
@@ -744,6 +750,31 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
     tol = tolerance("relu_attention", torch.float32, "fwd", tf32=True)
     assert relerr(got, want) <= tol, relerr(got, want)
     assert relerr(got, triton_kernel) <= 1e-5, relerr(got, triton_kernel)
+    assert torch.equal(vb, v_before)  # v's tiles are transposed in shared memory, not in v
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float32_gluon_forward_transposes_v_up_to_its_length(causal, gen, monkeypatch, launched):
+    # TRANS (attention v31): v's tiles transposed in shared memory where the keys are at most
+    # TF32_TRANS_MAX_L, v's copy beyond; the same products in the same order either way: equal bit for bit
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon forward needs compute capability 9 or later")
+    keys = [(c, long) for c in (False, True) for long in (False, True)]
+    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(keys, (128, 64, 2, 0, 1)))
+    copies, copy = [], ra._l_major_copies
+    monkeypatch.setattr(ra, "_l_major_copies", lambda ts, *a: copies.append(len(ts)) or copy(ts, *a))
+    qb, kb, vb = _float32_gpu_inputs(3, 256, "blhd", 64, gen)
+    call = (qb, kb, vb, causal, False, 0.125, 1 / 256)
+    results = []
+    for longest in (256, 255):
+        monkeypatch.setattr(ra, "TF32_TRANS_MAX_L", longest)
+        copies.clear()
+        launched.clear()
+        results.append(ra.relu_attention_fwd(*call))
+        assert launched == [ra._attn_tf32._attn_fwd_tf32_kernel], launched
+        assert copies == ([] if longest >= 256 else [1]), (longest, copies)
+    assert torch.equal(results[0], results[1]), relerr(results[0], results[1])
 
 
 @pytest.mark.gpu
@@ -786,15 +817,16 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fwd_tiles", [(64, 64, 3, 1, 0), (128, 64, 2, 0, 1)], ids=["copy", "trans"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_float32_gluon_launch_orders(causal, gen, monkeypatch, launched):
+def test_float32_gluon_launch_orders(causal, fwd_tiles, gen, monkeypatch, launched):
     # the Gluon kernels' blocks in every launch order (heads in groups of 1, 2, 3, 6 of B*H = 6; attention
     # v30): the same results bit for bit (each block is computed by one program whatever its place), and
     # the same as Triton's kernels up to float32 rounding
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon kernels need compute capability 9 or later")
     keys = [(c, long) for c in (False, True) for long in (False, True)]
-    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(keys, (64, 64, 3, 1)))
+    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(keys, fwd_tiles))
     monkeypatch.setattr(ra, "TF32_BWD", dict.fromkeys(keys, ((32, 64, 2, 1), (64, 32, 3, 1))))
     qb, kb, vb, dob = _float32_gpu_inputs(4, 256, "blhd", 64, gen)
     call = (qb, kb, vb, causal, False, 0.125, 1 / 256)

@@ -14,10 +14,15 @@ One warp group per 64 query rows (``num_warps`` 4 or 8); k and v's copy stream t
 shared-memory buffers filled by the copy engine (an mbarrier each); each step's products are synchronous
 (the warp groups of other programs on the SM fill the tensor cores meanwhile), or with ASYNC (attention
 v30) in flight: block j+1's scores are issued before block j's relu and ``p @ v``, which runs on while
-block j+1's relu is taken (k and v then have rings of their own). Rows of q and k, and of
-the output, are addressed through 2-D views: ``(rb, rh, ch)`` place row l of head (b, h) at row
-``b*rb + h*rh + l``, column ``h*ch`` of the view (heads in rows for [B, H, L, D] layouts, in columns for
-[B, L, H, D]); v's copy is [B, H, D, L]. Sequence lengths must be multiples of both tiles (see
+block j+1's relu is taken (k and v then have rings of their own). With TRANS (attention v31) the kernel
+reads v itself, not a copy: each step's v tile is read from shared memory into registers, 4 keys of one
+column a thread, and stored transposed (16-byte vectors along the keys) into one of two buffers that the
+``p @ v`` product reads, while the step's scores run; the 128-row tiles' two buffers are q's, which is in
+registers by then. That costs a step 32 KB of shared-memory traffic besides the products' 96 and saves the
+launch of v's copy, a pass over v: faster for short sequences only (``TF32_TRANS_MAX_L``). Rows of q, k
+(and v), and of the output, are addressed through 2-D views: ``(rb, rh, ch)`` place row l of head (b, h)
+at row ``b*rb + h*rh + l``, column ``h*ch`` of the view (heads in rows for [B, H, L, D] layouts, in
+columns for [B, L, H, D]); v's copy is [B, H, D, L]. Sequence lengths must be multiples of both tiles (see
 :func:`usable`): there are no masks for tails.
 
 The backward (attention v27) is two kernels of the same kind. The dK/dV kernel holds a block of k and v in
@@ -31,8 +36,8 @@ forward, above), write p^T, ds^T and ds there each step and read them back.
 
 Every kernel's blocks start in the order of :func:`head_group` (attention v30): where causal, the heaviest
 blocks of a group of heads first, not of one head after another's. A kernel launched after a copy (the
-forward after v's, the dK/dV kernel after those of q, dout and k) issues its loads of the tensors the
-copy does not write before it waits for the copy.
+forward after v's, where not TRANS; the dK/dV kernel after those of q, dout and k) issues its loads of the
+tensors the copy does not write before it waits for the copy.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
         mbarrier,
         tma,
         warpgroup_mma,
@@ -139,6 +145,25 @@ if gluon is not None:
         _fill_first(descs, bars, bufs, slot, at_rows, at_cols, ok, len(descs))
 
     @gluon.jit
+    def _v_at(v_row, v_col, at, TRANS: gl.constexpr):
+        """Where v's tile of the keys from ``at`` on starts: rows of v's row view where TRANS (v itself), else
+        columns of its copy ([B*H*D, L], the head's rows from ``v_row``)."""
+        if TRANS:
+            return v_row + at, v_col
+        else:
+            return v_row, v_col + at
+
+    @gluon.jit
+    def _transpose(v_buf, xt_buf, WARPS: gl.constexpr):
+        """v's tile [BLOCK_N, HEAD_D] in ``v_buf`` stored transposed into ``xt_buf`` (attention v31): each
+        thread reads 4 consecutive keys of one column (threads along the columns: the 128-byte swizzle puts
+        them in distinct banks) and stores them as one 16-byte vector along the keys of xt. The caller
+        fences (``fence_async_shared``) and waits for every warp before a product reads xt."""
+        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[2, 16],
+                                                warps_per_cta=[WARPS, 1], order=[0, 1])  # fmt: skip
+        xt_buf.store(gl.permute(v_buf.load(layout), [1, 0]))
+
+    @gluon.jit
     def _probs(sc, j, offs_m, scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, SQUARED: gl.constexpr,
                MASKED: gl.constexpr):  # fmt: skip
         """p of key block j from its scores ``sc``: relu (squared where SQUARED) of the scaled scores, the
@@ -155,68 +180,121 @@ if gluon is not None:
 
     @gluon.jit
     def _step(acc, q, zero, j, ring, offs_m, scale, s_layout: gl.constexpr, p_layout: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SQUARED: gl.constexpr,
-              MASKED: gl.constexpr):  # fmt: skip
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SQUARED: gl.constexpr, MASKED: gl.constexpr,
+              TRANS: gl.constexpr):  # fmt: skip
         """Key block j: its scores, p (keys after the query masked where MASKED), ``acc += p @ v``; then its
-        buffers take key block j + STAGES. (A mask chosen per block by a run-time ``if`` came out wrong
-        from Triton 3.6 on the GPU, run 287: the diagonal blocks have a loop of their own instead.)"""
-        descs, bars, bufs, k_row, k_col, vt_row, steps = ring
+        buffers take key block j + STAGES. Where TRANS, v's tile is stored transposed into ``xt`` (one of two
+        buffers, by j's parity) while the scores run, and the buffers are refilled before the relu. (A mask
+        chosen per block by a run-time ``if`` came out wrong from Triton 3.6 on the GPU, run 287: the
+        diagonal blocks have a loop of their own instead.)"""
+        descs, bars, bufs, k_row, k_col, v_row, v_col, steps, xt = ring
         slot = j % STAGES
-        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
-        p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
-        acc = warpgroup_mma(gl.convert_layout(p, p_layout), bufs[1].index(slot).permute((1, 0)), acc)
-        gl.thread_barrier()  # every warp's products have read buffer slot: it takes key block j + STAGES
         nxt = (j + STAGES) * BLOCK_N
-        _fill(descs, bars, bufs, slot, (k_row + nxt, vt_row), (k_col, nxt), j + STAGES < steps)
+        v_at = _v_at(v_row, v_col, nxt, TRANS)
+        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        if TRANS:
+            sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+            _transpose(bufs[1].index(slot), xt.index(j % 2), gl.num_warps())
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
+            fence_async_shared()
+            # every warp has read buffer slot (k by its product, v into registers) and stored its part of
+            # xt (whose buffer block j - 2's product read last: every warp was done with it before block
+            # j - 1's barrier)
+            gl.thread_barrier()
+            _fill(descs, bars, bufs, slot, (k_row + nxt, v_at[0]), (k_col, v_at[1]), j + STAGES < steps)
+            p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
+            acc = warpgroup_mma(gl.convert_layout(p, p_layout), xt.index(j % 2).permute((1, 0)), acc)
+        else:
+            sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
+            p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
+            acc = warpgroup_mma(gl.convert_layout(p, p_layout), bufs[1].index(slot).permute((1, 0)), acc)
+            gl.thread_barrier()  # every warp's products have read buffer slot: it takes key block j + STAGES
+            _fill(descs, bars, bufs, slot, (k_row + nxt, v_at[0]), (k_col, v_at[1]), j + STAGES < steps)
         return acc
 
     @gluon.jit
     def _step_async(acc, sc, p_prev, q, zero, j, ring, offs_m, scale, s_layout: gl.constexpr,
                     p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    SQUARED: gl.constexpr, MASKED: gl.constexpr, NEXT: gl.constexpr):  # fmt: skip
+                    SQUARED: gl.constexpr, MASKED: gl.constexpr, NEXT: gl.constexpr,
+                    TRANS: gl.constexpr):  # fmt: skip
         """Key block j with the products in flight (attention v30): ``sc`` holds its scores on entry; where
         NEXT, block j + 1's scores are issued first and taken while the relu of these and the product
         ``acc += p @ v`` of this block run. On entry ``acc += p_prev @ v`` of block j - 1 may be in flight;
         once it is done, k's buffer of block j and v's of block j - 1 take the blocks STAGES later (k and v
-        have rings of their own). Returns ``(acc, scores of block j + 1, p)`` with this block's product in
-        flight."""
-        k_bars, v_bars, k_s, vt_s, k_desc, vt_desc, k_row, k_col, vt_row, steps = ring
+        have rings of their own). Where TRANS, v's tile of block j is stored transposed into ``xt`` (one of
+        two buffers, by j's parity) while block j + 1's scores run, and v's buffer of block j is the one
+        refilled. Returns ``(acc, scores of block j + 1, p)`` with this block's product in flight."""
+        k_bars, v_bars, k_s, v_s, k_desc, v_desc, k_row, k_col, v_row, v_col, steps, xt = ring
         if NEXT:
             n = j + 1
             mbarrier.wait(k_bars.index(n % STAGES), (n // STAGES) & 1)
             sn = warpgroup_mma(q, k_s.index(n % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True)
         else:
             sn = sc
+        if TRANS:  # xt's buffer was last read by block j - 2's product, done before block j - 1's barrier
+            mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
+            _transpose(v_s.index(j % STAGES), xt.index(j % 2), gl.num_warps())
         p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
         if NEXT:  # block j - 1's product done (block j + 1's scores may run on)
             acc, p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_prev))
         else:
             acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
+        if TRANS:
+            fence_async_shared()
         gl.thread_barrier()  # every warp group's products have read k's buffer of block j, v's of block j - 1
         nxt = j + STAGES
         _fill((k_desc,), k_bars, (k_s,), j % STAGES, (k_row + nxt * BLOCK_N,), (k_col,), nxt < steps)
-        _fill((vt_desc,), v_bars, (vt_s,), (j + STAGES - 1) % STAGES, (vt_row,), ((nxt - 1) * BLOCK_N,),
-              (j > 0) & (nxt - 1 < steps))  # fmt: skip
-        p = gl.convert_layout(p, p_layout)
-        mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
-        acc = warpgroup_mma(p, vt_s.index(j % STAGES).permute((1, 0)), acc, is_async=True)
+        if TRANS:  # v's tile of block j is in xt: its buffer takes block j + STAGES
+            v_at = _v_at(v_row, v_col, nxt * BLOCK_N, TRANS)
+            _fill((v_desc,), v_bars, (v_s,), j % STAGES, (v_at[0],), (v_at[1],), nxt < steps)
+            p = gl.convert_layout(p, p_layout)
+            b_op = xt.index(j % 2)
+        else:
+            v_at = _v_at(v_row, v_col, (nxt - 1) * BLOCK_N, TRANS)
+            _fill((v_desc,), v_bars, (v_s,), (j + STAGES - 1) % STAGES, (v_at[0],), (v_at[1],),
+                  (j > 0) & (nxt - 1 < steps))  # fmt: skip
+            p = gl.convert_layout(p, p_layout)
+            mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
+            b_op = v_s.index(j % STAGES)
+        acc = warpgroup_mma(p, b_op.permute((1, 0)), acc, is_async=True)
         if NEXT:  # block j + 1's scores done; this block's product runs on
             sn, p = warpgroup_mma_wait(num_outstanding=1, deps=(sn, p))
         return acc, sn, p
 
     @gluon.jit
+    def _xt_buffers(q_s, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    TRANS: gl.constexpr):  # fmt: skip
+        """The two buffers [2, HEAD_D, BLOCK_N] that take v's tiles transposed where TRANS (q's buffer, once
+        every warp has q in registers, where it holds both; otherwise buffers of their own); q's buffer
+        where not TRANS (unused). Their layout is the copy engine's default for such tiles (rows of at least
+        128 bytes: the 128-byte swizzle)."""
+        if TRANS:
+            gl.static_assert(BLOCK_N * 4 >= 128, "v's transposed tiles need rows of at least 128 bytes")
+            XT_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32,
+                                                           rank=2)  # fmt: skip
+            if BLOCK_M >= 2 * BLOCK_N:
+                gl.thread_barrier()  # every warp has loaded q from q_s
+                xt = q_s._reinterpret(gl.float32, [2, HEAD_D, BLOCK_N], XT_LAYOUT)
+            else:
+                xt = gl.allocate_shared_memory(gl.float32, [2, HEAD_D, BLOCK_N], XT_LAYOUT)
+        else:
+            xt = q_s
+        return xt
+
+    @gluon.jit
     def _attn_fwd_tf32_kernel(
-        Qd, Kd, VTd,  # 2-D descriptors: q and k (boxes [BLOCK, HEAD_D]), v's copy (boxes [HEAD_D, BLOCK_N])
+        Qd, Kd, Vd,  # 2-D descriptors: q, k (boxes [BLOCK, HEAD_D]) and v: its row view (boxes [BLOCK_N,
+        # HEAD_D]) where TRANS, else its copy [B*H*HEAD_D, L] (boxes [HEAD_D, BLOCK_N])
         O,  # out, (B, H, L, HEAD_D) through strides
         stride_ob, stride_oh, stride_ol,
         H, Lk, GROUP,  # GROUP: heads per group of the launch order (_block_order)
-        q_rb, q_rh, q_ch, k_rb, k_rh, k_ch,  # where head (b, h) sits in the 2-D views of q and k
+        q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,  # where head (b, h) sits in the 2-D views
         scale, relu_scale,
         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
         WAIT: gl.constexpr,  # a dependent launch after v's copy: wait for it first (crossfuse.ops._gdc)
         ASYNC: gl.constexpr,  # each block's scores issued before the relu and product of the one before
+        TRANS: gl.constexpr,  # v read as it is and transposed in shared memory (attention v31): no copy
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -229,11 +307,15 @@ if gluon is not None:
         pid_bh, b, h, start_m, steps = _query_block(H, Lk, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
         k_row, k_col = _head_at(b, h, k_rb, k_rh, k_ch)
         q_row, q_col = _head_at(b, h, q_rb, q_rh, q_ch)
-        vt_row = pid_bh * HEAD_D
-
         q_s = gl.allocate_shared_memory(Qd.dtype, [BLOCK_M, HEAD_D], Qd.layout)
         k_s = gl.allocate_shared_memory(Kd.dtype, [STAGES, BLOCK_N, HEAD_D], Kd.layout)
-        vt_s = gl.allocate_shared_memory(VTd.dtype, [STAGES, HEAD_D, BLOCK_N], VTd.layout)
+        if TRANS:
+            v_row, v_col = _head_at(b, h, v_rb, v_rh, v_ch)
+            v_s = gl.allocate_shared_memory(Vd.dtype, [STAGES, BLOCK_N, HEAD_D], Vd.layout)
+        else:
+            v_row = pid_bh * HEAD_D
+            v_col = 0
+            v_s = gl.allocate_shared_memory(Vd.dtype, [STAGES, HEAD_D, BLOCK_N], Vd.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         bars = _barriers(STAGES)
@@ -247,62 +329,77 @@ if gluon is not None:
             v_bars = _barriers(STAGES)
             for s in gl.static_range(STAGES):  # the first key blocks' tiles
                 _fill((Kd,), k_bars, (k_s,), s, (k_row + s * BLOCK_N,), (k_col,), s < steps)
+            if TRANS:  # v itself: nothing to wait for
+                for s in gl.static_range(STAGES):
+                    v_at = _v_at(v_row, v_col, s * BLOCK_N, TRANS)
+                    _fill((Vd,), v_bars, (v_s,), s, (v_at[0],), (v_at[1],), s < steps)
             mbarrier.wait(q_bar, 0)
             q = q_s.load(q_layout)
+            xt = _xt_buffers(q_s, HEAD_D, BLOCK_M, BLOCK_N, TRANS)
             mbarrier.wait(k_bars.index(0), 0)
             sc = warpgroup_mma(q, k_s.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-            if WAIT:  # v's copy: written by the kernel before
-                _griddep(True)
-            for s in gl.static_range(STAGES):
-                _fill((VTd,), v_bars, (vt_s,), s, (vt_row,), (s * BLOCK_N,), s < steps)
+            if not TRANS:
+                if WAIT:  # v's copy: written by the kernel before
+                    _griddep(True)
+                for s in gl.static_range(STAGES):
+                    v_at = _v_at(v_row, v_col, s * BLOCK_N, TRANS)
+                    _fill((Vd,), v_bars, (v_s,), s, (v_at[0],), (v_at[1],), s < steps)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
             p = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, p_layout)
             acc = warpgroup_mma_init(acc)  # the loop carries it in flight
-            ring = (k_bars, v_bars, k_s, vt_s, Kd, VTd, k_row, k_col, vt_row, steps)
+            ring = (k_bars, v_bars, k_s, v_s, Kd, Vd, k_row, k_col, v_row, v_col, steps, xt)
             if CAUSAL:  # as below, the last block alone (no next block's scores)
                 n_full = start_m // BLOCK_N
                 for j in range(n_full):
                     acc, sc, p = _step_async(acc, sc, p, q, zero, j, ring, offs_m, scale, s_layout, p_layout,
-                                             BLOCK_N, STAGES, SQUARED, False, True)  # fmt: skip
+                                             BLOCK_N, STAGES, SQUARED, False, True, TRANS)  # fmt: skip
                 for j in range(n_full, steps - 1):
                     acc, sc, p = _step_async(acc, sc, p, q, zero, j, ring, offs_m, scale, s_layout, p_layout,
-                                             BLOCK_N, STAGES, SQUARED, True, True)  # fmt: skip
+                                             BLOCK_N, STAGES, SQUARED, True, True, TRANS)  # fmt: skip
                 acc, sc, p = _step_async(acc, sc, p, q, zero, steps - 1, ring, offs_m, scale, s_layout,
-                                         p_layout, BLOCK_N, STAGES, SQUARED, True, False)  # fmt: skip
+                                         p_layout, BLOCK_N, STAGES, SQUARED, True, False, TRANS)  # fmt: skip
             else:
                 for j in range(steps - 1):
                     acc, sc, p = _step_async(acc, sc, p, q, zero, j, ring, offs_m, scale, s_layout, p_layout,
-                                             BLOCK_N, STAGES, SQUARED, False, True)  # fmt: skip
+                                             BLOCK_N, STAGES, SQUARED, False, True, TRANS)  # fmt: skip
                 acc, sc, p = _step_async(acc, sc, p, q, zero, steps - 1, ring, offs_m, scale, s_layout,
-                                         p_layout, BLOCK_N, STAGES, SQUARED, False, False)  # fmt: skip
+                                         p_layout, BLOCK_N, STAGES, SQUARED, False, False, TRANS)  # fmt: skip
             acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
             _release(v_bars, STAGES)
         else:
-            descs = (Kd, VTd)
-            bufs = (k_s, vt_s)
-            for s in gl.static_range(STAGES):  # the first key blocks' tiles: k's now, v's copy after the wait
-                at = s * BLOCK_N
-                _fill_first(descs, bars, bufs, s, (k_row + at, vt_row), (k_col, at), s < steps, 1)
-            if WAIT:
-                _griddep(True)
+            descs = (Kd, Vd)
+            bufs = (k_s, v_s)
+            # the first key blocks' tiles: k's now, v's copy after the wait (v itself now, where TRANS)
             for s in gl.static_range(STAGES):
                 at = s * BLOCK_N
-                _fill_rest(descs, bars, bufs, s, (k_row + at, vt_row), (k_col, at), s < steps, 1)
+                v_at = _v_at(v_row, v_col, at, TRANS)
+                if TRANS:
+                    _fill(descs, bars, bufs, s, (k_row + at, v_at[0]), (k_col, v_at[1]), s < steps)
+                else:
+                    _fill_first(descs, bars, bufs, s, (k_row + at, v_at[0]), (k_col, v_at[1]), s < steps, 1)
+            if not TRANS:
+                if WAIT:
+                    _griddep(True)
+                for s in gl.static_range(STAGES):
+                    at = s * BLOCK_N
+                    v_at = _v_at(v_row, v_col, at, TRANS)
+                    _fill_rest(descs, bars, bufs, s, (k_row + at, v_at[0]), (k_col, v_at[1]), s < steps, 1)
             mbarrier.wait(q_bar, 0)
             q = q_s.load(q_layout)
-            ring = (descs, bars, bufs, k_row, k_col, vt_row, steps)
+            xt = _xt_buffers(q_s, HEAD_D, BLOCK_M, BLOCK_N, TRANS)
+            ring = (descs, bars, bufs, k_row, k_col, v_row, v_col, steps, xt)
             if CAUSAL:  # the key blocks before the diagonal, then the diagonal's, masked (one ring)
                 n_full = start_m // BLOCK_N
                 for j in range(n_full):
                     acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
-                                SQUARED, False)  # fmt: skip
+                                SQUARED, False, TRANS)  # fmt: skip
                 for j in range(n_full, steps):
                     acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
-                                SQUARED, True)  # fmt: skip
+                                SQUARED, True, TRANS)  # fmt: skip
             else:
                 for j in range(steps):
                     acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
-                                SQUARED, False)  # fmt: skip
+                                SQUARED, False, TRANS)  # fmt: skip
 
         _release(bars, STAGES)
         mbarrier.invalidate(q_bar)
@@ -605,13 +702,14 @@ def _row_views(tensors, interpreted: bool, multiple: int):
     return views
 
 
-def usable(q: torch.Tensor, k: torch.Tensor, interpreted: bool, block_m: int, block_n: int):
-    """The row views of q and k where the Gluon forward can take them, else ``None`` (see
-    :func:`_row_views`); ``block_n`` must divide ``block_m`` (the causal loops' diagonal blocks), the
-    lengths be multiples of ``block_m``."""
+def usable(q: torch.Tensor, k: torch.Tensor, interpreted: bool, block_m: int, block_n: int,
+           v: torch.Tensor | None = None):  # fmt: skip
+    """The row views of q and k (and of v where given: the kernel then transposes v's tiles itself) where
+    the Gluon forward can take them, else ``None`` (see :func:`_row_views`); ``block_n`` must divide
+    ``block_m`` (the causal loops' diagonal blocks), the lengths be multiples of ``block_m``."""
     if block_m % block_n:
         return None
-    return _row_views((q, k), interpreted, block_m)
+    return _row_views((q, k) if v is None else (q, k, v), interpreted, block_m)
 
 
 def l_major_2d(copy: torch.Tensor):
@@ -673,23 +771,33 @@ def _desc(view: torch.Tensor, block: list[int]):
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
-def launch(q, k, views, vt, out, causal: bool, squared: bool, scale: float, relu_scale: float, block_m: int,
-           block_n: int, stages: int, is_async: int, wait: bool, run) -> None:  # fmt: skip
-    """The forward on [B, H, L, D] views q, k (``views``: their row views, what :func:`usable` returned), out
-    and v's copy ``vt`` ([B, H, D, L] contiguous), through ``run(kernel, grid, key, *args, **options)`` (the
-    launcher's ``_launch``)."""
+def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_scale: float, block_m: int,
+           block_n: int, stages: int, is_async: int, trans: int, wait: bool, run) -> None:  # fmt: skip
+    """The forward on [B, H, L, D] views q, k (``views``: their row views, what :func:`usable` returned),
+    out and v: where ``trans``, v itself (``views`` then holds its row view too: :func:`usable` with v),
+    transposed in the kernel; else v's copy ([B, H, D, L] contiguous). Launched through ``run(kernel,
+    grid, key, *args, **options)`` (the launcher's ``_launch``)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
-    (qv, q_rb, q_rh, q_ch), (kv, k_rb, k_rh, k_ch) = views
+    (qv, q_rb, q_rh, q_ch), (kv, k_rb, k_rh, k_ch), *rest = views
+    if trans:
+        ((vv, *vh),) = rest
+        v_desc = _desc(vv, [block_n, D])
+    else:
+        vh = (0, 0, 0)
+        v_desc = _desc(v.reshape(B * H * D, Lk), [D, block_n])
     bind_cuda_context(q)
     group = head_group(B * H, causal, Lq // block_m)
     args = (
-        _desc(qv, [block_m, D]), _desc(kv, [block_n, D]), _desc(vt.reshape(B * H * D, Lk), [D, block_n]),
-        out, out.stride(0), out.stride(1), out.stride(2), H, Lk, group, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch,
-        scale, relu_scale,
+        _desc(qv, [block_m, D]), _desc(kv, [block_n, D]), v_desc, out, out.stride(0), out.stride(1),
+        out.stride(2), H, Lk, group, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, *vh, scale, relu_scale,
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, SQUARED=squared,
-                   WAIT=wait, ASYNC=bool(is_async), num_warps=block_m // 16)  # fmt: skip
+                   WAIT=wait, ASYNC=bool(is_async), TRANS=bool(trans), num_warps=block_m // 16)  # fmt: skip
+    if trans and block_m == 128 and D <= 64:
+        # two programs an SM (96 KB of shared memory each): at most 128 registers a thread (the causal
+        # kernel takes 157 without the cap, and spills 76 bytes in its diagonal loop with it)
+        options["maxnreg"] = 128
     if wait:
         options["launch_pdl"] = True
     grid = (Lq // block_m * group, B * H // group)

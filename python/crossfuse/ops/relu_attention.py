@@ -46,7 +46,8 @@ Triton keeps in shared memory for 32-bit types, where lengths are multiples of i
 so is the float32 backward (attention v27: k, v and the transposed p and ds of the dK/dV kernel, q, dout and
 ds of the dQ kernel in registers; each product overlapping the elementwise work before the next; tiles
 ``TF32_BWD``). Their causal blocks start heaviest first across groups of heads (attention v30,
-``_attn_tf32.head_group``).
+``_attn_tf32.head_group``). For sequences up to ``TF32_TRANS_MAX_L`` the Gluon forward reads v itself
+and transposes its tiles in shared memory instead of waiting for v's copy (attention v31).
 A call whose shapes, strides, dtypes, alignment, flags and tiles match an earlier call's replays that
 call's launches (``_planned``, attention v24).
 Under torch.compile the autograd function calls the launchers through custom operators
@@ -1180,16 +1181,22 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
         return
     chain = {}
     if _tf32_copies(q.dtype, interp):
+        tiles = TF32_FWD.get((causal, max(Lq, Lk) > SHORT_L))
+        trans = tiles and tiles[4] and max(Lq, Lk) <= TF32_TRANS_MAX_L
+        views = _attn_tf32.usable(q, k, interp, *tiles[:2], v=v) if trans else None
+        if views:  # v's tiles transposed in the kernel: no copy (attention v31)
+            _attn_tf32.launch(q, k, views, v, out, causal, squared, scale, relu_scale, *tiles, False, _launch)
+            return
         # p @ v sums over keys (see _tf32_copies); where the GPU allows, the kernel is a dependent launch
         # whose programs take the SMs the copy's last programs leave and wait for the copy at their start
         gdc = _gdc.usable(q, interp)
         (v,) = _l_contiguous(v, signal=gdc)
         chain = dict(WAIT=True, launch_pdl=True) if gdc else {}
         vt = v.transpose(2, 3)  # [B, H, D, L]
-        tiles = TF32_FWD.get((causal, max(Lq, Lk) > SHORT_L))
         views = _attn_tf32.usable(q, k, interp, *tiles[:2]) if tiles and vt.is_contiguous() else None
         if views:
-            _attn_tf32.launch(q, k, views, vt, out, causal, squared, scale, relu_scale, *tiles, gdc, _launch)
+            _attn_tf32.launch(q, k, views, vt, out, causal, squared, scale, relu_scale, *tiles[:4], 0, gdc,
+                              _launch)  # fmt: skip
             return
     fold = _fold(q.dtype, causal)
     _launch(
@@ -1203,21 +1210,30 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
     )  # fmt: skip
 
 
-# The float32 forward in Gluon (crossfuse.ops._attn_tf32, attention v26; ASYNC: v30): (causal, long
-# sequence) -> (BLOCK_M, BLOCK_N, STAGES, ASYNC); where its tiles do not divide the lengths (or TF32_FWD is
-# empty), Triton's kernel runs. Measured against Triton's float32 forward at the seed's shapes (run 288,
+# The float32 forward in Gluon (crossfuse.ops._attn_tf32, attention v26; ASYNC: v30; TRANS, v's tiles
+# transposed in the kernel instead of copied: v31): (causal, long sequence) -> (BLOCK_M, BLOCK_N, STAGES,
+# ASYNC, TRANS); where its tiles do not divide the lengths (or TF32_FWD is empty), Triton's kernel runs.
+# Measured against Triton's float32 forward at the seed's shapes (run 288,
 # bench/probe_attn_tf32.py, each with v's copy): 128x64 on 8 warps with 2 buffers 1.17, 1.16, 1.13x (full,
 # L = 1024, 2048, 4096), 1.04, 1.10x (causal, L = 2048, 4096); 64x64 on 4 warps with 3 buffers 1.055x at
 # L=1024 causal, where 128x64 ran 0.98x. With v30's launch order (run 299, the causal rows): 64x64 with 3
 # buffers and ASYNC 1.189, 1.144x (L = 1024, 2048; 128x64 1.182, 1.161x), 128x64 1.156x at L=4096. ASYNC
 # against the synchronous form at the same tile (run 297): 0.96-1.02x at 64x64 with 3 buffers (the gains
-# at the causal rows), 0.75-0.81x at 128x64 with 2 (one program an SM: 180 registers).
-TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int, int]] = {
-    (False, False): (128, 64, 2, 0),
-    (False, True): (128, 64, 2, 0),
-    (True, False): (64, 64, 3, 1),
-    (True, True): (128, 64, 2, 0),
+# at the causal rows), 0.75-0.81x at 128x64 with 2 (one program an SM: 180 registers). TRANS (run 303,
+# against each entry before it in the same run): 128x64 with 2 buffers 1.063x at L=1024 full, 1.043x at
+# L=1024 causal (against 64x64 ASYNC with v's copy), 0.98x at L=2048 full, 0.95-0.96x at L=4096; 64x64
+# tiles with TRANS 0.82-0.97x (4 warps transpose each tile where 128-row tiles have 8). At L=2048 causal
+# 128x64 with v's copy ran 1.159x, 64x64 ASYNC 1.144x (run 303; 1.161 and 1.144 in run 299).
+TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int, int, int]] = {
+    (False, False): (128, 64, 2, 0, 1),
+    (False, True): (128, 64, 2, 0, 0),
+    (True, False): (128, 64, 2, 0, 1),
+    (True, True): (128, 64, 2, 0, 0),
 }
+# The longest sequences whose forward transposes v's tiles itself where its TF32_FWD entry says TRANS: the
+# transposition costs each step 32 KB of shared-memory traffic (v's tile read and written) besides the
+# products' 96, and from L=2048 on that costs more than v's copy (a pass over v) saves (run 303).
+TF32_TRANS_MAX_L = 1024
 
 
 # The float32 backward in Gluon (crossfuse.ops._attn_tf32, attention v27): (causal, long sequence) ->
