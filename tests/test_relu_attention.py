@@ -780,28 +780,39 @@ def test_float32_gluon_forward_transposes_v_up_to_its_length(causal, gen, monkey
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "tiles",
-    [((32, 64, 3, 1), (64, 64, 2, 1)), ((64, 64, 2, 0), (128, 64, 2, 0)), ((32, 128, 2, 1), (64, 32, 3, 0))],
-    ids=lambda t: f"{t[0][0]}x{t[0][1]}{'a' * t[0][3]}-{t[1][0]}x{t[1][1]}{'a' * t[1][3]}",
+    [((32, 64, 3, 1), (64, 64, 2, 1)), ((64, 64, 2, 0), (128, 64, 2, 0)), ((32, 128, 2, 1), (64, 32, 3, 0)),
+     ((32, 64, 3, 1, 1), (64, 64, 2, 1, 1)), ((32, 64, 2, 1, 1), (64, 32, 3, 1, 0)),
+     ((32, 64, 2, 0, 0), (64, 32, 3, 0, 1))],
+    ids=lambda t: "-".join(f"{x[0]}x{x[1]}{'a' * x[3]}{'t' * (x[4:] == (1,))}" for x in t),
 )  # fmt: skip
 @pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ra.LAYOUTS)
 @pytest.mark.parametrize("length", [128, 384, 100], ids=lambda n: f"L={n}")
 def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, monkeypatch, launched):
-    # the float32 backward in Gluon (attention v27; crossfuse.ops._attn_tf32): against float64 on the
+    # the float32 backward in Gluon (attention v27; its kernels transposing their tiles of q and dout, or
+    # of k, themselves where the tiles say TRANS, v32; crossfuse.ops._attn_tf32): against float64 on the
     # tf32-truncated inputs and against Triton's kernels; where the length is not a multiple of the tiles
-    # (L=100; L=384 with 128-row tiles) Triton's kernels run
+    # (L=100; L=384 with 128-row tiles) Triton's kernels run, after the copies of q, dout and k
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon backward needs compute capability 9 or later")
     monkeypatch.setattr(ra, "TF32_BWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
+    copies, copy = [], ra._l_major_copies
+    monkeypatch.setattr(ra, "_l_major_copies", lambda ts, *a: copies.append(len(ts)) or copy(ts, *a))
     d = 64
     qb, kb, vb, dob = _float32_gpu_inputs(4, length, layout, d, gen)
+    before = [t.clone() for t in (qb, kb, vb, dob)]
     scale, relu_scale = 1 / math.sqrt(d), 1 / length
     args = (qb, kb, vb, dob, causal, squared, scale, relu_scale)
     got = ra.relu_attention_bwd(*args)
     gluon = {ra._attn_tf32._attn_bwd_dkdv_tf32_kernel, ra._attn_tf32._attn_bwd_dq_tf32_kernel}
     multiple = math.lcm(tiles[0][1], tiles[1][0])
-    assert (gluon <= set(launched)) == (length % multiple == 0), (launched, multiple)
+    ran = length % multiple == 0
+    assert (gluon <= set(launched)) == ran, (launched, multiple)
+    trans = [ran and t[4:] == (1,) for t in tiles]
+    wanted = 2 * (not trans[0]) + (not trans[1])  # q and dout for the dK/dV kernel, k for the dQ kernel
+    assert copies == ([wanted] if wanted else []), copies
+    assert all(torch.equal(a, b) for a, b in zip((qb, kb, vb, dob), before, strict=True))
     monkeypatch.setattr(ra, "TF32_BWD", {})
     triton_kernels = ra.relu_attention_bwd(*args)
     refs = [tf32_truncate(t).double().requires_grad_(True) for t in (qb, kb, vb)]
@@ -817,9 +828,14 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fwd_tiles", [(64, 64, 3, 1, 0), (128, 64, 2, 0, 1)], ids=["copy", "trans"])
+@pytest.mark.parametrize(
+    "fwd_tiles, bwd_tiles",
+    [((64, 64, 3, 1, 0), ((32, 64, 2, 1), (64, 32, 3, 1))),
+     ((128, 64, 2, 0, 1), ((32, 64, 2, 1, 1), (64, 32, 3, 1, 1)))],
+    ids=["copy", "trans"],
+)  # fmt: skip
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_float32_gluon_launch_orders(causal, fwd_tiles, gen, monkeypatch, launched):
+def test_float32_gluon_launch_orders(causal, fwd_tiles, bwd_tiles, gen, monkeypatch, launched):
     # the Gluon kernels' blocks in every launch order (heads in groups of 1, 2, 3, 6 of B*H = 6; attention
     # v30): the same results bit for bit (each block is computed by one program whatever its place), and
     # the same as Triton's kernels up to float32 rounding
@@ -827,7 +843,7 @@ def test_float32_gluon_launch_orders(causal, fwd_tiles, gen, monkeypatch, launch
         pytest.skip("the Gluon kernels need compute capability 9 or later")
     keys = [(c, long) for c in (False, True) for long in (False, True)]
     monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(keys, fwd_tiles))
-    monkeypatch.setattr(ra, "TF32_BWD", dict.fromkeys(keys, ((32, 64, 2, 1), (64, 32, 3, 1))))
+    monkeypatch.setattr(ra, "TF32_BWD", dict.fromkeys(keys, bwd_tiles))
     qb, kb, vb, dob = _float32_gpu_inputs(4, 256, "blhd", 64, gen)
     call = (qb, kb, vb, causal, False, 0.125, 1 / 256)
     results = {}

@@ -29,8 +29,11 @@ The backward (attention v27) is two kernels of the same kind. The dK/dV kernel h
 registers and streams q, dout and their copies with unit stride on L: ``s^T = k q^T`` and ``dp^T = v
 dout^T``, then ``dv += p^T dout`` and ``dk += ds^T q`` with p^T and ds^T moved into the left operand's
 layout by shuffles; the dQ kernel holds q and dout and streams k, v and k's copy: ``s = q k^T``, ``dp =
-dout v^T``, ``dq += ds k``. With ASYNC each product is issued asynchronously and the elementwise work
-before the next one runs while it does (``warpgroup_mma_wait``): 1.02-1.06x the synchronous form (run 291).
+dout v^T``, ``dq += ds k``. With TRANS (attention v32) a kernel reads no copy: it transposes its tiles of
+q and dout (dK/dV) or of k (dQ) into buffers of its own as the forward does v's, while the scores run;
+the dK/dV kernel then has two tiles to transpose a step on 4 warps, which only the short causal rows
+repay. With ASYNC each product is issued asynchronously and the elementwise work before the next one
+runs while it does (``warpgroup_mma_wait``): 1.02-1.06x the synchronous form (run 291).
 Triton's float32 backward kernels, which keep every tf32 product's left operand in shared memory (as its
 forward, above), write p^T, ds^T and ds there each step and read them back.
 
@@ -153,6 +156,13 @@ if gluon is not None:
         else:
             return v_row, v_col + at
 
+    @gluon.constexpr_function
+    def _xt_layout(COLS):
+        """The shared layout of a transposed tile with ``COLS`` float32 columns: the copy engine's default
+        for such tiles (rows of at least 128 bytes: the 128-byte swizzle)."""
+        assert COLS * 4 >= 128, "a transposed tile needs rows of at least 128 bytes"
+        return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+
     @gluon.jit
     def _transpose(v_buf, xt_buf, WARPS: gl.constexpr):
         """v's tile [BLOCK_N, HEAD_D] in ``v_buf`` stored transposed into ``xt_buf`` (attention v31): each
@@ -266,12 +276,9 @@ if gluon is not None:
                     TRANS: gl.constexpr):  # fmt: skip
         """The two buffers [2, HEAD_D, BLOCK_N] that take v's tiles transposed where TRANS (q's buffer, once
         every warp has q in registers, where it holds both; otherwise buffers of their own); q's buffer
-        where not TRANS (unused). Their layout is the copy engine's default for such tiles (rows of at least
-        128 bytes: the 128-byte swizzle)."""
+        where not TRANS (unused)."""
         if TRANS:
-            gl.static_assert(BLOCK_N * 4 >= 128, "v's transposed tiles need rows of at least 128 bytes")
-            XT_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32,
-                                                           rank=2)  # fmt: skip
+            XT_LAYOUT: gl.constexpr = _xt_layout(BLOCK_N)
             if BLOCK_M >= 2 * BLOCK_N:
                 gl.thread_barrier()  # every warp has loaded q from q_s
                 xt = q_s._reinterpret(gl.float32, [2, HEAD_D, BLOCK_N], XT_LAYOUT)
@@ -428,15 +435,17 @@ if gluon is not None:
     @gluon.jit
     def _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout: gl.constexpr, ds_layout: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SQUARED: gl.constexpr, MASKED: gl.constexpr,
-                 ASYNC: gl.constexpr):  # fmt: skip
-        """Key block j of the dQ kernel: its scores and ``dp``, ``dq += ds @ k`` (k's copy); then its
-        buffers take key block j + STAGES."""
-        descs, bars, bufs, k_row, k_col, v_row, v_col, kt_row, steps = ring
+                 ASYNC: gl.constexpr, TRANS: gl.constexpr):  # fmt: skip
+        """Key block j of the dQ kernel: its scores and ``dp``, ``dq += ds @ k`` (k's copy; where TRANS,
+        k's tile transposed into ``kx`` while the scores run); then its buffers take key block j + STAGES."""
+        descs, bars, bufs, k_row, k_col, v_row, v_col, kt_row, steps, kx = ring
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         if ASYNC:  # dp's product runs while the scores' relu is taken
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             dp = warpgroup_mma(do, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if TRANS:  # kx: the last product to read it (block j - 1's) was done before its end's barrier
+                _transpose(bufs[0].index(slot), kx, gl.num_warps())
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc,))
             if SQUARED:
                 a = gl.maximum(sc * scale, 0.0)
@@ -449,6 +458,8 @@ if gluon is not None:
         else:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
             dp = warpgroup_mma(do, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False)
+            if TRANS:
+                _transpose(bufs[0].index(slot), kx, gl.num_warps())
             if SQUARED:
                 ds = dp * (2.0 * scale) * gl.maximum(sc * scale, 0.0)
             else:
@@ -456,11 +467,19 @@ if gluon is not None:
         if MASKED:
             offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             ds = gl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)
-        dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), bufs[2].index(slot).permute((1, 0)), dq)
+        if TRANS:
+            fence_async_shared()
+            gl.thread_barrier()  # every warp's part of kx stored
+            dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), kx.permute((1, 0)), dq)
+        else:
+            dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), bufs[2].index(slot).permute((1, 0)), dq)
         gl.thread_barrier()  # every warp's products have read buffer slot
         nxt = (j + STAGES) * BLOCK_N
-        _fill(descs, bars, bufs, slot, (k_row + nxt, v_row + nxt, kt_row), (k_col, v_col, nxt),
-              j + STAGES < steps)  # fmt: skip
+        if TRANS:
+            _fill(descs, bars, bufs, slot, (k_row + nxt, v_row + nxt), (k_col, v_col), j + STAGES < steps)
+        else:
+            _fill(descs, bars, bufs, slot, (k_row + nxt, v_row + nxt, kt_row), (k_col, v_col, nxt),
+                  j + STAGES < steps)  # fmt: skip
         return dq
 
     @gluon.jit
@@ -476,6 +495,7 @@ if gluon is not None:
         CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
         WAIT_END: gl.constexpr,  # a dependent launch after the dK/dV kernel: complete after it
         ASYNC: gl.constexpr,  # the scores' relu taken while dp's product runs
+        TRANS: gl.constexpr,  # k's tiles transposed in shared memory (attention v32): no copy (KTd unused)
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -492,33 +512,44 @@ if gluon is not None:
 
         k_s = gl.allocate_shared_memory(Kd.dtype, [STAGES, BLOCK_N, HEAD_D], Kd.layout)
         v_s = gl.allocate_shared_memory(Vd.dtype, [STAGES, BLOCK_N, HEAD_D], Vd.layout)
-        kt_s = gl.allocate_shared_memory(KTd.dtype, [STAGES, HEAD_D, BLOCK_N], KTd.layout)
+        if TRANS:
+            kx = gl.allocate_shared_memory(gl.float32, [HEAD_D, BLOCK_N], _xt_layout(BLOCK_N))
+        else:
+            kt_s = gl.allocate_shared_memory(KTd.dtype, [STAGES, HEAD_D, BLOCK_N], KTd.layout)
+            kx = kt_s  # unused
         bars = _barriers(STAGES)
         k_row, k_col = _head_at(b, h, k_rb, k_rh, k_ch)
         v_row, v_col = _head_at(b, h, v_rb, v_rh, v_ch)
         kt_row = pid_bh * HEAD_D
-        descs = (Kd, Vd, KTd)
-        bufs = (k_s, v_s, kt_s)
-        for s in gl.static_range(STAGES):  # the first key blocks' tiles
-            at = s * BLOCK_N
-            _fill(descs, bars, bufs, s, (k_row + at, v_row + at, kt_row), (k_col, v_col, at), s < steps)
+        if TRANS:
+            descs = (Kd, Vd)
+            bufs = (k_s, v_s)
+            for s in gl.static_range(STAGES):  # the first key blocks' tiles
+                at = s * BLOCK_N
+                _fill(descs, bars, bufs, s, (k_row + at, v_row + at), (k_col, v_col), s < steps)
+        else:
+            descs = (Kd, Vd, KTd)
+            bufs = (k_s, v_s, kt_s)
+            for s in gl.static_range(STAGES):  # the first key blocks' tiles
+                at = s * BLOCK_N
+                _fill(descs, bars, bufs, s, (k_row + at, v_row + at, kt_row), (k_col, v_col, at), s < steps)
 
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
         zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        ring = (descs, bars, bufs, k_row, k_col, v_row, v_col, kt_row, steps)
+        ring = (descs, bars, bufs, k_row, k_col, v_row, v_col, kt_row, steps, kx)
         if CAUSAL:  # the key blocks before the diagonal, then the diagonal's, masked
             n_full = start_m // BLOCK_N
             for j in range(n_full):
                 dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
-                              SQUARED, False, ASYNC)  # fmt: skip
+                              SQUARED, False, ASYNC, TRANS)  # fmt: skip
             for j in range(n_full, steps):
                 dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
-                              SQUARED, True, ASYNC)  # fmt: skip
+                              SQUARED, True, ASYNC, TRANS)  # fmt: skip
         else:
             for j in range(steps):
                 dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
-                              SQUARED, False, ASYNC)  # fmt: skip
+                              SQUARED, False, ASYNC, TRANS)  # fmt: skip
 
         _release(bars, STAGES)
         offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
@@ -531,20 +562,28 @@ if gluon is not None:
     @gluon.jit
     def _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout: gl.constexpr,
                    pt_layout: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                   SQUARED: gl.constexpr, MASKED: gl.constexpr, ASYNC: gl.constexpr):  # fmt: skip
+                   SQUARED: gl.constexpr, MASKED: gl.constexpr, ASYNC: gl.constexpr,
+                   TRANS: gl.constexpr):  # fmt: skip
         """Query block ``first + j`` of the dK/dV kernel: the block's scores and ``dp`` transposed,
-        ``dv += p^T @ dout`` and ``dk += ds^T @ q`` (dout's and q's copies); then its buffers take query
-        block ``first + j + STAGES``."""
-        descs, bars, bufs, q_row, q_col, do_row, do_col, t_row, first, steps = ring
+        ``dv += p^T @ dout`` and ``dk += ds^T @ q`` (dout's and q's copies; where TRANS, q's and dout's
+        tiles transposed into ``qx`` and ``dox`` while the scores run); then its buffers take query block
+        ``first + j + STAGES``."""
+        descs, bars, bufs, q_row, q_col, do_row, do_col, t_row, first, steps, qx, dox = ring
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         if ASYNC:  # each product runs while the elementwise work of the one before it is done
             st = warpgroup_mma(k, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if TRANS:  # qx, dox: the last products to read them (block j - 1's) were done before its barrier
+                _transpose(bufs[0].index(slot), qx, gl.num_warps())
+                _transpose(bufs[1].index(slot), dox, gl.num_warps())
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         else:
             st = warpgroup_mma(k, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
             dpt = warpgroup_mma(v, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False)
+            if TRANS:
+                _transpose(bufs[0].index(slot), qx, gl.num_warps())
+                _transpose(bufs[1].index(slot), dox, gl.num_warps())
         at = gl.maximum(st * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
         if SQUARED:
             pt = at * at
@@ -555,11 +594,19 @@ if gluon is not None:
             visible = offs_m[None, :] >= offs_n[:, None]
             pt = gl.where(visible, pt, 0.0)
         pt = gl.convert_layout(pt, pt_layout)
+        if TRANS:
+            fence_async_shared()
+            gl.thread_barrier()  # every warp's parts of qx and dox stored
+            dot_b = dox
+            qt_b = qx
+        else:
+            dot_b = bufs[3].index(slot)
+            qt_b = bufs[2].index(slot)
         if ASYNC:
-            dv = warpgroup_mma(pt, bufs[3].index(slot).permute((1, 0)), dv, is_async=True)
+            dv = warpgroup_mma(pt, dot_b.permute((1, 0)), dv, is_async=True)
             dpt, pt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt))
         else:
-            dv = warpgroup_mma(pt, bufs[3].index(slot).permute((1, 0)), dv)
+            dv = warpgroup_mma(pt, dot_b.permute((1, 0)), dv)
         if SQUARED:
             dst = dpt * (2.0 * scale) * at
         else:
@@ -568,14 +615,17 @@ if gluon is not None:
             dst = gl.where(visible, dst, 0.0)
         dst = gl.convert_layout(dst, pt_layout)
         if ASYNC:
-            dk = warpgroup_mma(dst, bufs[2].index(slot).permute((1, 0)), dk, is_async=True)
+            dk = warpgroup_mma(dst, qt_b.permute((1, 0)), dk, is_async=True)
             dv, dk, pt, dst = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt, dst))
         else:
-            dk = warpgroup_mma(dst, bufs[2].index(slot).permute((1, 0)), dk)
+            dk = warpgroup_mma(dst, qt_b.permute((1, 0)), dk)
         gl.thread_barrier()  # every warp's products have read buffer slot
         nxt = (first + j + STAGES) * BLOCK_M
-        _fill(descs, bars, bufs, slot, (q_row + nxt, do_row + nxt, t_row, t_row), (q_col, do_col, nxt, nxt),
-              j + STAGES < steps)  # fmt: skip
+        if TRANS:
+            _fill(descs, bars, bufs, slot, (q_row + nxt, do_row + nxt), (q_col, do_col), j + STAGES < steps)
+        else:
+            _fill(descs, bars, bufs, slot, (q_row + nxt, do_row + nxt, t_row, t_row),
+                  (q_col, do_col, nxt, nxt), j + STAGES < steps)  # fmt: skip
         return dk, dv
 
     @gluon.jit
@@ -591,6 +641,9 @@ if gluon is not None:
         CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
         CHAIN: gl.constexpr,  # a dependent launch after the copies (wait for them), before the dQ kernel
         ASYNC: gl.constexpr,  # each product running while the elementwise work of the one before is done
+        TRANS: gl.constexpr,  # q's and dout's tiles transposed in shared memory (attention v32): no copies
+        # (QTd, DOTd unused)
+        SIGNAL: gl.constexpr,  # not a dependent launch, but the dQ kernel after it is (crossfuse.ops._gdc)
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -615,42 +668,62 @@ if gluon is not None:
 
         q_s = gl.allocate_shared_memory(Qd.dtype, [STAGES, BLOCK_M, HEAD_D], Qd.layout)
         do_s = gl.allocate_shared_memory(DOd.dtype, [STAGES, BLOCK_M, HEAD_D], DOd.layout)
-        qt_s = gl.allocate_shared_memory(QTd.dtype, [STAGES, HEAD_D, BLOCK_M], QTd.layout)
-        dot_s = gl.allocate_shared_memory(DOTd.dtype, [STAGES, HEAD_D, BLOCK_M], DOTd.layout)
+        if TRANS:
+            qx = gl.allocate_shared_memory(gl.float32, [HEAD_D, BLOCK_M], _xt_layout(BLOCK_M))
+            dox = gl.allocate_shared_memory(gl.float32, [HEAD_D, BLOCK_M], _xt_layout(BLOCK_M))
+        else:
+            qt_s = gl.allocate_shared_memory(QTd.dtype, [STAGES, HEAD_D, BLOCK_M], QTd.layout)
+            dot_s = gl.allocate_shared_memory(DOTd.dtype, [STAGES, HEAD_D, BLOCK_M], DOTd.layout)
+            qx = qt_s  # unused
+            dox = dot_s
         bars = _barriers(STAGES)
         q_row, q_col = _head_at(b, h, q_rb, q_rh, q_ch)
         do_row, do_col = _head_at(b, h, do_rb, do_rh, do_ch)
         t_row = pid_bh * HEAD_D
-        descs = (Qd, DOd, QTd, DOTd)
-        bufs = (q_s, do_s, qt_s, dot_s)
-        for s in gl.static_range(STAGES):  # the first query blocks' tiles: q's and dout's now
-            at = (first + s) * BLOCK_M
-            rows = (q_row + at, do_row + at, t_row, t_row)
-            _fill_first(descs, bars, bufs, s, rows, (q_col, do_col, at, at), s < steps, 2)
-        if CHAIN:  # the copies done; then the dQ kernel (which reads k's copy) may start
-            _griddep(True)
-            _griddep(False)
-        for s in gl.static_range(STAGES):  # their copies'
-            at = (first + s) * BLOCK_M
-            _fill_rest(descs, bars, bufs, s, (t_row, t_row, t_row, t_row), (0, 0, at, at), s < steps, 2)
+        if TRANS:
+            descs = (Qd, DOd)
+            bufs = (q_s, do_s)
+            for s in gl.static_range(STAGES):  # the first query blocks' tiles
+                at = (first + s) * BLOCK_M
+                _fill(descs, bars, bufs, s, (q_row + at, do_row + at), (q_col, do_col), s < steps)
+            if CHAIN:  # copies for the dQ kernel before this one (k's): done; then the dQ kernel may start
+                _griddep(True)
+                _griddep(False)
+            elif SIGNAL:
+                _griddep(False)
+        else:
+            descs = (Qd, DOd, QTd, DOTd)
+            bufs = (q_s, do_s, qt_s, dot_s)
+            for s in gl.static_range(STAGES):  # the first query blocks' tiles: q's and dout's now
+                at = (first + s) * BLOCK_M
+                rows = (q_row + at, do_row + at, t_row, t_row)
+                _fill_first(descs, bars, bufs, s, rows, (q_col, do_col, at, at), s < steps, 2)
+            if CHAIN:  # the copies done; then the dQ kernel (which reads k's copy) may start
+                _griddep(True)
+                _griddep(False)
+            elif SIGNAL:
+                _griddep(False)
+            for s in gl.static_range(STAGES):  # their copies'
+                at = (first + s) * BLOCK_M
+                _fill_rest(descs, bars, bufs, s, (t_row, t_row, t_row, t_row), (0, 0, at, at), s < steps, 2)
 
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
         dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, o_layout)
         dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, o_layout)
         zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-        ring = (descs, bars, bufs, q_row, q_col, do_row, do_col, t_row, first, steps)
+        ring = (descs, bars, bufs, q_row, q_col, do_row, do_col, t_row, first, steps, qx, dox)
         if CAUSAL:  # the query blocks on the diagonal, masked, then the later ones
             n_diag = gl.minimum(BLOCK_N // BLOCK_M, steps)
             for j in range(n_diag):
                 dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
-                                    STAGES, SQUARED, True, ASYNC)  # fmt: skip
+                                    STAGES, SQUARED, True, ASYNC, TRANS)  # fmt: skip
             for j in range(n_diag, steps):
                 dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
-                                    STAGES, SQUARED, False, ASYNC)  # fmt: skip
+                                    STAGES, SQUARED, False, ASYNC, TRANS)  # fmt: skip
         else:
             for j in range(steps):
                 dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
-                                    STAGES, SQUARED, False, ASYNC)  # fmt: skip
+                                    STAGES, SQUARED, False, ASYNC, TRANS)  # fmt: skip
 
         _release(bars, STAGES)
         offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
@@ -725,8 +798,9 @@ def usable_bwd(q, k, v, do, copies, outs, interpreted: bool, dkdv_tiles, dq_tile
     """``(row views of q, k, v, dout; [B*H*D, L] matrices of the copies of q, dout, k)`` where the Gluon
     backward can take them, else ``None``: as :func:`_row_views`, D <= 64, each kernel's query tile
     dividing its key tile (dK/dV) or the reverse (dQ), the larger tile at least 64 rows (4 warps), lengths
-    multiples of every tile, ``copies`` (q, dout and k with unit stride on L) whose transposes are
-    contiguous; ``outs`` (dq, dk, dv) with unit stride on D."""
+    multiples of every tile, ``copies`` (q, dout and k with unit stride on L; ``None`` for those a kernel
+    transposes itself, TRANS, and for all of them to check the views only) whose transposes are contiguous;
+    ``outs`` (dq, dk, dv) with unit stride on D."""
     if any(t.stride(3) != 1 for t in outs):
         return None
     (bm1, bn1, *_), (bm2, bn2, *_) = dkdv_tiles, dq_tiles
@@ -737,8 +811,10 @@ def usable_bwd(q, k, v, do, copies, outs, interpreted: bool, dkdv_tiles, dq_tile
     views = _row_views((q, k, v, do), interpreted, math.lcm(bn1, bm2))
     if views is None:
         return None
-    mats = tuple(l_major_2d(c) for c in copies)
-    return None if any(m is None for m in mats) else (views, mats)
+    mats = tuple(None if c is None else l_major_2d(c) for c in copies or (None,) * 3)
+    if any(m is None and c is not None for m, c in zip(mats, copies or (None,) * 3, strict=True)):
+        return None
+    return views, mats
 
 
 # The fewest programs one group of heads of the causal launch order should have (:func:`head_group`):
@@ -806,36 +882,44 @@ def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_
 
 
 def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: bool, scale: float,
-               relu_scale: float, dkdv_tiles, dq_tiles, chain: bool, run) -> None:  # fmt: skip
+               relu_scale: float, dkdv_tiles, dq_tiles, chain: bool, signal: bool, run) -> None:  # fmt: skip
     """The backward's two kernels on [B, H, L, D] views (``usable_views``: what :func:`usable_bwd`
-    returned), through ``run`` (the launcher's ``_launch``); with ``chain``, the dK/dV kernel is a dependent
-    launch after the copies and the dQ kernel one after it (crossfuse.ops._gdc)."""
+    returned), through ``run`` (the launcher's ``_launch``). A kernel whose tiles end in a true TRANS
+    transposes its tiles of q and dout (dK/dV) or k (dQ) itself, and its copies are not given. With
+    ``chain``, the dK/dV kernel is a dependent launch after the copies; with ``signal``, the dQ kernel is
+    one after the dK/dV kernel (crossfuse.ops._gdc)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     ((qv, *qh), (kv, *kh), (vv, *vh), (dov, *doh)), (qt, dot, kt) = usable_views
     bind_cuda_context(q)
     group = head_group(B * H, causal, max(Lk // dkdv_tiles[1], Lq // dq_tiles[0]))
-    bm, bn, stages, is_async = dkdv_tiles
+    bm, bn, stages, is_async, *trans = dkdv_tiles
+    trans = bool(trans and trans[0])
+    q_desc, do_desc = _desc(qv, [bm, D]), _desc(dov, [bm, D])
+    qt_desc, dot_desc = (q_desc, do_desc) if trans else (_desc(qt, [D, bm]), _desc(dot, [D, bm]))
     args = (
-        _desc(kv, [bn, D]), _desc(vv, [bn, D]), _desc(qv, [bm, D]), _desc(dov, [bm, D]), _desc(qt, [D, bm]),
-        _desc(dot, [D, bm]), dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, Lq, group, *kh, *vh, *qh, *doh,
-        scale, relu_scale,
+        _desc(kv, [bn, D]), _desc(vv, [bn, D]), q_desc, do_desc, qt_desc, dot_desc, dk, dv, *dk.stride()[:3],
+        *dv.stride()[:3], H, Lq, group, *kh, *vh, *qh, *doh, scale, relu_scale,
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
-                   CHAIN=chain, ASYNC=bool(is_async), num_warps=bn // 16)  # fmt: skip
+                   CHAIN=chain, ASYNC=bool(is_async), TRANS=trans, SIGNAL=signal and not chain,
+                   num_warps=bn // 16)  # fmt: skip
     if chain:
         options["launch_pdl"] = True
     grid = (Lk // bn * group, B * H // group)
     run(_attn_bwd_dkdv_tf32_kernel, grid, (q.device, q.dtype, D, "tf32-dkdv", bm, bn), *args, num_stages=1,
         **options)  # fmt: skip
-    bm, bn, stages, is_async = dq_tiles
+    bm, bn, stages, is_async, *trans = dq_tiles
+    trans = bool(trans and trans[0])
+    k_desc = _desc(kv, [bn, D])
     args = (
-        _desc(qv, [bm, D]), _desc(dov, [bm, D]), _desc(kv, [bn, D]), _desc(vv, [bn, D]), _desc(kt, [D, bn]),
-        dq, *dq.stride()[:3], H, Lk, group, *qh, *doh, *kh, *vh, scale, relu_scale,
+        _desc(qv, [bm, D]), _desc(dov, [bm, D]), k_desc, _desc(vv, [bn, D]),
+        k_desc if trans else _desc(kt, [D, bn]), dq, *dq.stride()[:3], H, Lk, group, *qh, *doh, *kh, *vh,
+        scale, relu_scale,
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
-                   WAIT_END=chain, ASYNC=bool(is_async), num_warps=bm // 16)  # fmt: skip
-    if chain:
+                   WAIT_END=signal, ASYNC=bool(is_async), TRANS=trans, num_warps=bm // 16)  # fmt: skip
+    if signal:
         options["launch_pdl"] = True
     grid = (Lq // bm * group, B * H // group)
     run(_attn_bwd_dq_tf32_kernel, grid, (q.device, q.dtype, D, "tf32-dq", bm, bn), *args, num_stages=1,

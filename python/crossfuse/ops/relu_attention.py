@@ -47,7 +47,8 @@ so is the float32 backward (attention v27: k, v and the transposed p and ds of t
 ds of the dQ kernel in registers; each product overlapping the elementwise work before the next; tiles
 ``TF32_BWD``). Their causal blocks start heaviest first across groups of heads (attention v30,
 ``_attn_tf32.head_group``). For sequences up to ``TF32_TRANS_MAX_L`` the Gluon forward reads v itself
-and transposes its tiles in shared memory instead of waiting for v's copy (attention v31).
+and transposes its tiles in shared memory instead of waiting for v's copy (attention v31), and so does the
+causal backward with q, dout and k (v32): no copies there.
 A call whose shapes, strides, dtypes, alignment, flags and tiles match an earlier call's replays that
 call's launches (``_planned``, attention v24).
 Under torch.compile the autograd function calls the launchers through custom operators
@@ -1230,23 +1231,30 @@ TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int, int, int]] = {
     (True, False): (128, 64, 2, 0, 1),
     (True, True): (128, 64, 2, 0, 0),
 }
-# The longest sequences whose forward transposes v's tiles itself where its TF32_FWD entry says TRANS: the
-# transposition costs each step 32 KB of shared-memory traffic (v's tile read and written) besides the
-# products' 96, and from L=2048 on that costs more than v's copy (a pass over v) saves (run 303).
+# The longest sequences whose Gluon kernels transpose their tiles themselves where their TF32_FWD or
+# TF32_BWD entry says TRANS: in the forward the transposition costs each step 32 KB of shared-memory
+# traffic (v's tile read and written) besides the products' 96, and from L=2048 on that costs more than
+# v's copy (a pass over v) saves (run 303); the backward's likewise (run 305).
 TF32_TRANS_MAX_L = 1024
 
 
 # The float32 backward in Gluon (crossfuse.ops._attn_tf32, attention v27): (causal, long sequence) ->
-# ((BLOCK_M, BLOCK_N, STAGES, ASYNC) of the dK/dV kernel, the same of the dQ kernel); where the tiles do
-# not divide the lengths (or TF32_BWD is empty), Triton's kernels run. Measured against Triton's float32
+# ((BLOCK_M, BLOCK_N, STAGES, ASYNC[, TRANS]) of the dK/dV kernel, the same of the dQ kernel); where the
+# tiles do not divide the lengths (or TF32_BWD is empty), Triton's kernels run. TRANS (attention v32): the
+# kernel transposes its tiles of q and dout (dK/dV) or k (dQ) in shared memory instead of reading their
+# copies, where the sequences are at most TF32_TRANS_MAX_L long. Measured against Triton's float32
 # backward at the seed's shapes (run 291, bench/probe_attn_tf32.py --kind bwd, both with the copies):
 # 1.239, 1.254 (full, L = 1024, 2048), 1.230 (full, L=4096), 1.190, 1.197 (causal, L = 1024, 2048),
 # 1.157 (causal, L=4096); in run 293 1.239, 1.221, 1.191, 1.184, 1.178, 1.134; the synchronous products
-# (ASYNC 0) 1.12-1.20 (run 291).
-TF32_BWD: dict[tuple[bool, bool], tuple[tuple[int, int, int, int], tuple[int, int, int, int]]] = {
+# (ASYNC 0) 1.12-1.20 (run 291). TRANS in both kernels (run 305): 1.293 at L=1024 causal with 3 buffers
+# and 64x64 dQ tiles, against 1.235 for the entry before; in the dK/dV kernel alone 1.263, in the dQ
+# kernel alone 1.223; at L=1024 full 1.06-1.16 against 1.248, and below the entries at every longer row
+# (the dK/dV kernel transposes two tiles a step on 4 warps). Without TRANS, at L=2048 causal, the 3-buffer
+# tiles ran 1.177 and 1.191 against 1.178 and 1.197 (runs 293, 291).
+TF32_BWD: dict[tuple[bool, bool], tuple[tuple[int, ...], tuple[int, ...]]] = {
     (False, False): ((32, 64, 2, 1), (64, 64, 2, 1)),
     (False, True): ((32, 64, 2, 1), (64, 32, 3, 1)),
-    (True, False): ((32, 64, 2, 1), (64, 32, 3, 1)),
+    (True, False): ((32, 64, 3, 1, 1), (64, 64, 2, 1, 1)),
     (True, True): ((32, 64, 3, 1), (64, 64, 2, 1)),
 }
 
@@ -1426,14 +1434,23 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
     # that nothing runs between the two kernels (the three copies live together: one more than if k's
     # came after the dK/dV kernel)
     gdc = _gdc.usable(q, interp)
-    qc, doc, kc = _l_contiguous(q, do, k, signal=gdc) if copies else (q, do, k)
     if copies:  # the Gluon kernels where their tiles fit
-        tiles = TF32_BWD.get((causal, max(q.shape[2], k.shape[2]) > SHORT_L))
-        found = tiles and _attn_tf32.usable_bwd(q, k, v, do, (qc, doc, kc), (dq, dk, dv), interp, *tiles)
-        if found:
-            _attn_tf32.launch_bwd(q, k, v, do, dq, dk, dv, found, causal, squared, scale, relu_scale,
-                                  *tiles, gdc, _launch)  # fmt: skip
-            return
+        longest = max(q.shape[2], k.shape[2])
+        tiles = TF32_BWD.get((causal, longest > SHORT_L))
+        if tiles and _attn_tf32.usable_bwd(q, k, v, do, None, (dq, dk, dv), interp, *tiles):
+            # a kernel whose tiles say TRANS transposes its tiles itself where the sequences are short
+            # (attention v32); the others' copies are made, in one launch
+            trans = [len(t) > 4 and bool(t[4]) and longest <= TF32_TRANS_MAX_L for t in tiles]
+            tiles = tuple((*t[:4], int(own)) for t, own in zip(tiles, trans, strict=True))
+            wanted = [t for t, own in ((q, trans[0]), (do, trans[0]), (k, trans[1])) if not own]
+            made = iter(_l_contiguous(*wanted, signal=gdc))
+            cs = tuple(None if own else next(made) for own in (trans[0], trans[0], trans[1]))
+            found = _attn_tf32.usable_bwd(q, k, v, do, cs, (dq, dk, dv), interp, *tiles)
+            if found:
+                _attn_tf32.launch_bwd(q, k, v, do, dq, dk, dv, found, causal, squared, scale, relu_scale,
+                                      *tiles, gdc and bool(wanted), gdc, _launch)  # fmt: skip
+                return
+    qc, doc, kc = _l_contiguous(q, do, k, signal=gdc) if copies else (q, do, k)
     # the two kernels are independent (each reads q, k, v and dout only): where the GPU allows, the dQ
     # kernel is a programmatic dependent launch that starts on the SMs the dK/dV kernel's last programs
     # leave, and waits for that kernel only at its end (_gdc); after float32's copies, the dK/dV kernel
