@@ -164,14 +164,15 @@ if gluon is not None:
         return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 
     @gluon.jit
-    def _transpose(v_buf, xt_buf, WARPS: gl.constexpr):
-        """v's tile [BLOCK_N, HEAD_D] in ``v_buf`` stored transposed into ``xt_buf`` (attention v31): each
-        thread reads 4 consecutive keys of one column (threads along the columns: the 128-byte swizzle puts
-        them in distinct banks) and stores them as one 16-byte vector along the keys of xt. The caller
-        fences (``fence_async_shared``) and waits for every warp before a product reads xt."""
+    def _transpose(buf, xt_buf, WARPS: gl.constexpr):
+        """The tile [ROWS, HEAD_D] in ``buf`` (v's, or q's, dout's or k's in the backward) stored transposed
+        into ``xt_buf`` (attention v31): each thread reads 4 consecutive rows of one column (threads along
+        the columns: the 128-byte swizzle puts them in distinct banks) and stores them as one 16-byte vector
+        along the rows of xt. The caller fences (``fence_async_shared``) and waits for every warp before a
+        product reads xt."""
         layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[2, 16],
                                                 warps_per_cta=[WARPS, 1], order=[0, 1])  # fmt: skip
-        xt_buf.store(gl.permute(v_buf.load(layout), [1, 0]))
+        xt_buf.store(gl.permute(buf.load(layout), [1, 0]))
 
     @gluon.jit
     def _probs(sc, j, offs_m, scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, SQUARED: gl.constexpr,
@@ -376,21 +377,17 @@ if gluon is not None:
         else:
             descs = (Kd, Vd)
             bufs = (k_s, v_s)
-            # the first key blocks' tiles: k's now, v's copy after the wait (v itself now, where TRANS)
+            FIRST: gl.constexpr = 1 + TRANS  # the tiles loaded before the wait: k's (and v's, where TRANS)
+            for s in gl.static_range(STAGES):  # the first key blocks' tiles: k's now, v's copy after the wait
+                at = s * BLOCK_N
+                v_at = _v_at(v_row, v_col, at, TRANS)
+                _fill_first(descs, bars, bufs, s, (k_row + at, v_at[0]), (k_col, v_at[1]), s < steps, FIRST)
+            if WAIT:
+                _griddep(True)
             for s in gl.static_range(STAGES):
                 at = s * BLOCK_N
                 v_at = _v_at(v_row, v_col, at, TRANS)
-                if TRANS:
-                    _fill(descs, bars, bufs, s, (k_row + at, v_at[0]), (k_col, v_at[1]), s < steps)
-                else:
-                    _fill_first(descs, bars, bufs, s, (k_row + at, v_at[0]), (k_col, v_at[1]), s < steps, 1)
-            if not TRANS:
-                if WAIT:
-                    _griddep(True)
-                for s in gl.static_range(STAGES):
-                    at = s * BLOCK_N
-                    v_at = _v_at(v_row, v_col, at, TRANS)
-                    _fill_rest(descs, bars, bufs, s, (k_row + at, v_at[0]), (k_col, v_at[1]), s < steps, 1)
+                _fill_rest(descs, bars, bufs, s, (k_row + at, v_at[0]), (k_col, v_at[1]), s < steps, FIRST)
             mbarrier.wait(q_bar, 0)
             q = q_s.load(q_layout)
             xt = _xt_buffers(q_s, HEAD_D, BLOCK_M, BLOCK_N, TRANS)
@@ -475,11 +472,9 @@ if gluon is not None:
             dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), bufs[2].index(slot).permute((1, 0)), dq)
         gl.thread_barrier()  # every warp's products have read buffer slot
         nxt = (j + STAGES) * BLOCK_N
-        if TRANS:
-            _fill(descs, bars, bufs, slot, (k_row + nxt, v_row + nxt), (k_col, v_col), j + STAGES < steps)
-        else:
-            _fill(descs, bars, bufs, slot, (k_row + nxt, v_row + nxt, kt_row), (k_col, v_col, nxt),
-                  j + STAGES < steps)  # fmt: skip
+        # (where TRANS, descs has no copy of k: the last place goes unused)
+        _fill(descs, bars, bufs, slot, (k_row + nxt, v_row + nxt, kt_row), (k_col, v_col, nxt),
+              j + STAGES < steps)  # fmt: skip
         return dq
 
     @gluon.jit
@@ -524,15 +519,12 @@ if gluon is not None:
         if TRANS:
             descs = (Kd, Vd)
             bufs = (k_s, v_s)
-            for s in gl.static_range(STAGES):  # the first key blocks' tiles
-                at = s * BLOCK_N
-                _fill(descs, bars, bufs, s, (k_row + at, v_row + at), (k_col, v_col), s < steps)
         else:
             descs = (Kd, Vd, KTd)
             bufs = (k_s, v_s, kt_s)
-            for s in gl.static_range(STAGES):  # the first key blocks' tiles
-                at = s * BLOCK_N
-                _fill(descs, bars, bufs, s, (k_row + at, v_row + at, kt_row), (k_col, v_col, at), s < steps)
+        for s in gl.static_range(STAGES):  # the first key blocks' tiles
+            at = s * BLOCK_N
+            _fill(descs, bars, bufs, s, (k_row + at, v_row + at, kt_row), (k_col, v_col, at), s < steps)
 
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
@@ -621,11 +613,9 @@ if gluon is not None:
             dk = warpgroup_mma(dst, qt_b.permute((1, 0)), dk)
         gl.thread_barrier()  # every warp's products have read buffer slot
         nxt = (first + j + STAGES) * BLOCK_M
-        if TRANS:
-            _fill(descs, bars, bufs, slot, (q_row + nxt, do_row + nxt), (q_col, do_col), j + STAGES < steps)
-        else:
-            _fill(descs, bars, bufs, slot, (q_row + nxt, do_row + nxt, t_row, t_row),
-                  (q_col, do_col, nxt, nxt), j + STAGES < steps)  # fmt: skip
+        # (where TRANS, descs has no copies: the last two places go unused)
+        _fill(descs, bars, bufs, slot, (q_row + nxt, do_row + nxt, t_row, t_row), (q_col, do_col, nxt, nxt),
+              j + STAGES < steps)  # fmt: skip
         return dk, dv
 
     @gluon.jit
@@ -680,32 +670,24 @@ if gluon is not None:
         q_row, q_col = _head_at(b, h, q_rb, q_rh, q_ch)
         do_row, do_col = _head_at(b, h, do_rb, do_rh, do_ch)
         t_row = pid_bh * HEAD_D
-        if TRANS:
+        if TRANS:  # no copies
             descs = (Qd, DOd)
             bufs = (q_s, do_s)
-            for s in gl.static_range(STAGES):  # the first query blocks' tiles
-                at = (first + s) * BLOCK_M
-                _fill(descs, bars, bufs, s, (q_row + at, do_row + at), (q_col, do_col), s < steps)
-            if CHAIN:  # copies for the dQ kernel before this one (k's): done; then the dQ kernel may start
-                _griddep(True)
-                _griddep(False)
-            elif SIGNAL:
-                _griddep(False)
         else:
             descs = (Qd, DOd, QTd, DOTd)
             bufs = (q_s, do_s, qt_s, dot_s)
-            for s in gl.static_range(STAGES):  # the first query blocks' tiles: q's and dout's now
-                at = (first + s) * BLOCK_M
-                rows = (q_row + at, do_row + at, t_row, t_row)
-                _fill_first(descs, bars, bufs, s, rows, (q_col, do_col, at, at), s < steps, 2)
-            if CHAIN:  # the copies done; then the dQ kernel (which reads k's copy) may start
-                _griddep(True)
-                _griddep(False)
-            elif SIGNAL:
-                _griddep(False)
-            for s in gl.static_range(STAGES):  # their copies'
-                at = (first + s) * BLOCK_M
-                _fill_rest(descs, bars, bufs, s, (t_row, t_row, t_row, t_row), (0, 0, at, at), s < steps, 2)
+        for s in gl.static_range(STAGES):  # the first query blocks' tiles: q's and dout's now
+            at = (first + s) * BLOCK_M
+            rows = (q_row + at, do_row + at, t_row, t_row)
+            _fill_first(descs, bars, bufs, s, rows, (q_col, do_col, at, at), s < steps, 2)
+        if CHAIN:  # the copies done (k's, where TRANS); then the dQ kernel (which reads k's copy) may start
+            _griddep(True)
+            _griddep(False)
+        elif SIGNAL:
+            _griddep(False)
+        for s in gl.static_range(STAGES):  # their copies' (none where TRANS)
+            at = (first + s) * BLOCK_M
+            _fill_rest(descs, bars, bufs, s, (t_row, t_row, t_row, t_row), (0, 0, at, at), s < steps, 2)
 
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
         dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, o_layout)
@@ -811,8 +793,9 @@ def usable_bwd(q, k, v, do, copies, outs, interpreted: bool, dkdv_tiles, dq_tile
     views = _row_views((q, k, v, do), interpreted, math.lcm(bn1, bm2))
     if views is None:
         return None
-    mats = tuple(None if c is None else l_major_2d(c) for c in copies or (None,) * 3)
-    if any(m is None and c is not None for m, c in zip(mats, copies or (None,) * 3, strict=True)):
+    copies = copies or (None, None, None)
+    mats = tuple(None if c is None else l_major_2d(c) for c in copies)
+    if any(m is None and c is not None for m, c in zip(mats, copies, strict=True)):
         return None
     return views, mats
 
