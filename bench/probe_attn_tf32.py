@@ -77,7 +77,6 @@ def main(argv=None) -> int:
         return launch(kernel, *args, **options)
 
     ra._launch = spy
-    saved_trans_l, ra.TF32_TRANS_MAX_L = ra.TF32_TRANS_MAX_L, 1 << 30  # a TRANS tile transposes at every L
     try:
         for L in (1024, 2048, 4096):
             for causal in (True,) if args.causal else (False, True):
@@ -122,7 +121,6 @@ def main(argv=None) -> int:
     finally:
         setattr(ra, table, saved)
         ra._launch = launch
-        ra.TF32_TRANS_MAX_L = saved_trans_l
         _attn_tf32.FORCE_GROUP = None
     return 0
 

@@ -755,25 +755,24 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_float32_gluon_forward_transposes_v_up_to_its_length(causal, gen, monkeypatch, launched):
-    # TRANS (attention v31): v's tiles transposed in shared memory where the keys are at most
-    # TF32_TRANS_MAX_L, v's copy beyond; the same products in the same order either way: equal bit for bit
+def test_float32_gluon_forward_transposes_v_or_reads_its_copy(causal, gen, monkeypatch, launched):
+    # TRANS (attention v31): v's tiles transposed in shared memory, no copy; without it, v's copy; the same
+    # products in the same order either way: equal bit for bit
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon forward needs compute capability 9 or later")
     keys = [(c, long) for c in (False, True) for long in (False, True)]
-    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(keys, (128, 64, 2, 0, 1)))
     copies, copy = [], ra._l_major_copies
     monkeypatch.setattr(ra, "_l_major_copies", lambda ts, *a: copies.append(len(ts)) or copy(ts, *a))
     qb, kb, vb = _float32_gpu_inputs(3, 256, "blhd", 64, gen)
     call = (qb, kb, vb, causal, False, 0.125, 1 / 256)
     results = []
-    for longest in (256, 255):
-        monkeypatch.setattr(ra, "TF32_TRANS_MAX_L", longest)
+    for trans in (1, 0):
+        monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(keys, (128, 64, 2, 0, trans)))
         copies.clear()
         launched.clear()
         results.append(ra.relu_attention_fwd(*call))
         assert launched == [ra._attn_tf32._attn_fwd_tf32_kernel], launched
-        assert copies == ([] if longest >= 256 else [1]), (longest, copies)
+        assert copies == ([] if trans else [1]), (trans, copies)
     assert torch.equal(results[0], results[1]), relerr(results[0], results[1])
 
 

@@ -19,7 +19,7 @@ reads v itself, not a copy: each step's v tile is read from shared memory into r
 column a thread, and stored transposed (16-byte vectors along the keys) into one of two buffers that the
 ``p @ v`` product reads, while the step's scores run; the 128-row tiles' two buffers are q's, which is in
 registers by then. That costs a step 32 KB of shared-memory traffic besides the products' 96 and saves the
-launch of v's copy, a pass over v: faster for short sequences only (``TF32_TRANS_MAX_L``). Rows of q, k
+launch of v's copy, a pass over v: faster but at long non-causal sequences (v33, run 307). Rows of q, k
 (and v), and of the output, are addressed through 2-D views: ``(rb, rh, ch)`` place row l of head (b, h)
 at row ``b*rb + h*rh + l``, column ``h*ch`` of the view (heads in rows for [B, H, L, D] layouts, in
 columns for [B, L, H, D]); v's copy is [B, H, D, L]. Sequence lengths must be multiples of both tiles (see
@@ -31,8 +31,8 @@ dout^T``, then ``dv += p^T dout`` and ``dk += ds^T q`` with p^T and ds^T moved i
 layout by shuffles; the dQ kernel holds q and dout and streams k, v and k's copy: ``s = q k^T``, ``dp =
 dout v^T``, ``dq += ds k``. With TRANS (attention v32) a kernel reads no copy: it transposes its tiles of
 q and dout (dK/dV) or of k (dQ) into buffers of its own as the forward does v's, while the scores run;
-the dK/dV kernel then has two tiles to transpose a step on 4 warps, which only the short causal rows
-repay. With ASYNC each product is issued asynchronously and the elementwise work before the next one
+the dK/dV kernel then has two tiles to transpose a step on 4 warps, which only the causal rows up to
+L=2048 repay. With ASYNC each product is issued asynchronously and the elementwise work before the next one
 runs while it does (``warpgroup_mma_wait``): 1.02-1.06x the synchronous form (run 291).
 Triton's float32 backward kernels, which keep every tf32 product's left operand in shared memory (as its
 forward, above), write p^T, ds^T and ds there each step and read them back.
@@ -166,12 +166,14 @@ if gluon is not None:
     @gluon.jit
     def _transpose(buf, xt_buf, WARPS: gl.constexpr):
         """The tile [ROWS, HEAD_D] in ``buf`` (v's, or q's, dout's or k's in the backward) stored transposed
-        into ``xt_buf`` (attention v31): each thread reads 4 consecutive rows of one column (threads along
-        the columns: the 128-byte swizzle puts them in distinct banks) and stores them as one 16-byte vector
-        along the rows of xt. The caller fences (``fence_async_shared``) and waits for every warp before a
-        product reads xt."""
+        into ``xt_buf`` (attention v31): each thread takes 4 consecutive rows of one column and stores them
+        as one 16-byte vector along the rows of xt. Consecutive lanes take consecutive columns (v33): the 8
+        lanes of each quarter of a warp's store write 8 rows of xt, which the 128-byte swizzle puts in
+        distinct banks (with the rows of a column on consecutive lanes, v31, two lanes shared each bank),
+        and Triton 3.6 reads the tile with ``ldmatrix`` (16 scalar loads a thread before). The caller
+        fences (``fence_async_shared``) and waits for every warp before a product reads xt."""
         layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[2, 16],
-                                                warps_per_cta=[WARPS, 1], order=[0, 1])  # fmt: skip
+                                                warps_per_cta=[WARPS, 1], order=[1, 0])  # fmt: skip
         xt_buf.store(gl.permute(buf.load(layout), [1, 0]))
 
     @gluon.jit

@@ -46,9 +46,10 @@ Triton keeps in shared memory for 32-bit types, where lengths are multiples of i
 so is the float32 backward (attention v27: k, v and the transposed p and ds of the dK/dV kernel, q, dout and
 ds of the dQ kernel in registers; each product overlapping the elementwise work before the next; tiles
 ``TF32_BWD``). Their causal blocks start heaviest first across groups of heads (attention v30,
-``_attn_tf32.head_group``). For sequences up to ``TF32_TRANS_MAX_L`` the Gluon forward reads v itself
-and transposes its tiles in shared memory instead of waiting for v's copy (attention v31), and so does the
-causal backward with q, dout and k (v32): no copies there.
+``_attn_tf32.head_group``). Where their entries say TRANS, the Gluon forward reads v itself and
+transposes its tiles in shared memory instead of waiting for v's copy (attention v31; all but long
+non-causal sequences), and so does the causal backward with q, dout and k (v32; sequences up to
+``SHORT_L``): no copies there.
 A call whose shapes, strides, dtypes, alignment, flags and tiles match an earlier call's replays that
 call's launches (``_planned``, attention v24).
 Under torch.compile the autograd function calls the launchers through custom operators
@@ -1183,8 +1184,7 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
     chain = {}
     if _tf32_copies(q.dtype, interp):
         tiles = TF32_FWD.get((causal, max(Lq, Lk) > SHORT_L))
-        trans = tiles and tiles[4] and max(Lq, Lk) <= TF32_TRANS_MAX_L
-        views = _attn_tf32.usable(q, k, interp, *tiles[:2], v=v) if trans else None
+        views = _attn_tf32.usable(q, k, interp, *tiles[:2], v=v) if tiles and tiles[4] else None
         if views:  # v's tiles transposed in the kernel: no copy (attention v31)
             _attn_tf32.launch(q, k, views, v, out, causal, squared, scale, relu_scale, *tiles, False, _launch)
             return
@@ -1224,25 +1224,24 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
 # against each entry before it in the same run): 128x64 with 2 buffers 1.063x at L=1024 full, 1.043x at
 # L=1024 causal (against 64x64 ASYNC with v's copy), 0.98x at L=2048 full, 0.95-0.96x at L=4096; 64x64
 # tiles with TRANS 0.82-0.97x (4 warps transpose each tile where 128-row tiles have 8). At L=2048 causal
-# 128x64 with v's copy ran 1.159x, 64x64 ASYNC 1.144x (run 303; 1.161 and 1.144 in run 299).
+# 128x64 with v's copy ran 1.159x, 64x64 ASYNC 1.144x (run 303; 1.161 and 1.144 in run 299). With the
+# transposition's stores free of bank conflicts (attention v33, run 307), TRANS against v's copy at
+# 128x64: 1.311 against 1.196x (L=1024 full), 1.280 against 1.182x (causal), 1.221 against 1.193x
+# (L=2048 full), 1.224 against 1.158x (causal), 1.170 against 1.146x (L=4096 causal), 1.135 against
+# 1.143x (L=4096 full: v's copy kept there).
 TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int, int, int]] = {
     (False, False): (128, 64, 2, 0, 1),
     (False, True): (128, 64, 2, 0, 0),
     (True, False): (128, 64, 2, 0, 1),
-    (True, True): (128, 64, 2, 0, 0),
+    (True, True): (128, 64, 2, 0, 1),
 }
-# The longest sequences whose Gluon kernels transpose their tiles themselves where their TF32_FWD or
-# TF32_BWD entry says TRANS: in the forward the transposition costs each step 32 KB of shared-memory
-# traffic (v's tile read and written) besides the products' 96, and from L=2048 on that costs more than
-# v's copy (a pass over v) saves (run 303); the backward's likewise (run 305).
-TF32_TRANS_MAX_L = 1024
 
 
 # The float32 backward in Gluon (crossfuse.ops._attn_tf32, attention v27): (causal, long sequence) ->
 # ((BLOCK_M, BLOCK_N, STAGES, ASYNC[, TRANS]) of the dK/dV kernel, the same of the dQ kernel); where the
 # tiles do not divide the lengths (or TF32_BWD is empty), Triton's kernels run. TRANS (attention v32): the
 # kernel transposes its tiles of q and dout (dK/dV) or k (dQ) in shared memory instead of reading their
-# copies, where the sequences are at most TF32_TRANS_MAX_L long. Measured against Triton's float32
+# copies. Measured against Triton's float32
 # backward at the seed's shapes (run 291, bench/probe_attn_tf32.py --kind bwd, both with the copies):
 # 1.239, 1.254 (full, L = 1024, 2048), 1.230 (full, L=4096), 1.190, 1.197 (causal, L = 1024, 2048),
 # 1.157 (causal, L=4096); in run 293 1.239, 1.221, 1.191, 1.184, 1.178, 1.134; the synchronous products
@@ -1250,7 +1249,10 @@ TF32_TRANS_MAX_L = 1024
 # and 64x64 dQ tiles, against 1.235 for the entry before; in the dK/dV kernel alone 1.263, in the dQ
 # kernel alone 1.223; at L=1024 full 1.06-1.16 against 1.248, and below the entries at every longer row
 # (the dK/dV kernel transposes two tiles a step on 4 warps). Without TRANS, at L=2048 causal, the 3-buffer
-# tiles ran 1.177 and 1.191 against 1.178 and 1.197 (runs 293, 291).
+# tiles ran 1.177 and 1.191 against 1.178 and 1.197 (runs 293, 291). With the transposition's stores free
+# of bank conflicts (v33, run 307), TRANS in both kernels with 3 buffers and 64x64 dQ tiles: 1.393 against
+# 1.241 (L=1024 causal), 1.247 against 1.188 (L=2048 causal), 1.137 against 1.140 (L=4096 causal); at the
+# full rows 1.05-1.20 against 1.20-1.25 (copies kept there).
 TF32_BWD: dict[tuple[bool, bool], tuple[tuple[int, ...], tuple[int, ...]]] = {
     (False, False): ((32, 64, 2, 1), (64, 64, 2, 1)),
     (False, True): ((32, 64, 2, 1), (64, 32, 3, 1)),
@@ -1435,13 +1437,11 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
     # came after the dK/dV kernel)
     gdc = _gdc.usable(q, interp)
     if copies:  # the Gluon kernels where their tiles fit
-        longest = max(q.shape[2], k.shape[2])
-        tiles = TF32_BWD.get((causal, longest > SHORT_L))
+        tiles = TF32_BWD.get((causal, max(q.shape[2], k.shape[2]) > SHORT_L))
         if tiles and _attn_tf32.usable_bwd(q, k, v, do, None, (dq, dk, dv), interp, *tiles):
-            # a kernel whose tiles say TRANS transposes its tiles itself where the sequences are short
-            # (attention v32); the others' copies are made, in one launch
-            trans = [len(t) > 4 and bool(t[4]) and longest <= TF32_TRANS_MAX_L for t in tiles]
-            tiles = tuple((*t[:4], int(own)) for t, own in zip(tiles, trans, strict=True))
+            # a kernel whose tiles say TRANS transposes its tiles itself (attention v32); the others'
+            # copies are made, in one launch
+            trans = [len(t) > 4 and bool(t[4]) for t in tiles]
             wanted = [t for t, own in ((q, trans[0]), (do, trans[0]), (k, trans[1])) if not own]
             made = iter(_l_contiguous(*wanted, signal=gdc))
             cs = tuple(None if own else next(made) for own in (trans[0], trans[0], trans[1]))
