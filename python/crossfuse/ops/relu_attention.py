@@ -1241,8 +1241,8 @@ TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int, int, int]] = {
 # ((BLOCK_M, BLOCK_N, STAGES, ASYNC[, TRANS]) of the dK/dV kernel, the same of the dQ kernel); where the
 # tiles do not divide the lengths (or TF32_BWD is empty), Triton's kernels run. TRANS (attention v32): the
 # kernel transposes its tiles of q and dout (dK/dV) or k (dQ) in shared memory instead of reading their
-# copies. Measured against Triton's float32
-# backward at the seed's shapes (run 291, bench/probe_attn_tf32.py --kind bwd, both with the copies):
+# copies. Measured against Triton's float32 backward at the seed's shapes (run 291,
+# bench/probe_attn_tf32.py --kind bwd, both with the copies):
 # 1.239, 1.254 (full, L = 1024, 2048), 1.230 (full, L=4096), 1.190, 1.197 (causal, L = 1024, 2048),
 # 1.157 (causal, L=4096); in run 293 1.239, 1.221, 1.191, 1.184, 1.178, 1.134; the synchronous products
 # (ASYNC 0) 1.12-1.20 (run 291). TRANS in both kernels (run 305): 1.293 at L=1024 causal with 3 buffers
