@@ -51,6 +51,15 @@ def launched(monkeypatch):
     return kernels
 
 
+@pytest.fixture
+def copies(monkeypatch):
+    """How many tensors each launch of float32's copies with unit stride on L (``_l_major_copies``, not
+    launched through ``_launch``) copied during the test, in order."""
+    counts, copy = [], ra._l_major_copies
+    monkeypatch.setattr(ra, "_l_major_copies", lambda ts, *a: counts.append(len(ts)) or copy(ts, *a))
+    return counts
+
+
 def run_and_compare(q, k, v, causal, squared, gen, layout="bhld"):
     """Kernel forward + backward vs the float64 reference; returns the errors (asserted here)."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
@@ -725,7 +734,7 @@ def _float32_gpu_inputs(n, length, layout, d, gen):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ra.LAYOUTS)
 @pytest.mark.parametrize("length", [128, 320, 100], ids=lambda n: f"L={n}")
-def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monkeypatch, launched):
+def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monkeypatch, launched, copies):
     # the float32 forward in Gluon (attention v26, its products in flight v30, v transposed in the kernel
     # v31; crossfuse.ops._attn_tf32): against float64 on the tf32-truncated inputs and against Triton's
     # kernel; where the length is not a multiple of the query tile (L=100; L=320 with 128 rows) Triton's
@@ -733,8 +742,6 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon forward needs compute capability 9 or later")
     monkeypatch.setattr(ra, "TF32_FWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
-    copies, copy = [], ra._l_major_copies
-    monkeypatch.setattr(ra, "_l_major_copies", lambda ts, *a: copies.append(len(ts)) or copy(ts, *a))
     d = 64
     qb, kb, vb = _float32_gpu_inputs(3, length, layout, d, gen)
     v_before = vb.clone()
@@ -755,14 +762,12 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_float32_gluon_forward_transposes_v_or_reads_its_copy(causal, gen, monkeypatch, launched):
+def test_float32_gluon_forward_transposes_v_or_reads_its_copy(causal, gen, monkeypatch, launched, copies):
     # TRANS (attention v31): v's tiles transposed in shared memory, no copy; without it, v's copy; the same
     # products in the same order either way: equal bit for bit
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon forward needs compute capability 9 or later")
     keys = [(c, long) for c in (False, True) for long in (False, True)]
-    copies, copy = [], ra._l_major_copies
-    monkeypatch.setattr(ra, "_l_major_copies", lambda ts, *a: copies.append(len(ts)) or copy(ts, *a))
     qb, kb, vb = _float32_gpu_inputs(3, 256, "blhd", 64, gen)
     call = (qb, kb, vb, causal, False, 0.125, 1 / 256)
     results = []
@@ -788,7 +793,7 @@ def test_float32_gluon_forward_transposes_v_or_reads_its_copy(causal, gen, monke
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ra.LAYOUTS)
 @pytest.mark.parametrize("length", [128, 384, 100], ids=lambda n: f"L={n}")
-def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, monkeypatch, launched):
+def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, monkeypatch, launched, copies):
     # the float32 backward in Gluon (attention v27; its kernels transposing their tiles of q and dout, or
     # of k, themselves where the tiles say TRANS, v32; crossfuse.ops._attn_tf32): against float64 on the
     # tf32-truncated inputs and against Triton's kernels; where the length is not a multiple of the tiles
@@ -796,8 +801,6 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon backward needs compute capability 9 or later")
     monkeypatch.setattr(ra, "TF32_BWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
-    copies, copy = [], ra._l_major_copies
-    monkeypatch.setattr(ra, "_l_major_copies", lambda ts, *a: copies.append(len(ts)) or copy(ts, *a))
     d = 64
     qb, kb, vb, dob = _float32_gpu_inputs(4, length, layout, d, gen)
     before = [t.clone() for t in (qb, kb, vb, dob)]
