@@ -717,6 +717,10 @@ def test_head_group_is_the_smallest_divisor_with_a_wave_of_programs(monkeypatch)
     assert ra._attn_tf32.head_group(24, False, 4) == 8
 
 
+# every key of the float32 Gluon tables TF32_FWD and TF32_BWD: (causal, long sequence)
+_EVERY_KEY = [(c, long) for c in (False, True) for long in (False, True)]
+
+
 def _float32_gpu_inputs(n, length, layout, d, gen):
     """``n`` random float32 CUDA tensors of B=2, H=3 stored in ``layout``, as [B, H, L, D] views."""
     shape = (2, 3, length, d) if layout == "bhld" else (2, length, 3, d)
@@ -741,7 +745,7 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
     # kernel runs, after v's copy, as does the Gluon kernel without TRANS
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon forward needs compute capability 9 or later")
-    monkeypatch.setattr(ra, "TF32_FWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
+    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(_EVERY_KEY, tiles))
     d = 64
     qb, kb, vb = _float32_gpu_inputs(3, length, layout, d, gen)
     v_before = vb.clone()
@@ -767,12 +771,11 @@ def test_float32_gluon_forward_transposes_v_or_reads_its_copy(causal, gen, monke
     # products in the same order either way: equal bit for bit
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon forward needs compute capability 9 or later")
-    keys = [(c, long) for c in (False, True) for long in (False, True)]
     qb, kb, vb = _float32_gpu_inputs(3, 256, "blhd", 64, gen)
     call = (qb, kb, vb, causal, False, 0.125, 1 / 256)
     results = []
     for trans in (1, 0):
-        monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(keys, (128, 64, 2, 0, trans)))
+        monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(_EVERY_KEY, (128, 64, 2, 0, trans)))
         copies.clear()
         launched.clear()
         results.append(ra.relu_attention_fwd(*call))
@@ -800,7 +803,7 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
     # (L=100; L=384 with 128-row tiles) Triton's kernels run, after the copies of q, dout and k
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon backward needs compute capability 9 or later")
-    monkeypatch.setattr(ra, "TF32_BWD", {(c, long): tiles for c in (False, True) for long in (False, True)})
+    monkeypatch.setattr(ra, "TF32_BWD", dict.fromkeys(_EVERY_KEY, tiles))
     d = 64
     qb, kb, vb, dob = _float32_gpu_inputs(4, length, layout, d, gen)
     before = [t.clone() for t in (qb, kb, vb, dob)]
@@ -843,9 +846,8 @@ def test_float32_gluon_launch_orders(causal, fwd_tiles, bwd_tiles, gen, monkeypa
     # the same as Triton's kernels up to float32 rounding
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon kernels need compute capability 9 or later")
-    keys = [(c, long) for c in (False, True) for long in (False, True)]
-    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(keys, fwd_tiles))
-    monkeypatch.setattr(ra, "TF32_BWD", dict.fromkeys(keys, bwd_tiles))
+    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(_EVERY_KEY, fwd_tiles))
+    monkeypatch.setattr(ra, "TF32_BWD", dict.fromkeys(_EVERY_KEY, bwd_tiles))
     qb, kb, vb, dob = _float32_gpu_inputs(4, 256, "blhd", 64, gen)
     call = (qb, kb, vb, causal, False, 0.125, 1 / 256)
     results = {}
