@@ -866,6 +866,12 @@ def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_
         **options)  # fmt: skip
 
 
+def says_trans(tiles) -> bool:
+    """Whether a kernel's tiles (BLOCK_M, BLOCK_N, STAGES, ASYNC[, TRANS]) say that it transposes its tiles
+    itself (attention v31, v32) instead of reading copies."""
+    return len(tiles) > 4 and bool(tiles[4])
+
+
 def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: bool, scale: float,
                relu_scale: float, dkdv_tiles, dq_tiles, chain: bool, signal: bool, run) -> None:  # fmt: skip
     """The backward's two kernels on [B, H, L, D] views (``usable_views``: what :func:`usable_bwd`
@@ -878,8 +884,8 @@ def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: boo
     ((qv, *qh), (kv, *kh), (vv, *vh), (dov, *doh)), (qt, dot, kt) = usable_views
     bind_cuda_context(q)
     group = head_group(B * H, causal, max(Lk // dkdv_tiles[1], Lq // dq_tiles[0]))
-    bm, bn, stages, is_async, *trans = dkdv_tiles
-    trans = bool(trans and trans[0])
+    bm, bn, stages, is_async, *_ = dkdv_tiles
+    trans = says_trans(dkdv_tiles)
     q_desc, do_desc = _desc(qv, [bm, D]), _desc(dov, [bm, D])
     qt_desc, dot_desc = (q_desc, do_desc) if trans else (_desc(qt, [D, bm]), _desc(dot, [D, bm]))
     args = (
@@ -894,8 +900,8 @@ def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: boo
     grid = (Lk // bn * group, B * H // group)
     run(_attn_bwd_dkdv_tf32_kernel, grid, (q.device, q.dtype, D, "tf32-dkdv", bm, bn), *args, num_stages=1,
         **options)  # fmt: skip
-    bm, bn, stages, is_async, *trans = dq_tiles
-    trans = bool(trans and trans[0])
+    bm, bn, stages, is_async, *_ = dq_tiles
+    trans = says_trans(dq_tiles)
     k_desc = _desc(kv, [bn, D])
     args = (
         _desc(qv, [bm, D]), _desc(dov, [bm, D]), k_desc, _desc(vv, [bn, D]),

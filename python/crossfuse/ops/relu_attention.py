@@ -1441,7 +1441,7 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
         if tiles and _attn_tf32.usable_bwd(q, k, v, do, None, (dq, dk, dv), interp, *tiles):
             # a kernel whose tiles say TRANS transposes its tiles itself (attention v32); the others'
             # copies are made, in one launch
-            trans = [len(t) > 4 and bool(t[4]) for t in tiles]
+            trans = [_attn_tf32.says_trans(t) for t in tiles]
             wanted = [t for t, own in ((q, trans[0]), (do, trans[0]), (k, trans[1])) if not own]
             made = iter(_l_contiguous(*wanted, signal=gdc))
             cs = tuple(None if own else next(made) for own in (trans[0], trans[0], trans[1]))
