@@ -427,6 +427,35 @@ def test_l_major_copy_equals_torchs(shape, dtype, device, gen, monkeypatch):
     assert ra._l_contiguous(unit_l)[0] is unit_l  # already unit stride on L: no copy
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 64, 64), (1, 2, 8, 16), (1, 1, 136, 32)])
+def test_l_major_copy_in_sigma_order(shape, device, gen):
+    # the float32 Gluon kernels read their copies with the keys (or queries) of each 8 in sigma's order
+    # (attention v34): place 8g + sigma(c) of the copy holds row 8g + c, sigma(b0 + 2 b1 + 4 b2) = b1 + 2 b2
+    # + 4 b0; a tensor with unit stride on L already is copied too
+    b, h, length, d = shape
+    sigma = [(c >> 1) | ((c & 1) << 2) for c in range(8)]
+    rows = ra.sigma_rows(length)
+    assert sorted(rows.tolist()) == list(range(length))
+    assert all(rows[8 * g + sigma[c]] == 8 * g + c for g in range(length // 8) for c in range(8))
+    blhd = randn((b, length, h, d), torch.float32, device, gen).transpose(1, 2)
+    unit_l = blhd.transpose(2, 3).contiguous().transpose(2, 3)
+    got = ra._l_contiguous(blhd, unit_l, sigma=True)
+    assert got[1] is not unit_l
+    for a in got:
+        assert a.stride(2) == 1 and a.transpose(2, 3).is_contiguous()
+        assert torch.equal(a, blhd[:, :, rows.to(device)])
+    with pytest.raises(ValueError, match="multiple of 8"):
+        ra._l_contiguous(blhd[:, :, :-1], sigma=True)
+
+
+def test_l_major_copy_in_sigma_order_past_the_grid_limit(gen, monkeypatch):
+    # more than 65535 of the copy kernel's tiles along L: torch's copy instead, in the same order
+    monkeypatch.setattr(ra, "L_MAJOR_TILE", (1, 16, 4))
+    t = randn((1, 65544, 1, 2), torch.float32, "cpu", gen).transpose(1, 2)
+    (got,) = ra._l_contiguous(t, sigma=True)
+    assert got.stride(2) == 1 and torch.equal(got, t[:, :, ra.sigma_rows(65544)])
+
+
 @pytest.mark.parametrize("lq, lk", [(70, 70), (17, 100), (100, 17)])
 def test_peeled_first_block_changes_nothing(lq, lk, device, gen, monkeypatch):
     # float32's non-causal loops take their first block in a loop of its own (ra._peel: ptxas serializes
@@ -782,6 +811,58 @@ def test_float32_gluon_forward_transposes_v_or_reads_its_copy(causal, gen, monke
         assert launched == [ra._attn_tf32._attn_fwd_tf32_kernel], launched
         assert copies == ([] if trans else [1]), (trans, copies)
     assert torch.equal(results[0], results[1]), relerr(results[0], results[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [(128, 64, 2, 0, 0), (64, 64, 3, 1, 0)], ids=["128x64", "64x64a"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float32_gluon_forward_reads_l_major_v(causal, tiles, gen, monkeypatch, launched, copies):
+    # a v with unit stride on L ([B, H, D, L] contiguous) is read as it is, its keys in their order (the
+    # left operand p moved between lanes, attention v26), where v's copy has them in sigma's order (p
+    # relabelled, v34): both against float64, and against each other up to float32 rounding
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon forward needs compute capability 9 or later")
+    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(_EVERY_KEY, tiles))
+    qb, kb, vb = _float32_gpu_inputs(3, 256, "blhd", 64, gen)
+    v_l = vb.transpose(2, 3).contiguous().transpose(2, 3)
+    call = (causal, False, 0.125, 1 / 256)
+    got = ra.relu_attention_fwd(qb, kb, v_l, *call)
+    assert copies == [] and launched == [ra._attn_tf32._attn_fwd_tf32_kernel], (copies, launched)
+    copied = ra.relu_attention_fwd(qb, kb, vb, *call)
+    assert copies == [1], copies
+    refs = [tf32_truncate(t).double() for t in (qb, kb, vb)]
+    want = relu_attention_ref(*refs, causal=causal, squared=False, scale=0.125, relu_scale=1 / 256)
+    tol = tolerance("relu_attention", torch.float32, "fwd", tf32=True)
+    assert relerr(got, want) <= tol and relerr(copied, want) <= tol, (relerr(got, want), relerr(copied, want))
+    assert relerr(got, copied) <= 1e-5, relerr(got, copied)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "tiles",
+    [(128, 64, 2, 0, 0), (64, 64, 3, 1, 0), (128, 64, 2, 0, 1), (64, 64, 3, 1, 1), (64, 64, 2, 0, 1)],
+    ids=lambda t: f"{t[0]}x{t[1]}x{t[2]}{'a' * t[3]}{'t' * t[4]}",
+)  # fmt: skip
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float32_gluon_forward_many_blocks(causal, tiles, gen, monkeypatch, launched):
+    # 16 key blocks a program and more programs than the GPU holds at once: with p relabelled (attention
+    # v34) the products in flight (ASYNC) once read a p the next block's relu had overwritten, which
+    # the shorter sequences of test_float32_gluon_forward did not show (run 311)
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon forward needs compute capability 9 or later")
+    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(_EVERY_KEY, tiles))
+    qb, kb, vb = _float32_gpu_inputs(3, 1024, "blhd", 64, gen)
+    qb, kb, vb = (t.repeat(8, 1, 1, 1) for t in (qb, kb, vb))  # B=16, H=3
+    call = (causal, False, 0.125, 1 / 1024)
+    got = ra.relu_attention_fwd(qb, kb, vb, *call)
+    assert ra._attn_tf32._attn_fwd_tf32_kernel in launched
+    monkeypatch.setattr(ra, "TF32_FWD", {})
+    triton_kernel = ra.relu_attention_fwd(qb, kb, vb, *call)
+    refs = [tf32_truncate(t[:2]).double() for t in (qb, kb, vb)]
+    want = relu_attention_ref(*refs, causal=causal, squared=False, scale=0.125, relu_scale=1 / 1024)
+    tol = tolerance("relu_attention", torch.float32, "fwd", tf32=True)
+    assert relerr(got[:2], want) <= tol, relerr(got[:2], want)
+    assert relerr(got, triton_kernel) <= 1e-5, relerr(got, triton_kernel)
 
 
 @pytest.mark.gpu

@@ -37,6 +37,14 @@ runs while it does (``warpgroup_mma_wait``): 1.02-1.06x the synchronous form (ru
 Triton's float32 backward kernels, which keep every tf32 product's left operand in shared memory (as its
 forward, above), write p^T, ds^T and ds there each step and read them back.
 
+A product's accumulator becomes the next product's left operand without moving (attention v34): a thread
+holds columns 2t, 2t + 1 of each 8 of an accumulator and columns t, t + 4 of a tf32 left operand, so the
+columns are relabelled by a fixed permutation sigma of each 8 (:func:`_left`) instead of exchanged between
+the lanes of a quad (32 shuffles and 64 selects a thread a step at 128 x 64: a third of the forward loop's
+instructions), and the right operand takes its rows in sigma's order: the copies are made so
+(``_l_contiguous`` with ``sigma``) and :func:`_transpose` stores so. 1.10-1.19x the forward and 1.04-1.18x
+the backward before it (run 311).
+
 Every kernel's blocks start in the order of :func:`head_group` (attention v30): where causal, the heaviest
 blocks of a group of heads first, not of one head after another's. A kernel launched after a copy (the
 forward after v's, where not TRANS; the dK/dV kernel after those of q, dout and k) issues its loads of the
@@ -164,17 +172,67 @@ if gluon is not None:
         return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 
     @gluon.jit
-    def _transpose(buf, xt_buf, WARPS: gl.constexpr):
+    def _sigma(x, DIM: gl.constexpr):
+        """``x`` with its indices along DIM (0 or 1 of a 2-D tensor) permuted by sigma within each group of 8:
+        index ``8g + 4b2 + 2b1 + b0`` moves to ``8g + 4b0 + 2b2 + b1`` (attention v34). A relabelling: no
+        data moves where the layout allows (see :func:`_left`)."""
+        R: gl.constexpr = x.shape[0]
+        C: gl.constexpr = x.shape[1]
+        if DIM == 0:
+            y = gl.permute(gl.reshape(x, [R // 8, 2, 2, 2, C]), [0, 3, 1, 2, 4])
+        else:
+            y = gl.permute(gl.reshape(x, [R, C // 8, 2, 2, 2]), [0, 1, 4, 2, 3])
+        return gl.reshape(y, [R, C])
+
+    @gluon.jit
+    def _left(x, layout: gl.constexpr, PERM: gl.constexpr):
+        """The accumulator ``x`` of a tf32 product as the left operand (``layout``) of the next. A thread
+        holds columns 2t, 2t + 1 of each 8 of an accumulator (t = lane % 4) and columns t, t + 4 of a left
+        operand: where PERM the columns are relabelled by :func:`_sigma` instead (no data moves, checked at
+        compile time), and the right operand's rows must be in sigma's order too (:func:`_transpose` with
+        PERM, or a copy in that order); else the columns move between the lanes of each quad (32 shuffles
+        and 64 selects a thread for a 128 x 64 tile on 8 warps)."""
+        if PERM:
+            return gl.convert_layout(_sigma(x, 1), layout, assert_trivial=True)
+        else:
+            return gl.convert_layout(x, layout)
+
+    @gluon.constexpr_function
+    def _rows_by_sigma(ROWS, COLS, WARPS):
+        """The register layout in which :func:`_transpose` reads a [ROWS, COLS] tile where PERM: the layout
+        of ``_transpose``'s loads with the roles of the rows' bits 1, 2 and 4 taken by 2, 4 and 1, so that
+        sigma (:func:`_sigma`) of the tile is in that layout, each thread's 4 registers then holding 4
+        consecutive rows."""
+        assert ROWS % (8 * WARPS) == 0 and COLS % 16 == 0, "a tile of 8 rows a warp and 16 columns"
+        regs = [[2, 0], [4, 0]]
+        regs += [[0, 16 << i] for i in range((COLS // 16).bit_length() - 1)]
+        regs += [[8 * WARPS << i, 0] for i in range((ROWS // (8 * WARPS)).bit_length() - 1)]
+        lanes = [[0, 1], [0, 2], [0, 4], [0, 8], [1, 0]]
+        warps = [[8 << i, 0] for i in range(WARPS.bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
+                                          shape=[ROWS, COLS])  # fmt: skip
+
+    @gluon.jit
+    def _transpose(buf, xt_buf, WARPS: gl.constexpr, PERM: gl.constexpr):
         """The tile [ROWS, HEAD_D] in ``buf`` (v's, or q's, dout's or k's in the backward) stored transposed
         into ``xt_buf`` (attention v31): each thread takes 4 consecutive rows of one column and stores them
         as one 16-byte vector along the rows of xt. Consecutive lanes take consecutive columns (v33): the 8
         lanes of each quarter of a warp's store write 8 rows of xt, which the 128-byte swizzle puts in
         distinct banks (with the rows of a column on consecutive lanes, v31, two lanes shared each bank),
-        and Triton 3.6 reads the tile with ``ldmatrix`` (16 scalar loads a thread before). The caller
-        fences (``fence_async_shared``) and waits for every warp before a product reads xt."""
+        and Triton 3.6 reads the tile with ``ldmatrix`` (16 scalar loads a thread before). Where PERM, xt's
+        columns are in sigma's order (:func:`_sigma`; the product's left operand from :func:`_left`): the
+        tile is read in the layout whose sigma is the store's. The caller fences (``fence_async_shared``)
+        and waits for every warp before a product reads xt."""
         layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[2, 16],
                                                 warps_per_cta=[WARPS, 1], order=[1, 0])  # fmt: skip
-        xt_buf.store(gl.permute(buf.load(layout), [1, 0]))
+        if PERM:
+            ROWS: gl.constexpr = buf.shape[0]
+            COLS: gl.constexpr = buf.shape[1]
+            tile = buf.load(_rows_by_sigma(ROWS, COLS, WARPS))
+            tile = gl.convert_layout(_sigma(tile, 0), layout, assert_trivial=True)
+        else:
+            tile = buf.load(layout)
+        xt_buf.store(gl.permute(tile, [1, 0]))
 
     @gluon.jit
     def _probs(sc, j, offs_m, scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, SQUARED: gl.constexpr,
@@ -194,7 +252,7 @@ if gluon is not None:
     @gluon.jit
     def _step(acc, q, zero, j, ring, offs_m, scale, s_layout: gl.constexpr, p_layout: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SQUARED: gl.constexpr, MASKED: gl.constexpr,
-              TRANS: gl.constexpr):  # fmt: skip
+              TRANS: gl.constexpr, PERM: gl.constexpr):  # fmt: skip
         """Key block j: its scores, p (keys after the query masked where MASKED), ``acc += p @ v``; then its
         buffers take key block j + STAGES. Where TRANS, v's tile is stored transposed into ``xt`` (one of two
         buffers, by j's parity) while the scores run, and the buffers are refilled before the relu. (A mask
@@ -207,7 +265,7 @@ if gluon is not None:
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         if TRANS:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
-            _transpose(bufs[1].index(slot), xt.index(j % 2), gl.num_warps())
+            _transpose(bufs[1].index(slot), xt.index(j % 2), gl.num_warps(), PERM)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
             fence_async_shared()
             # every warp has read buffer slot (k by its product, v into registers) and stored its part of
@@ -216,11 +274,11 @@ if gluon is not None:
             gl.thread_barrier()
             _fill(descs, bars, bufs, slot, (k_row + nxt, v_at[0]), (k_col, v_at[1]), j + STAGES < steps)
             p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
-            acc = warpgroup_mma(gl.convert_layout(p, p_layout), xt.index(j % 2).permute((1, 0)), acc)
+            acc = warpgroup_mma(_left(p, p_layout, PERM), xt.index(j % 2).permute((1, 0)), acc)
         else:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
             p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
-            acc = warpgroup_mma(gl.convert_layout(p, p_layout), bufs[1].index(slot).permute((1, 0)), acc)
+            acc = warpgroup_mma(_left(p, p_layout, PERM), bufs[1].index(slot).permute((1, 0)), acc)
             gl.thread_barrier()  # every warp's products have read buffer slot: it takes key block j + STAGES
             _fill(descs, bars, bufs, slot, (k_row + nxt, v_at[0]), (k_col, v_at[1]), j + STAGES < steps)
         return acc
@@ -229,7 +287,7 @@ if gluon is not None:
     def _step_async(acc, sc, p_prev, q, zero, j, ring, offs_m, scale, s_layout: gl.constexpr,
                     p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     SQUARED: gl.constexpr, MASKED: gl.constexpr, NEXT: gl.constexpr,
-                    TRANS: gl.constexpr):  # fmt: skip
+                    TRANS: gl.constexpr, PERM: gl.constexpr):  # fmt: skip
         """Key block j with the products in flight (attention v30): ``sc`` holds its scores on entry; where
         NEXT, block j + 1's scores are issued first and taken while the relu of these and the product
         ``acc += p @ v`` of this block run. On entry ``acc += p_prev @ v`` of block j - 1 may be in flight;
@@ -246,12 +304,18 @@ if gluon is not None:
             sn = sc
         if TRANS:  # xt's buffer was last read by block j - 2's product, done before block j - 1's barrier
             mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
-            _transpose(v_s.index(j % STAGES), xt.index(j % 2), gl.num_warps())
-        p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
-        if NEXT:  # block j - 1's product done (block j + 1's scores may run on)
-            acc, p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_prev))
+            _transpose(v_s.index(j % STAGES), xt.index(j % 2), gl.num_warps(), PERM)
+        # block j - 1's product done (block j + 1's scores may run on) before p is computed: the tensor
+        # cores read that product's left operand from registers until then, and p's registers may be
+        # those (the deps name the loop's copies of p_prev, not the registers the product reads). With a
+        # relabelled p (PERM, attention v34) the relu's results are p itself, and computing them before
+        # this wait overwrote the operand in flight (run 311: wrong outputs at L >= 1024); sc passes
+        # through the wait so that the relu comes after it
+        if NEXT:
+            acc, p_prev, sc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_prev, sc))
         else:
-            acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
+            acc, p_prev, sc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev, sc))
+        p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
         if TRANS:
             fence_async_shared()
         gl.thread_barrier()  # every warp group's products have read k's buffer of block j, v's of block j - 1
@@ -260,13 +324,13 @@ if gluon is not None:
         if TRANS:  # v's tile of block j is in xt: its buffer takes block j + STAGES
             v_at = _v_at(v_row, v_col, nxt * BLOCK_N, TRANS)
             _fill((v_desc,), v_bars, (v_s,), j % STAGES, (v_at[0],), (v_at[1],), nxt < steps)
-            p = gl.convert_layout(p, p_layout)
+            p = _left(p, p_layout, PERM)
             b_op = xt.index(j % 2)
         else:
             v_at = _v_at(v_row, v_col, (nxt - 1) * BLOCK_N, TRANS)
             _fill((v_desc,), v_bars, (v_s,), (j + STAGES - 1) % STAGES, (v_at[0],), (v_at[1],),
                   (j > 0) & (nxt - 1 < steps))  # fmt: skip
-            p = gl.convert_layout(p, p_layout)
+            p = _left(p, p_layout, PERM)
             mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
             b_op = v_s.index(j % STAGES)
         acc = warpgroup_mma(p, b_op.permute((1, 0)), acc, is_async=True)
@@ -305,6 +369,7 @@ if gluon is not None:
         WAIT: gl.constexpr,  # a dependent launch after v's copy: wait for it first (crossfuse.ops._gdc)
         ASYNC: gl.constexpr,  # each block's scores issued before the relu and product of the one before
         TRANS: gl.constexpr,  # v read as it is and transposed in shared memory (attention v31): no copy
+        PERM: gl.constexpr,  # p @ v's keys in sigma's order (attention v34): v's copy so, or transposed so
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -362,18 +427,20 @@ if gluon is not None:
                 n_full = start_m // BLOCK_N
                 for j in range(n_full):
                     acc, sc, p = _step_async(acc, sc, p, q, zero, j, ring, offs_m, scale, s_layout, p_layout,
-                                             BLOCK_N, STAGES, SQUARED, False, True, TRANS)  # fmt: skip
+                                             BLOCK_N, STAGES, SQUARED, False, True, TRANS, PERM)  # fmt: skip
                 for j in range(n_full, steps - 1):
                     acc, sc, p = _step_async(acc, sc, p, q, zero, j, ring, offs_m, scale, s_layout, p_layout,
-                                             BLOCK_N, STAGES, SQUARED, True, True, TRANS)  # fmt: skip
+                                             BLOCK_N, STAGES, SQUARED, True, True, TRANS, PERM)  # fmt: skip
                 acc, sc, p = _step_async(acc, sc, p, q, zero, steps - 1, ring, offs_m, scale, s_layout,
-                                         p_layout, BLOCK_N, STAGES, SQUARED, True, False, TRANS)  # fmt: skip
+                                         p_layout, BLOCK_N, STAGES, SQUARED, True, False, TRANS,
+                                         PERM)  # fmt: skip
             else:
                 for j in range(steps - 1):
                     acc, sc, p = _step_async(acc, sc, p, q, zero, j, ring, offs_m, scale, s_layout, p_layout,
-                                             BLOCK_N, STAGES, SQUARED, False, True, TRANS)  # fmt: skip
+                                             BLOCK_N, STAGES, SQUARED, False, True, TRANS, PERM)  # fmt: skip
                 acc, sc, p = _step_async(acc, sc, p, q, zero, steps - 1, ring, offs_m, scale, s_layout,
-                                         p_layout, BLOCK_N, STAGES, SQUARED, False, False, TRANS)  # fmt: skip
+                                         p_layout, BLOCK_N, STAGES, SQUARED, False, False, TRANS,
+                                         PERM)  # fmt: skip
             acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
             _release(v_bars, STAGES)
         else:
@@ -398,14 +465,14 @@ if gluon is not None:
                 n_full = start_m // BLOCK_N
                 for j in range(n_full):
                     acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
-                                SQUARED, False, TRANS)  # fmt: skip
+                                SQUARED, False, TRANS, PERM)  # fmt: skip
                 for j in range(n_full, steps):
                     acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
-                                SQUARED, True, TRANS)  # fmt: skip
+                                SQUARED, True, TRANS, PERM)  # fmt: skip
             else:
                 for j in range(steps):
                     acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
-                                SQUARED, False, TRANS)  # fmt: skip
+                                SQUARED, False, TRANS, PERM)  # fmt: skip
 
         _release(bars, STAGES)
         mbarrier.invalidate(q_bar)
@@ -444,7 +511,7 @@ if gluon is not None:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             dp = warpgroup_mma(do, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             if TRANS:  # kx: the last product to read it (block j - 1's) was done before its end's barrier
-                _transpose(bufs[0].index(slot), kx, gl.num_warps())
+                _transpose(bufs[0].index(slot), kx, gl.num_warps(), True)
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc,))
             if SQUARED:
                 a = gl.maximum(sc * scale, 0.0)
@@ -458,7 +525,7 @@ if gluon is not None:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
             dp = warpgroup_mma(do, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False)
             if TRANS:
-                _transpose(bufs[0].index(slot), kx, gl.num_warps())
+                _transpose(bufs[0].index(slot), kx, gl.num_warps(), True)
             if SQUARED:
                 ds = dp * (2.0 * scale) * gl.maximum(sc * scale, 0.0)
             else:
@@ -469,9 +536,9 @@ if gluon is not None:
         if TRANS:
             fence_async_shared()
             gl.thread_barrier()  # every warp's part of kx stored
-            dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), kx.permute((1, 0)), dq)
+            dq = warpgroup_mma(_left(ds, ds_layout, True), kx.permute((1, 0)), dq)
         else:
-            dq = warpgroup_mma(gl.convert_layout(ds, ds_layout), bufs[2].index(slot).permute((1, 0)), dq)
+            dq = warpgroup_mma(_left(ds, ds_layout, True), bufs[2].index(slot).permute((1, 0)), dq)
         gl.thread_barrier()  # every warp's products have read buffer slot
         nxt = (j + STAGES) * BLOCK_N
         # (where TRANS, descs has no copy of k: the last place goes unused)
@@ -569,15 +636,15 @@ if gluon is not None:
             st = warpgroup_mma(k, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             if TRANS:  # qx, dox: the last products to read them (block j - 1's) were done before its barrier
-                _transpose(bufs[0].index(slot), qx, gl.num_warps())
-                _transpose(bufs[1].index(slot), dox, gl.num_warps())
+                _transpose(bufs[0].index(slot), qx, gl.num_warps(), True)
+                _transpose(bufs[1].index(slot), dox, gl.num_warps(), True)
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         else:
             st = warpgroup_mma(k, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
             dpt = warpgroup_mma(v, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False)
             if TRANS:
-                _transpose(bufs[0].index(slot), qx, gl.num_warps())
-                _transpose(bufs[1].index(slot), dox, gl.num_warps())
+                _transpose(bufs[0].index(slot), qx, gl.num_warps(), True)
+                _transpose(bufs[1].index(slot), dox, gl.num_warps(), True)
         at = gl.maximum(st * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
         if SQUARED:
             pt = at * at
@@ -587,7 +654,7 @@ if gluon is not None:
             offs_m = (first + j) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
             visible = offs_m[None, :] >= offs_n[:, None]
             pt = gl.where(visible, pt, 0.0)
-        pt = gl.convert_layout(pt, pt_layout)
+        pt = _left(pt, pt_layout, True)
         if TRANS:
             fence_async_shared()
             gl.thread_barrier()  # every warp's parts of qx and dox stored
@@ -607,7 +674,7 @@ if gluon is not None:
             dst = gl.where(st > 0.0, dpt * scale, 0.0)
         if MASKED:
             dst = gl.where(visible, dst, 0.0)
-        dst = gl.convert_layout(dst, pt_layout)
+        dst = _left(dst, pt_layout, True)
         if ASYNC:
             dk = warpgroup_mma(dst, qt_b.permute((1, 0)), dk, is_async=True)
             dv, dk, pt, dst = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt, dst))
@@ -833,11 +900,14 @@ def _desc(view: torch.Tensor, block: list[int]):
 
 
 def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_scale: float, block_m: int,
-           block_n: int, stages: int, is_async: int, trans: int, wait: bool, run) -> None:  # fmt: skip
+           block_n: int, stages: int, is_async: int, trans: int, perm: bool, wait: bool,
+           run) -> None:  # fmt: skip
     """The forward on [B, H, L, D] views q, k (``views``: their row views, what :func:`usable` returned),
     out and v: where ``trans``, v itself (``views`` then holds its row view too: :func:`usable` with v),
-    transposed in the kernel; else v's copy ([B, H, D, L] contiguous). Launched through ``run(kernel,
-    grid, key, *args, **options)`` (the launcher's ``_launch``)."""
+    transposed in the kernel; else v's copy ([B, H, D, L] contiguous). With ``perm`` the keys of ``p @ v``
+    are taken in sigma's order (attention v34, :func:`_left`): v's copy must then be in that order
+    (``_l_contiguous`` with ``sigma``); where ``trans`` the kernel transposes v's tiles so. Launched through
+    ``run(kernel, grid, key, *args, **options)`` (the launcher's ``_launch``)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     (qv, q_rb, q_rh, q_ch), (kv, k_rb, k_rh, k_ch), *rest = views
@@ -854,7 +924,8 @@ def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_
         out.stride(2), H, Lk, group, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, *vh, scale, relu_scale,
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, SQUARED=squared,
-                   WAIT=wait, ASYNC=bool(is_async), TRANS=bool(trans), num_warps=block_m // 16)  # fmt: skip
+                   WAIT=wait, ASYNC=bool(is_async), TRANS=bool(trans), PERM=bool(perm),
+                   num_warps=block_m // 16)  # fmt: skip
     if trans and block_m == 128 and D <= 64:
         # two programs an SM (96 KB of shared memory each): at most 128 registers a thread (the causal
         # kernel takes 157 without the cap, and spills 76 bytes in its diagonal loop with it)
@@ -876,9 +947,12 @@ def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: boo
                relu_scale: float, dkdv_tiles, dq_tiles, chain: bool, signal: bool, run) -> None:  # fmt: skip
     """The backward's two kernels on [B, H, L, D] views (``usable_views``: what :func:`usable_bwd`
     returned), through ``run`` (the launcher's ``_launch``). A kernel whose tiles end in a true TRANS
-    transposes its tiles of q and dout (dK/dV) or k (dQ) itself, and its copies are not given. With
-    ``chain``, the dK/dV kernel is a dependent launch after the copies; with ``signal``, the dQ kernel is
-    one after the dK/dV kernel (crossfuse.ops._gdc)."""
+    transposes its tiles of q and dout (dK/dV) or k (dQ) itself, and its copies are not given. Both
+    kernels take the left operands of their last products relabelled in sigma's order (attention v34,
+    :func:`_left`): the copies must be in that order too (``_l_contiguous`` with ``sigma``). With
+    ``chain``, the dK/dV kernel is a dependent
+    launch after the copies; with ``signal``, the dQ kernel is one after the dK/dV kernel
+    (crossfuse.ops._gdc)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     ((qv, *qh), (kv, *kh), (vv, *vh), (dov, *doh)), (qt, dot, kt) = usable_views

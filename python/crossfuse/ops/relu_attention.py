@@ -950,6 +950,7 @@ def _l_major_copy_kernel(
     BLOCK_L: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GDC: tl.constexpr = False,  # the kernel after it may be a dependent launch that waits for it (_gdc)
+    SIGMA: tl.constexpr = False,  # L's indices in sigma's order within each 8 (L a multiple of 8; v34)
 ):  # fmt: skip
     _gdc.launch_dependents(GDC)
     # a [BLOCK_L, BLOCK_D] tile read along D and written along L: Triton gives the load and the store
@@ -971,7 +972,11 @@ def _l_major_copy_kernel(
     offs_l = (tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)).to(tl.int64)
     offs_d = (tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)).to(tl.int64)
     ok = (offs_l[:, None] < L) & (offs_d[None, :] < D)
-    x = tl.load(X + b * sb + h * sh + offs_l[:, None] * sl + offs_d[None, :] * sd, mask=ok)
+    if SIGMA:  # place l' = 8g + sigma(c) takes row 8g + c: c = (l' % 8 >> 2) | (l' % 4 << 1)
+        rows = (offs_l & ~7) | ((offs_l & 7) >> 2) | ((offs_l & 3) << 1)
+    else:
+        rows = offs_l
+    x = tl.load(X + b * sb + h * sh + rows[:, None] * sl + offs_d[None, :] * sd, mask=ok)
     Y += pid.to(tl.int64) * D * L
     tl.store(Y + offs_d[None, :] * L + offs_l[:, None], x, mask=ok)
 
@@ -1185,19 +1190,23 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
     if _tf32_copies(q.dtype, interp):
         tiles = TF32_FWD.get((causal, max(Lq, Lk) > SHORT_L))
         views = _attn_tf32.usable(q, k, interp, *tiles[:2], v=v) if tiles and tiles[4] else None
-        if views:  # v's tiles transposed in the kernel: no copy (attention v31)
-            _attn_tf32.launch(q, k, views, v, out, causal, squared, scale, relu_scale, *tiles, False, _launch)
+        if views:  # v's tiles transposed in the kernel (attention v31), in sigma's order (v34): no copy
+            _attn_tf32.launch(q, k, views, v, out, causal, squared, scale, relu_scale, *tiles, True, False,
+                              _launch)  # fmt: skip
             return
         # p @ v sums over keys (see _tf32_copies); where the GPU allows, the kernel is a dependent launch
-        # whose programs take the SMs the copy's last programs leave and wait for the copy at their start
+        # whose programs take the SMs the copy's last programs leave and wait for the copy at their start.
+        # The Gluon kernel takes the keys of v's copy in sigma's order (attention v34); a v with unit
+        # stride on L already is read as it is, the keys in their order
         gdc = _gdc.usable(q, interp)
-        (v,) = _l_contiguous(v, signal=gdc)
+        views = _attn_tf32.usable(q, k, interp, *tiles[:2]) if tiles else None
+        perm = views is not None and v.stride(2) != 1
+        (v,) = _l_contiguous(v, signal=gdc, sigma=perm)
         chain = dict(WAIT=True, launch_pdl=True) if gdc else {}
         vt = v.transpose(2, 3)  # [B, H, D, L]
-        views = _attn_tf32.usable(q, k, interp, *tiles[:2]) if tiles and vt.is_contiguous() else None
-        if views:
-            _attn_tf32.launch(q, k, views, vt, out, causal, squared, scale, relu_scale, *tiles[:4], 0, gdc,
-                              _launch)  # fmt: skip
+        if views and vt.is_contiguous():
+            _attn_tf32.launch(q, k, views, vt, out, causal, squared, scale, relu_scale, *tiles[:4], 0, perm,
+                              gdc, _launch)  # fmt: skip
             return
     fold = _fold(q.dtype, causal)
     _launch(
@@ -1228,7 +1237,11 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
 # transposition's stores free of bank conflicts (attention v33, run 307), TRANS against v's copy at
 # 128x64: 1.311 against 1.196x (L=1024 full), 1.280 against 1.182x (causal), 1.221 against 1.193x
 # (L=2048 full), 1.224 against 1.158x (causal), 1.170 against 1.146x (L=4096 causal), 1.135 against
-# 1.143x (L=4096 full: v's copy kept there).
+# 1.143x (L=4096 full: v's copy kept there). With p relabelled instead of moved between lanes (attention
+# v34, v's keys in sigma's order; run 312), TRANS against v's copy at 128x64: 1.447 against 1.336x (L=1024
+# full), 1.455 against 1.067x (causal: the copy's causal kernel takes 138 registers, one program an SM),
+# 1.358 against 1.386x (L=2048 full: one entry holds up to L=2048), 1.386 against 1.061x (causal), 1.269
+# against 1.359x (L=4096 full), 1.325 against 1.052x (L=4096 causal).
 TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int, int, int]] = {
     (False, False): (128, 64, 2, 0, 1),
     (False, True): (128, 64, 2, 0, 0),
@@ -1252,12 +1265,17 @@ TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int, int, int]] = {
 # tiles ran 1.177 and 1.191 against 1.178 and 1.197 (runs 293, 291). With the transposition's stores free
 # of bank conflicts (v33, run 307), TRANS in both kernels with 3 buffers and 64x64 dQ tiles: 1.393 against
 # 1.241 (L=1024 causal), 1.247 against 1.188 (L=2048 causal), 1.137 against 1.140 (L=4096 causal); at the
-# full rows 1.05-1.20 against 1.20-1.25 (copies kept there).
+# full rows 1.05-1.20 against 1.20-1.25 (copies kept there). With the left operands relabelled (attention
+# v34, the copies and transposed tiles in sigma's order; run 312): the full rows' (32, 64, 2, 1), (64, 64,
+# 2, 1) 1.375, 1.413, 1.423x (L = 1024, 2048, 4096; at L=4096 64x32 dQ tiles 1.380 against 1.402 in run
+# 311); the short causal entry 1.455x (L=1024) and 1.293x (L=2048, where the dQ kernel alone with TRANS ran
+# 1.308-1.333x); at L=4096 causal the dQ kernel with TRANS and the dK/dV kernel reading copies 1.258 and
+# 1.269x (64x32 and 64x64 dQ tiles) against 1.168-1.211x for the others.
 TF32_BWD: dict[tuple[bool, bool], tuple[tuple[int, ...], tuple[int, ...]]] = {
     (False, False): ((32, 64, 2, 1), (64, 64, 2, 1)),
-    (False, True): ((32, 64, 2, 1), (64, 32, 3, 1)),
+    (False, True): ((32, 64, 2, 1), (64, 64, 2, 1)),
     (True, False): ((32, 64, 3, 1, 1), (64, 64, 2, 1, 1)),
-    (True, True): ((32, 64, 3, 1), (64, 64, 2, 1)),
+    (True, True): ((32, 64, 2, 1), (64, 32, 3, 1, 1)),
 }
 
 
@@ -1301,43 +1319,58 @@ def _desc(t: torch.Tensor, rows: int):
 L_MAJOR_TILE = (64, 64, 4)  # BLOCK_L, BLOCK_D, warps of _l_major_copy_kernel
 
 
-def _l_contiguous(*tensors: torch.Tensor, signal: bool = False) -> tuple[torch.Tensor, ...]:
+def _l_contiguous(*tensors: torch.Tensor, signal: bool = False,
+                  sigma: bool = False) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """[B, H, L, D] views with unit stride on L of ``tensors``: each tensor itself when it has one, else a
     copy ([B, H, D, L] contiguous, seen transposed). Tensors of one shape, dtype and device are copied
     three at a time by one launch into one buffer (which lives as long as any of its copies). The copy is a
     Triton kernel: torch's ``contiguous()`` of the transposed view moved about 1 TB/s on the H200 at the
     seed's float32 shapes, a third of a plain copy's rate (run 136), and the copies were then 30% of the
     float32 forward at L=1024. With ``signal``, the copy kernel lets a dependent launch after it start
-    (:mod:`._gdc`); that kernel must wait for it before reading the copies."""
+    (:mod:`._gdc`); that kernel must wait for it before reading the copies. With ``sigma`` (for the float32
+    Gluon kernels, attention v34; L a multiple of 8) every tensor is copied, the indices along L of each
+    group of 8 in the order of ``crossfuse.ops._attn_tf32._sigma``: place ``8g + sigma(c)`` holds row
+    ``8g + c``."""
     out = list(tensors)
-    todo = [i for i, t in enumerate(tensors) if t.stride(2) != 1]
+    todo = [i for i, t in enumerate(tensors) if sigma or t.stride(2) != 1]
     while todo:
         kind = _copy_kind(tensors[todo[0]])
         group = [i for i in todo if _copy_kind(tensors[i]) == kind][:3]
         todo = [i for i in todo if i not in group]
-        for i, c in zip(group, _l_major_copies([tensors[i] for i in group], signal), strict=True):
+        for i, c in zip(group, _l_major_copies([tensors[i] for i in group], signal, sigma), strict=True):
             out[i] = c
     return tuple(out)
+
+
+def sigma_rows(length: int, device=None) -> torch.Tensor:
+    """The rows that places ``0 .. length - 1`` of a copy in sigma's order hold (see :func:`_l_contiguous`):
+    ``8g + c`` for place ``8g + sigma(c)``, sigma(b0 + 2 b1 + 4 b2) = b1 + 2 b2 + 4 b0."""
+    at = torch.arange(length, device=device)
+    return (at & ~7) | ((at & 7) >> 2) | ((at & 3) << 1)
 
 
 def _copy_kind(t: torch.Tensor) -> tuple:
     return t.shape, t.dtype, t.device
 
 
-def _l_major_copies(ts: list[torch.Tensor], signal: bool = False) -> list[torch.Tensor]:
+def _l_major_copies(ts: list[torch.Tensor], signal: bool = False, sigma: bool = False) -> list[torch.Tensor]:
     """One to three tensors of one [B, H, L, D] shape copied with unit stride on L (see _l_contiguous)."""
     B, H, L, D = ts[0].shape
+    if sigma and L % 8:
+        raise ValueError(f"a copy in sigma's order needs a length that is a multiple of 8, got {L}")
     block_l, block_d, warps = L_MAJOR_TILE
     block_d = min(block_d, triton.next_power_of_2(D))
     grid = (len(ts) * B * H, triton.cdiv(L, block_l), triton.cdiv(D, block_d))
     if grid[1] > 65535:  # a grid's second axis is at most 65535 programs: torch's copy beyond that
+        if sigma:
+            ts = [t[:, :, sigma_rows(L, t.device)] for t in ts]
         return [t.transpose(2, 3).contiguous().transpose(2, 3) for t in ts]
     out = torch.empty((len(ts), B, H, D, L), dtype=ts[0].dtype, device=ts[0].device)
     if out.numel():
         _record(None, grid, ())  # not through _launch: no plan
         xs = [*ts, ts[0], ts[0]][:3]
         args = (*xs, out, *(s for x in xs for s in x.stride()), H, L, D)
-        options = dict(T=len(ts), BLOCK_L=block_l, BLOCK_D=block_d, GDC=signal, num_warps=warps)
+        options = dict(T=len(ts), BLOCK_L=block_l, BLOCK_D=block_d, GDC=signal, SIGMA=sigma, num_warps=warps)
         _direct.run(_l_major_copy_kernel, grid, args, options)
     return [y.transpose(2, 3) for y in out.unbind(0)]
 
@@ -1440,10 +1473,11 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
         tiles = TF32_BWD.get((causal, max(q.shape[2], k.shape[2]) > SHORT_L))
         if tiles and _attn_tf32.usable_bwd(q, k, v, do, None, (dq, dk, dv), interp, *tiles):
             # a kernel whose tiles say TRANS transposes its tiles itself (attention v32); the others'
-            # copies are made, in one launch
+            # copies are made, in one launch, in sigma's order (attention v34: every kernel relabels its
+            # left operands)
             trans = [_attn_tf32.says_trans(t) for t in tiles]
             wanted = [t for t, own in ((q, trans[0]), (do, trans[0]), (k, trans[1])) if not own]
-            made = iter(_l_contiguous(*wanted, signal=gdc))
+            made = iter(_l_contiguous(*wanted, signal=gdc, sigma=True))
             cs = tuple(None if own else next(made) for own in (trans[0], trans[0], trans[1]))
             found = _attn_tf32.usable_bwd(q, k, v, do, cs, (dq, dk, dv), interp, *tiles)
             if found:
