@@ -870,7 +870,7 @@ def test_float32_gluon_forward_many_blocks(causal, tiles, gen, monkeypatch, laun
     "tiles",
     [((32, 64, 3, 1), (64, 64, 2, 1)), ((64, 64, 2, 0), (128, 64, 2, 0)), ((32, 128, 2, 1), (64, 32, 3, 0)),
      ((32, 64, 3, 1, 1), (64, 64, 2, 1, 1)), ((32, 64, 2, 1, 1), (64, 32, 3, 1, 0)),
-     ((32, 64, 2, 0, 0), (64, 32, 3, 0, 1))],
+     ((32, 64, 2, 0, 0), (64, 32, 3, 0, 1)), ((32, 128, 2, 1, 1), (128, 32, 2, 1, 1))],
     ids=lambda t: "-".join(f"{x[0]}x{x[1]}{'a' * x[3]}{'t' * (x[4:] == (1,))}" for x in t),
 )  # fmt: skip
 @pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])

@@ -203,12 +203,14 @@ if gluon is not None:
         of ``_transpose``'s loads with the roles of the rows' bits 1, 2 and 4 taken by 2, 4 and 1, so that
         sigma (:func:`_sigma`) of the tile is in that layout, each thread's 4 registers then holding 4
         consecutive rows."""
-        assert ROWS % (8 * WARPS) == 0 and COLS % 16 == 0, "a tile of 8 rows a warp and 16 columns"
+        assert ROWS % 8 == 0 and COLS % 16 == 0, "a tile of rows in 8s and columns in 16s"
+        rows_warps = min(WARPS, ROWS // 8)  # warps beyond the tile's rows hold copies (as the blocked layout)
         regs = [[2, 0], [4, 0]]
         regs += [[0, 16 << i] for i in range((COLS // 16).bit_length() - 1)]
-        regs += [[8 * WARPS << i, 0] for i in range((ROWS // (8 * WARPS)).bit_length() - 1)]
+        regs += [[8 * rows_warps << i, 0] for i in range((ROWS // (8 * rows_warps)).bit_length() - 1)]
         lanes = [[0, 1], [0, 2], [0, 4], [0, 8], [1, 0]]
-        warps = [[8 << i, 0] for i in range(WARPS.bit_length() - 1)]
+        warps = [[8 << i, 0] for i in range(rows_warps.bit_length() - 1)]
+        warps += [[0, 0]] * ((WARPS // rows_warps).bit_length() - 1)
         return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warps, block_bases=[],
                                           shape=[ROWS, COLS])  # fmt: skip
 

@@ -1270,12 +1270,15 @@ TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int, int, int]] = {
 # 2, 1) 1.375, 1.413, 1.423x (L = 1024, 2048, 4096; at L=4096 64x32 dQ tiles 1.380 against 1.402 in run
 # 311); the short causal entry 1.455x (L=1024) and 1.293x (L=2048, where the dQ kernel alone with TRANS ran
 # 1.308-1.333x); at L=4096 causal the dQ kernel with TRANS and the dK/dV kernel reading copies 1.258 and
-# 1.269x (64x32 and 64x64 dQ tiles) against 1.168-1.211x for the others.
+# 1.269x (64x32 and 64x64 dQ tiles) against 1.168-1.211x for the others. With 128-key dK/dV tiles on 8
+# warps, both kernels with TRANS (run 313): 1.439, 1.366, 1.274x at the causal rows (L = 1024, 2048,
+# 4096) against 1.447, 1.304 and 1.204x for the 64-key short causal entry and the copies' tiles; the full
+# rows' (32, 64, 2, 1), (64, 64, 2, 1) 1.368, 1.413, 1.403x against 1.323, 1.283, 1.251x.
 TF32_BWD: dict[tuple[bool, bool], tuple[tuple[int, ...], tuple[int, ...]]] = {
     (False, False): ((32, 64, 2, 1), (64, 64, 2, 1)),
     (False, True): ((32, 64, 2, 1), (64, 64, 2, 1)),
-    (True, False): ((32, 64, 3, 1, 1), (64, 64, 2, 1, 1)),
-    (True, True): ((32, 64, 2, 1), (64, 32, 3, 1, 1)),
+    (True, False): ((64, 128, 2, 1, 1), (64, 64, 2, 1, 1)),
+    (True, True): ((64, 128, 2, 1, 1), (64, 64, 2, 1, 1)),
 }
 
 
