@@ -794,6 +794,32 @@ def test_float32_gluon_forward(length, layout, causal, squared, tiles, gen, monk
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("scale", [0.125, 0.1, -0.125], ids=["pow2", "other", "negative"])
+@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
+def test_float32_gluon_forward_folds_the_scale(scale, squared, gen, monkeypatch, launched):
+    # the Gluon forward applies a positive scale with relu_scale, to the output (relu(s * scale) = scale *
+    # relu(s), squared: scale^2; attention v35), and a scale that is not positive (which the raw launcher
+    # takes) to the scores: both against float64 and against Triton's kernel, which scales the scores:
+    # equal up to float32 rounding where the scale is a power of 2, else up to the tf32 rounding of p
+    # (rounded before the scale here, after it there: 3.2e-4 apart at scale 0.1 in run 315)
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon forward needs compute capability 9 or later")
+    monkeypatch.setattr(ra, "TF32_FWD", dict.fromkeys(_EVERY_KEY, (128, 64, 2, 0, 1)))
+    qb, kb, vb = _float32_gpu_inputs(3, 256, "blhd", 64, gen)
+    call = (True, squared, scale, 1 / 256)
+    got = ra.relu_attention_fwd(qb, kb, vb, *call)
+    assert launched == [ra._attn_tf32._attn_fwd_tf32_kernel], launched
+    monkeypatch.setattr(ra, "TF32_FWD", {})
+    triton_kernel = ra.relu_attention_fwd(qb, kb, vb, *call)
+    refs = [tf32_truncate(t).double() for t in (qb, kb, vb)]
+    want = relu_attention_ref(*refs, causal=True, squared=squared, scale=scale, relu_scale=1 / 256)
+    tol = tolerance("relu_attention", torch.float32, "fwd", tf32=True)
+    assert relerr(got, want) <= tol, relerr(got, want)
+    between = 1e-5 if math.log2(abs(scale)).is_integer() else 2 * tol
+    assert relerr(got, triton_kernel) <= between, relerr(got, triton_kernel)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_float32_gluon_forward_transposes_v_or_reads_its_copy(causal, gen, monkeypatch, launched, copies):
     # TRANS (attention v31): v's tiles transposed in shared memory, no copy; without it, v's copy; the same
