@@ -191,9 +191,9 @@ if gluon is not None:
         """The accumulator ``x`` of a tf32 product as the left operand (``layout``) of the next. A thread
         holds columns 2t, 2t + 1 of each 8 of an accumulator (t = lane % 4) and columns t, t + 4 of a left
         operand: where PERM the columns are relabelled by :func:`_sigma` instead (no data moves, checked at
-        compile time), and the right operand's rows must be in sigma's order too (:func:`_transpose` with
-        PERM, or a copy in that order); else the columns move between the lanes of each quad (32 shuffles
-        and 64 selects a thread for a 128 x 64 tile on 8 warps)."""
+        compile time), and the right operand's rows must be in sigma's order too (:func:`_transpose`, or a
+        copy in that order); else the columns move between the lanes of each quad (32 shuffles and 64
+        selects a thread for a 128 x 64 tile on 8 warps)."""
         if PERM:
             return gl.convert_layout(_sigma(x, 1), layout, assert_trivial=True)
         else:
@@ -201,9 +201,9 @@ if gluon is not None:
 
     @gluon.constexpr_function
     def _rows_by_sigma(ROWS, COLS, WARPS):
-        """The register layout in which :func:`_transpose` reads a [ROWS, COLS] tile where PERM: the layout
-        of ``_transpose``'s loads with the roles of the rows' bits 1, 2 and 4 taken by 2, 4 and 1, so that
-        sigma (:func:`_sigma`) of the tile is in that layout, each thread's 4 registers then holding 4
+        """The register layout in which :func:`_transpose` reads a [ROWS, COLS] tile: the layout of its
+        stores with the roles of the rows' bits 1, 2 and 4 taken by 2, 4 and 1, so that sigma
+        (:func:`_sigma`) of the tile is in the stores' layout, each thread's 4 registers then holding 4
         consecutive rows."""
         assert ROWS % 8 == 0 and COLS % 16 == 0, "a tile of rows in 8s and columns in 16s"
         rows_warps = min(WARPS, ROWS // 8)  # warps beyond the tile's rows hold copies (as the blocked layout)
@@ -217,25 +217,22 @@ if gluon is not None:
                                           shape=[ROWS, COLS])  # fmt: skip
 
     @gluon.jit
-    def _transpose(buf, xt_buf, WARPS: gl.constexpr, PERM: gl.constexpr):
+    def _transpose(buf, xt_buf, WARPS: gl.constexpr):
         """The tile [ROWS, HEAD_D] in ``buf`` (v's, or q's, dout's or k's in the backward) stored transposed
         into ``xt_buf`` (attention v31): each thread takes 4 consecutive rows of one column and stores them
         as one 16-byte vector along the rows of xt. Consecutive lanes take consecutive columns (v33): the 8
         lanes of each quarter of a warp's store write 8 rows of xt, which the 128-byte swizzle puts in
         distinct banks (with the rows of a column on consecutive lanes, v31, two lanes shared each bank),
-        and Triton 3.6 reads the tile with ``ldmatrix`` (16 scalar loads a thread before). Where PERM, xt's
-        columns are in sigma's order (:func:`_sigma`; the product's left operand from :func:`_left`): the
-        tile is read in the layout whose sigma is the store's. The caller fences (``fence_async_shared``)
-        and waits for every warp before a product reads xt."""
+        and Triton 3.6 reads the tile with ``ldmatrix`` (16 scalar loads a thread before). xt's columns are
+        in sigma's order (attention v34: :func:`_sigma`; the product's left operand from :func:`_left` with
+        PERM): the tile is read in the layout whose sigma is the store's. The caller fences
+        (``fence_async_shared``) and waits for every warp before a product reads xt."""
         layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[2, 16],
                                                 warps_per_cta=[WARPS, 1], order=[1, 0])  # fmt: skip
-        if PERM:
-            ROWS: gl.constexpr = buf.shape[0]
-            COLS: gl.constexpr = buf.shape[1]
-            tile = buf.load(_rows_by_sigma(ROWS, COLS, WARPS))
-            tile = gl.convert_layout(_sigma(tile, 0), layout, assert_trivial=True)
-        else:
-            tile = buf.load(layout)
+        ROWS: gl.constexpr = buf.shape[0]
+        COLS: gl.constexpr = buf.shape[1]
+        tile = buf.load(_rows_by_sigma(ROWS, COLS, WARPS))
+        tile = gl.convert_layout(_sigma(tile, 0), layout, assert_trivial=True)
         xt_buf.store(gl.permute(tile, [1, 0]))
 
     @gluon.jit
@@ -269,7 +266,7 @@ if gluon is not None:
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         if TRANS:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
-            _transpose(bufs[1].index(slot), xt.index(j % 2), gl.num_warps(), PERM)
+            _transpose(bufs[1].index(slot), xt.index(j % 2), gl.num_warps())
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
             fence_async_shared()
             # every warp has read buffer slot (k by its product, v into registers) and stored its part of
@@ -278,7 +275,7 @@ if gluon is not None:
             gl.thread_barrier()
             _fill(descs, bars, bufs, slot, (k_row + nxt, v_at[0]), (k_col, v_at[1]), j + STAGES < steps)
             p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
-            acc = warpgroup_mma(_left(p, p_layout, PERM), xt.index(j % 2).permute((1, 0)), acc)
+            acc = warpgroup_mma(_left(p, p_layout, True), xt.index(j % 2).permute((1, 0)), acc)
         else:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
             p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
@@ -308,7 +305,7 @@ if gluon is not None:
             sn = sc
         if TRANS:  # xt's buffer was last read by block j - 2's product, done before block j - 1's barrier
             mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
-            _transpose(v_s.index(j % STAGES), xt.index(j % 2), gl.num_warps(), PERM)
+            _transpose(v_s.index(j % STAGES), xt.index(j % 2), gl.num_warps())
         # block j - 1's product done (block j + 1's scores may run on) before p is computed: the tensor
         # cores read that product's left operand from registers until then, and p's registers may be
         # those (the deps name the loop's copies of p_prev, not the registers the product reads). With a
@@ -328,7 +325,7 @@ if gluon is not None:
         if TRANS:  # v's tile of block j is in xt: its buffer takes block j + STAGES
             v_at = _v_at(v_row, v_col, nxt * BLOCK_N, TRANS)
             _fill((v_desc,), v_bars, (v_s,), j % STAGES, (v_at[0],), (v_at[1],), nxt < steps)
-            p = _left(p, p_layout, PERM)
+            p = _left(p, p_layout, True)
             b_op = xt.index(j % 2)
         else:
             v_at = _v_at(v_row, v_col, (nxt - 1) * BLOCK_N, TRANS)
@@ -373,7 +370,7 @@ if gluon is not None:
         WAIT: gl.constexpr,  # a dependent launch after v's copy: wait for it first (crossfuse.ops._gdc)
         ASYNC: gl.constexpr,  # each block's scores issued before the relu and product of the one before
         TRANS: gl.constexpr,  # v read as it is and transposed in shared memory (attention v31): no copy
-        PERM: gl.constexpr,  # p @ v's keys in sigma's order (attention v34): v's copy so, or transposed so
+        PERM: gl.constexpr,  # p @ v's keys in sigma's order in v's copy (attention v34; TRANS: always)
         FOLD: gl.constexpr,  # scale > 0 folded into relu_scale by the launcher (attention v35): the scores
         # are not scaled (relu(s * scale) = scale * relu(s))
     ):  # fmt: skip
@@ -519,7 +516,7 @@ if gluon is not None:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             dp = warpgroup_mma(do, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             if TRANS:  # kx: the last product to read it (block j - 1's) was done before its end's barrier
-                _transpose(bufs[0].index(slot), kx, gl.num_warps(), True)
+                _transpose(bufs[0].index(slot), kx, gl.num_warps())
             sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc,))
             if SQUARED:
                 a = gl.maximum(sc * scale, 0.0)
@@ -533,7 +530,7 @@ if gluon is not None:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
             dp = warpgroup_mma(do, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False)
             if TRANS:
-                _transpose(bufs[0].index(slot), kx, gl.num_warps(), True)
+                _transpose(bufs[0].index(slot), kx, gl.num_warps())
             if SQUARED:
                 ds = dp * (2.0 * scale) * gl.maximum(sc * scale, 0.0)
             else:
@@ -644,15 +641,15 @@ if gluon is not None:
             st = warpgroup_mma(k, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             if TRANS:  # qx, dox: the last products to read them (block j - 1's) were done before its barrier
-                _transpose(bufs[0].index(slot), qx, gl.num_warps(), True)
-                _transpose(bufs[1].index(slot), dox, gl.num_warps(), True)
+                _transpose(bufs[0].index(slot), qx, gl.num_warps())
+                _transpose(bufs[1].index(slot), dox, gl.num_warps())
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         else:
             st = warpgroup_mma(k, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
             dpt = warpgroup_mma(v, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False)
             if TRANS:
-                _transpose(bufs[0].index(slot), qx, gl.num_warps(), True)
-                _transpose(bufs[1].index(slot), dox, gl.num_warps(), True)
+                _transpose(bufs[0].index(slot), qx, gl.num_warps())
+                _transpose(bufs[1].index(slot), dox, gl.num_warps())
         at = gl.maximum(st * scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
         if SQUARED:
             pt = at * at
@@ -912,10 +909,10 @@ def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_
            run) -> None:  # fmt: skip
     """The forward on [B, H, L, D] views q, k (``views``: their row views, what :func:`usable` returned),
     out and v: where ``trans``, v itself (``views`` then holds its row view too: :func:`usable` with v),
-    transposed in the kernel; else v's copy ([B, H, D, L] contiguous). With ``perm`` the keys of ``p @ v``
-    are taken in sigma's order (attention v34, :func:`_left`): v's copy must then be in that order
-    (``_l_contiguous`` with ``sigma``); where ``trans`` the kernel transposes v's tiles so. Launched through
-    ``run(kernel, grid, key, *args, **options)`` (the launcher's ``_launch``)."""
+    transposed in the kernel; else v's copy ([B, H, D, L] contiguous). The keys of ``p @ v`` are taken in
+    sigma's order (attention v34, :func:`_left`) where ``trans`` (the kernel transposes v's tiles so) and
+    with ``perm``, which says that v's copy is in that order (``_l_contiguous`` with ``sigma``). Launched
+    through ``run(kernel, grid, key, *args, **options)`` (the launcher's ``_launch``)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     (qv, q_rb, q_rh, q_ch), (kv, k_rb, k_rh, k_ch), *rest = views
@@ -961,9 +958,8 @@ def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: boo
     transposes its tiles of q and dout (dK/dV) or k (dQ) itself, and its copies are not given. Both
     kernels take the left operands of their last products relabelled in sigma's order (attention v34,
     :func:`_left`): the copies must be in that order too (``_l_contiguous`` with ``sigma``). With
-    ``chain``, the dK/dV kernel is a dependent
-    launch after the copies; with ``signal``, the dQ kernel is one after the dK/dV kernel
-    (crossfuse.ops._gdc)."""
+    ``chain``, the dK/dV kernel is a dependent launch after the copies; with ``signal``, the dQ kernel is
+    one after the dK/dV kernel (crossfuse.ops._gdc)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     ((qv, *qh), (kv, *kh), (vv, *vh), (dov, *doh)), (qt, dot, kt) = usable_views

@@ -1191,7 +1191,7 @@ def _fwd_launches(q, k, v, out, causal, squared, scale, relu_scale, cfg, interp)
         tiles = TF32_FWD.get((causal, max(Lq, Lk) > SHORT_L))
         views = _attn_tf32.usable(q, k, interp, *tiles[:2], v=v) if tiles and tiles[4] else None
         if views:  # v's tiles transposed in the kernel (attention v31), in sigma's order (v34): no copy
-            _attn_tf32.launch(q, k, views, v, out, causal, squared, scale, relu_scale, *tiles, True, False,
+            _attn_tf32.launch(q, k, views, v, out, causal, squared, scale, relu_scale, *tiles, False, False,
                               _launch)  # fmt: skip
             return
         # p @ v sums over keys (see _tf32_copies); where the GPU allows, the kernel is a dependent launch
