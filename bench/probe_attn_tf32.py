@@ -1,4 +1,4 @@
-"""Probe: the float32 forward and backward in Gluon (``crossfuse.ops._attn_tf32``, attention v26-v31)
+"""Probe: the float32 forward and backward in Gluon (``crossfuse.ops._attn_tf32``, attention v26-v36)
 against Triton's float32 kernels, at the seed's shapes (``bench/extras.py``'s float32 section: [B, L, H, D]
 as [B, H, L, D] views, B=4, H=16, D=64, L = 1024, 2048, 4096, causal and not), each with its copies,
 alternated ``--rounds`` times, medians of ``crossfuse.harness.timing.time_cuda``.
@@ -8,7 +8,10 @@ alternated ``--rounds`` times, medians of ``crossfuse.harness.timing.time_cuda``
     python bench/probe_attn_tf32.py --kind copies
 
 ``--groups 1,16,64`` runs each tile with each number of heads per group of the causal launch order
-(``crossfuse.ops._attn_tf32.head_group``; ``auto``: the launcher's choice).
+(``crossfuse.ops._attn_tf32.head_group``; ``auto``: the launcher's choice). ``--fold-bwd 0,1`` runs each
+backward tile without and with the backward's fold of the scale (``_attn_tf32.FOLD_BWD``, attention v36;
+named ``+fold``). A dQ tile's sixth field, WRITE (attention v36), runs the dQ kernel first, writing the
+copies of q and dout that the dK/dV kernel reads (``32:64:2:1/64:64:2:1:1:1``).
 
 Prints per shape: TFLOP/s of Triton's kernels and of each Gluon tile (BLOCK_M:BLOCK_N:STAGES:ASYNC, and
 for the forward :TRANS, v transposed in the kernel instead of copied, attention v31; ASYNC and TRANS 0
@@ -38,6 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", default="auto", help="heads per group of the causal launch order, each "
                     "tile with each: 'auto' (the launcher's head_group) or numbers, as 1,16,64")  # fmt: skip
     ap.add_argument("--causal", action="store_true", help="the causal shapes only")
+    ap.add_argument("--fold-bwd", default="", help="the backward's fold of the scale, each tile with each: "
+                    "0,1 (default: the code's FOLD_BWD)")  # fmt: skip
     args = ap.parse_args(argv)
     bwd = args.kind == "bwd"
     if args.tiles is None:
@@ -64,11 +69,16 @@ def main(argv=None) -> int:
             print(f"L={L}: copies of q, dout, k {t * 1e3:.1f} us, {moved / t / 1e6:.0f} GB/s", flush=True)
         return 0
     groups = [None if g == "auto" else int(g) for g in args.groups.split(",")]
-    tiles = {f"{spec}@{g or 'auto'}" if len(groups) > 1 or g else spec: (parse(spec), g)
-             for spec in args.tiles.split(",") for g in groups}  # fmt: skip
+    folds = [bool(int(f)) for f in args.fold_bwd.split(",")] if args.fold_bwd else [_attn_tf32.FOLD_BWD]
+    tiles = {}
+    for spec in args.tiles.split(","):
+        for g in groups:
+            for fold in folds:
+                name = f"{spec}@{g or 'auto'}" if len(groups) > 1 or g else spec
+                tiles[name + ("+fold" if fold and len(folds) > 1 else "")] = (parse(spec), g, fold)
     table = "TF32_BWD" if bwd else "TF32_FWD"
     B, H, D = 4, 16, 64
-    saved, launch = getattr(ra, table), ra._launch
+    saved, launch, saved_fold = getattr(ra, table), ra._launch, _attn_tf32.FOLD_BWD
     op = ra.relu_attention_bwd if bwd else ra.relu_attention_fwd
     launched: set[str] = set()
 
@@ -89,13 +99,14 @@ def main(argv=None) -> int:
                 call += (causal, False, scale, relu_scale)
                 setattr(ra, table, {})
                 ref = op(*call)
-                variants = {"triton": (None, None), **tiles}
+                variants = {"triton": (None, None, saved_fold), **tiles}
                 times: dict[str, list[float]] = {name: [] for name in variants}
                 diffs, gluon = {}, {}
                 for _ in range(args.rounds):
-                    for name, (cfg, group) in variants.items():
+                    for name, (cfg, group, fold) in variants.items():
                         setattr(ra, table, {} if cfg is None else {(causal, L > ra.SHORT_L): cfg})
                         _attn_tf32.FORCE_GROUP = group
+                        _attn_tf32.FOLD_BWD = fold
                         try:
                             fn = lambda call=call: op(*call)  # noqa: E731
                             launched.clear()
@@ -122,6 +133,7 @@ def main(argv=None) -> int:
         setattr(ra, table, saved)
         ra._launch = launch
         _attn_tf32.FORCE_GROUP = None
+        _attn_tf32.FOLD_BWD = saved_fold
     return 0
 
 

@@ -746,6 +746,30 @@ def test_head_group_is_the_smallest_divisor_with_a_wave_of_programs(monkeypatch)
     assert ra._attn_tf32.head_group(24, False, 4) == 8
 
 
+def test_gluon_scale_fold_and_tile_flags(monkeypatch):
+    # the launchers' arithmetic of the fold (attention v35, v36): a positive, finite scale goes with
+    # relu_scale (squared: its square), any other stays with the scores; and the tiles' flags
+    fold_scale = ra._attn_tf32.fold_scale
+    assert fold_scale(0.125, 1 / 1024, False) == (True, 0.125 / 1024)
+    assert fold_scale(0.1, 0.5, True) == (True, 0.5 * (0.1 * 0.1))
+    for scale in (0.0, -0.125, math.inf, -math.inf, math.nan):
+        assert fold_scale(scale, 0.25, False) == (False, 0.25), scale
+    says_trans, says_write = ra._attn_tf32.says_trans, ra._attn_tf32.says_write
+    tiles = ((64, 64, 2, 1), (64, 64, 2, 1, 0), (64, 64, 2, 1, 1))
+    assert [says_trans(t) for t in tiles] == [False, False, True]
+    tiles = ((64, 64, 2, 1, 1), (64, 64, 2, 1, 1, 0), (64, 64, 2, 1, 1, 1))
+    assert [says_write(t) for t in tiles] == [False, False, True]
+    # a dQ kernel that writes the copies must transpose k itself, and the dK/dV kernel read the copies
+    # (the tensors' checks, which a CPU tensor fails, passed here)
+    monkeypatch.setattr(ra._attn_tf32, "_row_views", lambda tensors, interpreted, multiple: "views")
+    q = torch.zeros(1, 2, 128, 64)
+    usable = [((32, 64, 2, 1), (64, 64, 2, 1, 1, 1)), ((32, 64, 2, 1), (64, 64, 2, 1, 1, 0))]
+    refused = [((32, 64, 2, 1), (64, 64, 2, 1, 0, 1)), ((32, 64, 2, 1, 1), (64, 64, 2, 1, 1, 1))]
+    for tiles in usable + refused:
+        found = ra._attn_tf32.usable_bwd(q, q, q, q, None, (q, q, q), False, *tiles)
+        assert (found is not None) == (tiles in usable), tiles
+
+
 # every key of the float32 Gluon tables TF32_FWD and TF32_BWD: (causal, long sequence)
 _EVERY_KEY = [(c, long) for c in (False, True) for long in (False, True)]
 
@@ -891,13 +915,21 @@ def test_float32_gluon_forward_many_blocks(causal, tiles, gen, monkeypatch, laun
     assert relerr(got, triton_kernel) <= 1e-5, relerr(got, triton_kernel)
 
 
+def _tile_id(tiles):
+    """A kernel's tiles (BLOCK_M, BLOCK_N, STAGES, ASYNC[, TRANS[, WRITE]]) as a test id: 32x64a (ASYNC),
+    t (TRANS), w (the dQ kernel writes q's and dout's copies)."""
+    flags = [*tiles[3:], 0, 0][:3]
+    return f"{tiles[0]}x{tiles[1]}" + "".join(c * bool(f) for c, f in zip("atw", flags, strict=True))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "tiles",
     [((32, 64, 3, 1), (64, 64, 2, 1)), ((64, 64, 2, 0), (128, 64, 2, 0)), ((32, 128, 2, 1), (64, 32, 3, 0)),
      ((32, 64, 3, 1, 1), (64, 64, 2, 1, 1)), ((32, 64, 2, 1, 1), (64, 32, 3, 1, 0)),
-     ((32, 64, 2, 0, 0), (64, 32, 3, 0, 1)), ((32, 128, 2, 1, 1), (128, 32, 2, 1, 1))],
-    ids=lambda t: "-".join(f"{x[0]}x{x[1]}{'a' * x[3]}{'t' * (x[4:] == (1,))}" for x in t),
+     ((32, 64, 2, 0, 0), (64, 32, 3, 0, 1)), ((32, 128, 2, 1, 1), (128, 32, 2, 1, 1)),
+     ((32, 64, 2, 1), (64, 64, 2, 1, 1, 1)), ((64, 128, 2, 1), (128, 64, 2, 0, 1, 1))],
+    ids=lambda t: "-".join(_tile_id(x) for x in t),
 )  # fmt: skip
 @pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -905,9 +937,10 @@ def test_float32_gluon_forward_many_blocks(causal, tiles, gen, monkeypatch, laun
 @pytest.mark.parametrize("length", [128, 384, 100], ids=lambda n: f"L={n}")
 def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, monkeypatch, launched, copies):
     # the float32 backward in Gluon (attention v27; its kernels transposing their tiles of q and dout, or
-    # of k, themselves where the tiles say TRANS, v32; crossfuse.ops._attn_tf32): against float64 on the
-    # tf32-truncated inputs and against Triton's kernels; where the length is not a multiple of the tiles
-    # (L=100; L=384 with 128-row tiles) Triton's kernels run, after the copies of q, dout and k
+    # of k, themselves where the tiles say TRANS, v32; the dQ kernel first, writing q's and dout's copies,
+    # where its tiles say WRITE, v36; crossfuse.ops._attn_tf32): against float64 on the tf32-truncated
+    # inputs and against Triton's kernels; where the length is not a multiple of the tiles (L=100; L=384
+    # with 128-row tiles) Triton's kernels run, after the copies of q, dout and k
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the Gluon backward needs compute capability 9 or later")
     monkeypatch.setattr(ra, "TF32_BWD", dict.fromkeys(_EVERY_KEY, tiles))
@@ -921,9 +954,13 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
     multiple = math.lcm(tiles[0][1], tiles[1][0])
     ran = length % multiple == 0
     assert (gluon <= set(launched)) == ran, (launched, multiple)
-    trans = [ran and t[4:] == (1,) for t in tiles]
-    wanted = 2 * (not trans[0]) + (not trans[1])  # q and dout for the dK/dV kernel, k for the dQ kernel
+    trans = [ran and ra._attn_tf32.says_trans(t) for t in tiles]
+    write = ran and ra._attn_tf32.says_write(tiles[1])
+    # q and dout for the dK/dV kernel (unless the dQ kernel writes them), k for the dQ kernel
+    wanted = 2 * (not trans[0] and not write) + (not trans[1])
     assert copies == ([wanted] if wanted else []), copies
+    if write:  # the dQ kernel first: the dK/dV kernel reads what it wrote
+        assert launched == [ra._attn_tf32._attn_bwd_dq_tf32_kernel, ra._attn_tf32._attn_bwd_dkdv_tf32_kernel]
     assert all(torch.equal(a, b) for a, b in zip((qb, kb, vb, dob), before, strict=True))
     monkeypatch.setattr(ra, "TF32_BWD", {})
     triton_kernels = ra.relu_attention_bwd(*args)
@@ -937,6 +974,82 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, mon
         assert err <= tol, (name, err)
         # the same tf32 products summed in another order: equal up to float32 rounding
         assert relerr(a, b) <= 1e-4, (name, relerr(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "tiles",
+    [((32, 64, 2, 1), (64, 64, 2, 1)), ((64, 128, 2, 1, 1), (64, 64, 2, 1, 1)),
+     ((32, 64, 2, 1), (64, 64, 2, 1, 1, 1)), ((64, 128, 2, 1), (128, 64, 2, 0, 1, 1))],
+    ids=lambda t: "-".join(_tile_id(x) for x in t),
+)  # fmt: skip
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float32_gluon_backward_many_blocks(causal, tiles, gen, monkeypatch, launched):
+    # L=1024 and more programs than the GPU holds at once, so that the second kernel's programs start
+    # while the first one's last run: above all where the dQ kernel writes the copies the dK/dV kernel
+    # reads (WRITE, attention v36), which that kernel may read only once the dQ kernel is done
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon backward needs compute capability 9 or later")
+    monkeypatch.setattr(ra, "TF32_BWD", dict.fromkeys(_EVERY_KEY, tiles))
+    qb, kb, vb, dob = _float32_gpu_inputs(4, 1024, "blhd", 64, gen)
+    qb, kb, vb, dob = (t.repeat(8, 1, 1, 1) for t in (qb, kb, vb, dob))  # B=16, H=3
+    args = (qb, kb, vb, dob, causal, False, 0.125, 1 / 1024)
+    got = ra.relu_attention_bwd(*args)
+    assert {ra._attn_tf32._attn_bwd_dkdv_tf32_kernel, ra._attn_tf32._attn_bwd_dq_tf32_kernel} <= set(launched)
+    monkeypatch.setattr(ra, "TF32_BWD", {})
+    triton_kernels = ra.relu_attention_bwd(*args)
+    refs = [tf32_truncate(t[:2]).double().requires_grad_(True) for t in (qb, kb, vb)]
+    out = relu_attention_ref(*refs, causal=causal, squared=False, scale=0.125, relu_scale=1 / 1024)
+    grads = torch.autograd.grad(out, refs, dob[:2].double())
+    slack = kink_slack(qb[:2], kb[:2], vb[:2], dob[:2], causal, False, scale=0.125, relu_scale=1 / 1024)
+    tol = tolerance("relu_attention", torch.float32, "bwd", tf32=True)
+    for name, a, b, ref in zip(("dq", "dk", "dv"), got, triton_kernels, grads, strict=True):
+        assert relerr_with_slack(a[:2], ref, slack[name]) <= tol, (name, relerr(a[:2], ref))
+        assert relerr(a, b) <= 1e-4, (name, relerr(a, b))
+        # every repeat of the batch alike: the copies each program read were all written
+        assert all(torch.equal(a[i : i + 2], a[:2]) for i in range(2, 16, 2)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "tiles",
+    [((32, 64, 2, 1), (64, 64, 2, 1)), ((64, 128, 2, 1, 1), (64, 64, 2, 1, 1)),
+     ((32, 64, 2, 1), (64, 64, 2, 1, 1, 1))],
+    ids=lambda t: "-".join(_tile_id(x) for x in t),
+)  # fmt: skip
+@pytest.mark.parametrize("scale", [0.125, 0.1, -0.125], ids=["pow2", "other", "negative"])
+@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float32_gluon_backward_folds_the_scale(causal, squared, scale, tiles, gen, monkeypatch, launched):
+    # the Gluon backward with FOLD_BWD (attention v36): a positive scale goes with relu_scale (squared:
+    # scale^2, and the 2 of ds with dq's and dk's), a scale that is not positive stays with the scores;
+    # against float64, against the kernels without the fold (equal up to float32 rounding where the scale
+    # is a power of 2, else up to the tf32 rounding of p and ds, rounded before the scale here: 2^-11 of
+    # each element at most), and against Triton's kernels
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon backward needs compute capability 9 or later")
+    monkeypatch.setattr(ra, "TF32_BWD", dict.fromkeys(_EVERY_KEY, tiles))
+    qb, kb, vb, dob = _float32_gpu_inputs(4, 256, "blhd", 64, gen)
+    args = (qb, kb, vb, dob, causal, squared, scale, 1 / 256)
+    monkeypatch.setattr(ra._attn_tf32, "FOLD_BWD", True)
+    got = ra.relu_attention_bwd(*args)
+    gluon = {ra._attn_tf32._attn_bwd_dkdv_tf32_kernel, ra._attn_tf32._attn_bwd_dq_tf32_kernel}
+    assert gluon <= set(launched), launched
+    monkeypatch.setattr(ra._attn_tf32, "FOLD_BWD", False)
+    unfolded = ra.relu_attention_bwd(*args)
+    monkeypatch.setattr(ra, "TF32_BWD", {})
+    triton_kernels = ra.relu_attention_bwd(*args)
+    refs = [tf32_truncate(t).double().requires_grad_(True) for t in (qb, kb, vb)]
+    out = relu_attention_ref(*refs, causal=causal, squared=squared, scale=scale, relu_scale=1 / 256)
+    grads = torch.autograd.grad(out, refs, dob.double())
+    slack = kink_slack(qb, kb, vb, dob, causal, squared, scale=scale, relu_scale=1 / 256)
+    tol = tolerance("relu_attention", torch.float32, "bwd", tf32=True)
+    between = 1e-4 if math.log2(abs(scale)).is_integer() else 2e-3
+    for name, a, b, c, ref in zip(("dq", "dk", "dv"), got, unfolded, triton_kernels, grads, strict=True):
+        err = relerr_with_slack(a, ref, slack[name])
+        assert err <= tol, (name, err)
+        assert relerr(a, b) <= between, (name, relerr(a, b))
+        assert relerr(a, c) <= between, (name, relerr(a, c))
 
 
 @pytest.mark.gpu

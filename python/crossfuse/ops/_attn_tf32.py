@@ -47,6 +47,14 @@ the backward before it (run 311). The forward applies a positive ``scale`` with 
 output (relu(s * scale) = scale * relu(s); squared, scale^2: attention v35), which takes the multiply off
 each score: 1.015-1.025x (run 315).
 
+Attention v36, compiled for sm_90 but not yet run on a GPU (no entry of the tables takes it, and the
+backward's fold is off): the backward kernels fold the scale as the forward does (``FOLD_BWD``: 32
+multiplies a thread a step off each kernel at the full rows' tiles, 32 x 64 dK/dV and 64 x 64 dQ, by the
+PTX), and the dQ
+kernel, transposing k's tiles itself, can run first and write the copies of q and dout that the dK/dV
+kernel reads (``WRITE``, a sixth field of its tiles: :func:`_write_transposed`) in place of the copy
+kernel's pass over them.
+
 Every kernel's blocks start in the order of :func:`head_group` (attention v30): where causal, the heaviest
 blocks of a group of heads first, not of one head after another's. A kernel launched after a copy (the
 forward after v's, where not TRANS; the dK/dV kernel after those of q, dout and k) issues its loads of the
@@ -488,10 +496,30 @@ if gluon is not None:
 
 
     @gluon.jit
-    def _operands(Ad, Bd, a_at, b_at, layout: gl.constexpr):
+    def _write_transposed(buf, dst, row, col, ld):
+        """The tile [ROWS, COLS] in ``buf`` written transposed into the float32 matrix at ``dst`` (row
+        stride ``ld``) from row ``row``, column ``col`` on, its rows in sigma's order (place ``8g +
+        sigma(c)`` takes row ``8g + c``: the copies of ``_l_contiguous`` with ``sigma``). Consecutive lanes
+        take consecutive rows of the tile, so that each store of a warp fills 128 bytes of one row of
+        ``dst`` (sigma permutes within each 32 bytes)."""
+        ROWS: gl.constexpr = buf.shape[0]
+        COLS: gl.constexpr = buf.shape[1]
+        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1],
+                                                warps_per_cta=[1, gl.num_warps()], order=[0, 1])  # fmt: skip
+        tile = buf.load(layout)
+        m = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        d = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+        place = (m & -8) | ((m & 7) >> 1) | ((m & 1) << 2)  # sigma(b0 + 2 b1 + 4 b2) = b1 + 2 b2 + 4 b0
+        ptrs = dst + (row + d).to(gl.int64)[None, :] * ld + (col + place)[:, None]
+        gl.store(ptrs, tile)
+
+    @gluon.jit
+    def _operands(Ad, Bd, a_at, b_at, layout: gl.constexpr, copies, WRITE: gl.constexpr):
         """The tiles at ``a_at`` of ``Ad`` and at ``b_at`` of ``Bd`` (descriptors of one box shape) in
-        registers, in the left-operand layout ``layout``. Their shared memory is free once they are loaded:
-        the caller allocates its buffers for the loop after this."""
+        registers, in the left-operand layout ``layout``; where WRITE, also written transposed into their
+        copies ``copies = (A_T, B_T, row, col, ld)`` (:func:`_write_transposed`: the dQ kernel writing the
+        copies of q and dout the dK/dV kernel after it reads, attention v36). Their shared memory is free
+        once they are loaded: the caller allocates its buffers for the loop after this."""
         a_s = gl.allocate_shared_memory(Ad.dtype, Ad.block_type.shape, Ad.layout)
         b_s = gl.allocate_shared_memory(Bd.dtype, Bd.block_type.shape, Bd.layout)
         bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -501,12 +529,16 @@ if gluon is not None:
         tma.async_copy_global_to_shared(Bd, b_at, bar, b_s)
         mbarrier.wait(bar, 0)
         mbarrier.invalidate(bar)
+        if WRITE:
+            a_t, b_t, row, col, ld = copies
+            _write_transposed(a_s, a_t, row, col, ld)
+            _write_transposed(b_s, b_t, row, col, ld)
         return a_s.load(layout), b_s.load(layout)
 
     @gluon.jit
     def _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout: gl.constexpr, ds_layout: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SQUARED: gl.constexpr, MASKED: gl.constexpr,
-                 ASYNC: gl.constexpr, TRANS: gl.constexpr):  # fmt: skip
+                 ASYNC: gl.constexpr, TRANS: gl.constexpr, FOLD: gl.constexpr):  # fmt: skip
         """Key block j of the dQ kernel: its scores and ``dp``, ``dq += ds @ k`` (k's copy; where TRANS,
         k's tile transposed into ``kx`` while the scores run); then its buffers take key block j + STAGES."""
         descs, bars, bufs, k_row, k_col, v_row, v_col, kt_row, steps, kx = ring
@@ -521,7 +553,10 @@ if gluon is not None:
             if SQUARED:
                 a = gl.maximum(sc * scale, 0.0)
                 dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
-                ds = dp * (2.0 * scale) * a
+                if FOLD:  # 2 * scale^2 goes with relu_scale
+                    ds = dp * a
+                else:
+                    ds = dp * (2.0 * scale) * a
             else:
                 pos = sc > 0.0
                 dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
@@ -532,7 +567,10 @@ if gluon is not None:
             if TRANS:
                 _transpose(bufs[0].index(slot), kx, gl.num_warps())
             if SQUARED:
-                ds = dp * (2.0 * scale) * gl.maximum(sc * scale, 0.0)
+                if FOLD:
+                    ds = dp * gl.maximum(sc, 0.0)
+                else:
+                    ds = dp * (2.0 * scale) * gl.maximum(sc * scale, 0.0)
             else:
                 ds = gl.where(sc > 0.0, dp * scale, 0.0)
         if MASKED:
@@ -557,6 +595,7 @@ if gluon is not None:
         Kd, Vd, KTd,  # of k and v (boxes [BLOCK_N, HEAD_D]) and k's copy (boxes [HEAD_D, BLOCK_N])
         DQ,  # out, (B, H, L, HEAD_D) through strides
         stride_dqb, stride_dqh, stride_dql,
+        QT, DOT, t_ld,  # where WRITE, the copies of q and dout to write ([B*H*HEAD_D, L], row stride t_ld)
         H, Lk, GROUP,
         q_rb, q_rh, q_ch, do_rb, do_rh, do_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,  # heads in the 2-D views
         scale, relu_scale,
@@ -565,6 +604,10 @@ if gluon is not None:
         WAIT_END: gl.constexpr,  # a dependent launch after the dK/dV kernel: complete after it
         ASYNC: gl.constexpr,  # the scores' relu taken while dp's product runs
         TRANS: gl.constexpr,  # k's tiles transposed in shared memory (attention v32): no copy (KTd unused)
+        FOLD: gl.constexpr,  # scale > 0 (squared: scale^2) folded into relu_scale by the launcher (attention
+        # v36, as the forward's v35): the scores are not scaled; squared, the 2 of ds goes with it too
+        WRITE: gl.constexpr,  # the first kernel: writes the copies of q and dout that the dK/dV kernel after
+        # it reads (attention v36; TRANS: no copy of k) and lets that kernel launch (crossfuse.ops._gdc)
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -574,10 +617,18 @@ if gluon is not None:
         q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=1)
         ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
 
+        if FOLD:  # a product by 1.0, which the compiler drops
+            scale = 1.0
+            if SQUARED:
+                relu_scale = relu_scale * 2.0
         pid_bh, b, h, start_m, steps = _query_block(H, Lk, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
         q_row, q_col = _head_at(b, h, q_rb, q_rh, q_ch)
         do_row, do_col = _head_at(b, h, do_rb, do_rh, do_ch)
-        q, do = _operands(Qd, DOd, [q_row + start_m, q_col], [do_row + start_m, do_col], q_layout)
+        if WRITE:
+            _griddep(False)  # the dK/dV kernel may launch: it waits for this one before it reads the copies
+        copies = (QT, DOT, pid_bh * HEAD_D, start_m, t_ld)
+        q, do = _operands(Qd, DOd, [q_row + start_m, q_col], [do_row + start_m, do_col], q_layout, copies,
+                          WRITE)  # fmt: skip
 
         k_s = gl.allocate_shared_memory(Kd.dtype, [STAGES, BLOCK_N, HEAD_D], Kd.layout)
         v_s = gl.allocate_shared_memory(Vd.dtype, [STAGES, BLOCK_N, HEAD_D], Vd.layout)
@@ -608,14 +659,14 @@ if gluon is not None:
             n_full = start_m // BLOCK_N
             for j in range(n_full):
                 dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
-                              SQUARED, False, ASYNC, TRANS)  # fmt: skip
+                              SQUARED, False, ASYNC, TRANS, FOLD)  # fmt: skip
             for j in range(n_full, steps):
                 dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
-                              SQUARED, True, ASYNC, TRANS)  # fmt: skip
+                              SQUARED, True, ASYNC, TRANS, FOLD)  # fmt: skip
         else:
             for j in range(steps):
                 dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
-                              SQUARED, False, ASYNC, TRANS)  # fmt: skip
+                              SQUARED, False, ASYNC, TRANS, FOLD)  # fmt: skip
 
         _release(bars, STAGES)
         offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
@@ -629,7 +680,7 @@ if gluon is not None:
     def _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout: gl.constexpr,
                    pt_layout: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                    SQUARED: gl.constexpr, MASKED: gl.constexpr, ASYNC: gl.constexpr,
-                   TRANS: gl.constexpr):  # fmt: skip
+                   TRANS: gl.constexpr, FOLD: gl.constexpr):  # fmt: skip
         """Query block ``first + j`` of the dK/dV kernel: the block's scores and ``dp`` transposed,
         ``dv += p^T @ dout`` and ``dk += ds^T @ q`` (dout's and q's copies; where TRANS, q's and dout's
         tiles transposed into ``qx`` and ``dox`` while the scores run); then its buffers take query block
@@ -674,7 +725,10 @@ if gluon is not None:
         else:
             dv = warpgroup_mma(pt, dot_b.permute((1, 0)), dv)
         if SQUARED:
-            dst = dpt * (2.0 * scale) * at
+            if FOLD:  # 2 * scale^2 goes with relu_scale
+                dst = dpt * at
+            else:
+                dst = dpt * (2.0 * scale) * at
         else:
             dst = gl.where(st > 0.0, dpt * scale, 0.0)
         if MASKED:
@@ -708,6 +762,8 @@ if gluon is not None:
         TRANS: gl.constexpr,  # q's and dout's tiles transposed in shared memory (attention v32): no copies
         # (QTd, DOTd unused)
         SIGNAL: gl.constexpr,  # not a dependent launch, but the dQ kernel after it is (crossfuse.ops._gdc)
+        FOLD: gl.constexpr,  # scale > 0 (squared: scale^2) folded into relu_scale (as the dQ kernel's FOLD):
+        # squared, the 2 of ds^T goes with dk's
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -717,6 +773,11 @@ if gluon is not None:
         k_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=1)
         pt_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=1)
 
+        dk_scale = relu_scale
+        if FOLD:  # a product by 1.0, which the compiler drops
+            scale = 1.0
+            if SQUARED:
+                dk_scale = relu_scale * 2.0
         pid_n, pid_bh, _ = _block_order(GROUP)  # causal: the first key blocks see the most queries: first
         b = pid_bh // H
         h = pid_bh % H
@@ -728,7 +789,7 @@ if gluon is not None:
         steps = gl.maximum(Lq // BLOCK_M - first, 0)
         k_row, k_col = _head_at(b, h, k_rb, k_rh, k_ch)
         v_row, v_col = _head_at(b, h, v_rb, v_rh, v_ch)
-        k, v = _operands(Kd, Vd, [k_row + start_n, k_col], [v_row + start_n, v_col], k_layout)
+        k, v = _operands(Kd, Vd, [k_row + start_n, k_col], [v_row + start_n, v_col], k_layout, None, False)
 
         q_s = gl.allocate_shared_memory(Qd.dtype, [STAGES, BLOCK_M, HEAD_D], Qd.layout)
         do_s = gl.allocate_shared_memory(DOd.dtype, [STAGES, BLOCK_M, HEAD_D], DOd.layout)
@@ -772,21 +833,21 @@ if gluon is not None:
             n_diag = gl.minimum(BLOCK_N // BLOCK_M, steps)
             for j in range(n_diag):
                 dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
-                                    STAGES, SQUARED, True, ASYNC, TRANS)  # fmt: skip
+                                    STAGES, SQUARED, True, ASYNC, TRANS, FOLD)  # fmt: skip
             for j in range(n_diag, steps):
                 dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
-                                    STAGES, SQUARED, False, ASYNC, TRANS)  # fmt: skip
+                                    STAGES, SQUARED, False, ASYNC, TRANS, FOLD)  # fmt: skip
         else:
             for j in range(steps):
                 dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
-                                    STAGES, SQUARED, False, ASYNC, TRANS)  # fmt: skip
+                                    STAGES, SQUARED, False, ASYNC, TRANS, FOLD)  # fmt: skip
 
         _release(bars, STAGES)
         offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
         rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, o_layout))
         dk_ptrs = DK + b.to(gl.int64) * stride_dkb + h.to(gl.int64) * stride_dkh + rows[:, None] * stride_dkl
         dv_ptrs = DV + b.to(gl.int64) * stride_dvb + h.to(gl.int64) * stride_dvh + rows[:, None] * stride_dvl
-        gl.store(dk_ptrs + offs_d[None, :], dk * relu_scale)
+        gl.store(dk_ptrs + offs_d[None, :], dk * dk_scale)
         gl.store(dv_ptrs + offs_d[None, :], dv * relu_scale)
 
 
@@ -856,8 +917,11 @@ def usable_bwd(q, k, v, do, copies, outs, interpreted: bool, dkdv_tiles, dq_tile
     dividing its key tile (dK/dV) or the reverse (dQ), the larger tile at least 64 rows (4 warps), lengths
     multiples of every tile, ``copies`` (q, dout and k with unit stride on L; ``None`` for those a kernel
     transposes itself, TRANS, and for all of them to check the views only) whose transposes are contiguous;
-    ``outs`` (dq, dk, dv) with unit stride on D."""
+    ``outs`` (dq, dk, dv) with unit stride on D. A dQ kernel that writes the copies of q and dout (WRITE,
+    :func:`says_write`) must transpose k's tiles itself and the dK/dV kernel read those copies."""
     if any(t.stride(3) != 1 for t in outs):
+        return None
+    if says_write(dq_tiles) and (not says_trans(dq_tiles) or says_trans(dkdv_tiles)):
         return None
     (bm1, bn1, *_), (bm2, bn2, *_) = dkdv_tiles, dq_tiles
     if bn1 % bm1 or bm2 % bn2 or min(bn1, bm2) < 64:  # a warp per 16 rows; wgmma needs 4
@@ -904,6 +968,21 @@ def _desc(view: torch.Tensor, block: list[int]):
     return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
 
+def fold_scale(scale: float, relu_scale: float, squared: bool) -> tuple[bool, float]:
+    """``(fold, relu_scale)``: whether a kernel takes ``scale`` with ``relu_scale`` instead of applying it
+    to each score (attention v35, v36): for a positive, finite scale relu(s * scale) = scale * relu(s), so
+    the output (and every gradient) takes scale (squared: scale^2) with relu_scale; a scale that is not
+    positive stays with the scores."""
+    if 0 < scale < math.inf:
+        return True, relu_scale * (scale * scale if squared else scale)
+    return False, relu_scale
+
+
+# The backward kernels' fold of the scale (attention v36: ``FOLD``, as the forward's v35): compiled for
+# sm_90 but not yet run on a GPU, so off; bench/probe_attn_tf32.py --kind bwd --fold-bwd 0,1 compares it.
+FOLD_BWD = False
+
+
 def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_scale: float, block_m: int,
            block_n: int, stages: int, is_async: int, trans: int, perm: bool, wait: bool,
            run) -> None:  # fmt: skip
@@ -924,9 +1003,7 @@ def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_
         v_desc = _desc(v.reshape(B * H * D, Lk), [D, block_n])
     bind_cuda_context(q)
     group = head_group(B * H, causal, Lq // block_m)
-    fold = 0 < scale < math.inf  # relu(s * scale) = scale * relu(s): scale applied with relu_scale
-    if fold:
-        relu_scale = relu_scale * (scale * scale if squared else scale)
+    fold, relu_scale = fold_scale(scale, relu_scale, squared)
     args = (
         _desc(qv, [block_m, D]), _desc(kv, [block_n, D]), v_desc, out, out.stride(0), out.stride(1),
         out.stride(2), H, Lk, group, q_rb, q_rh, q_ch, k_rb, k_rh, k_ch, *vh, scale, relu_scale,
@@ -946,9 +1023,15 @@ def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_
 
 
 def says_trans(tiles) -> bool:
-    """Whether a kernel's tiles (BLOCK_M, BLOCK_N, STAGES, ASYNC[, TRANS]) say that it transposes its tiles
-    itself (attention v31, v32) instead of reading copies."""
+    """Whether a kernel's tiles (BLOCK_M, BLOCK_N, STAGES, ASYNC[, TRANS[, WRITE]]) say that it transposes
+    its tiles itself (attention v31, v32) instead of reading copies."""
     return len(tiles) > 4 and bool(tiles[4])
+
+
+def says_write(tiles) -> bool:
+    """Whether the dQ kernel's tiles (BLOCK_M, BLOCK_N, STAGES, ASYNC, TRANS, WRITE) say that it runs first
+    and writes the copies of q and dout that the dK/dV kernel reads (attention v36)."""
+    return len(tiles) > 5 and bool(tiles[5])
 
 
 def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: bool, scale: float,
@@ -959,12 +1042,16 @@ def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: boo
     kernels take the left operands of their last products relabelled in sigma's order (attention v34,
     :func:`_left`): the copies must be in that order too (``_l_contiguous`` with ``sigma``). With
     ``chain``, the dK/dV kernel is a dependent launch after the copies; with ``signal``, the dQ kernel is
-    one after the dK/dV kernel (crossfuse.ops._gdc)."""
+    one after the dK/dV kernel (crossfuse.ops._gdc). Where the dQ kernel's tiles say WRITE
+    (:func:`says_write`), it runs first and writes the copies of q and dout (given, their values unset),
+    and ``chain`` makes the dK/dV kernel a dependent launch after it."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     ((qv, *qh), (kv, *kh), (vv, *vh), (dov, *doh)), (qt, dot, kt) = usable_views
     bind_cuda_context(q)
     group = head_group(B * H, causal, max(Lk // dkdv_tiles[1], Lq // dq_tiles[0]))
+    fold, relu_scale = fold_scale(scale, relu_scale, squared) if FOLD_BWD else (False, relu_scale)
+    write = says_write(dq_tiles)
     bm, bn, stages, is_async, *_ = dkdv_tiles
     trans = says_trans(dkdv_tiles)
     q_desc, do_desc = _desc(qv, [bm, D]), _desc(dov, [bm, D])
@@ -974,25 +1061,27 @@ def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: boo
         *dv.stride()[:3], H, Lq, group, *kh, *vh, *qh, *doh, scale, relu_scale,
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
-                   CHAIN=chain, ASYNC=bool(is_async), TRANS=trans, SIGNAL=signal and not chain,
-                   num_warps=bn // 16)  # fmt: skip
+                   CHAIN=chain, ASYNC=bool(is_async), TRANS=trans, SIGNAL=signal and not chain and not write,
+                   FOLD=fold, num_warps=bn // 16)  # fmt: skip
     if chain:
         options["launch_pdl"] = True
     grid = (Lk // bn * group, B * H // group)
-    run(_attn_bwd_dkdv_tf32_kernel, grid, (q.device, q.dtype, D, "tf32-dkdv", bm, bn), *args, num_stages=1,
-        **options)  # fmt: skip
+    dkdv = (_attn_bwd_dkdv_tf32_kernel, grid, (q.device, q.dtype, D, "tf32-dkdv", bm, bn), args, options)
     bm, bn, stages, is_async, *_ = dq_tiles
     trans = says_trans(dq_tiles)
     k_desc = _desc(kv, [bn, D])
+    copies = (qt, dot, qt.stride(0)) if write else (dq, dq, 0)  # (unused where not WRITE)
     args = (
         _desc(qv, [bm, D]), _desc(dov, [bm, D]), k_desc, _desc(vv, [bn, D]),
-        k_desc if trans else _desc(kt, [D, bn]), dq, *dq.stride()[:3], H, Lk, group, *qh, *doh, *kh, *vh,
-        scale, relu_scale,
+        k_desc if trans else _desc(kt, [D, bn]), dq, *dq.stride()[:3], *copies, H, Lk, group, *qh, *doh, *kh,
+        *vh, scale, relu_scale,
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
-                   WAIT_END=signal, ASYNC=bool(is_async), TRANS=trans, num_warps=bm // 16)  # fmt: skip
-    if signal:
+                   WAIT_END=signal and not write, ASYNC=bool(is_async), TRANS=trans, FOLD=fold, WRITE=write,
+                   num_warps=bm // 16)  # fmt: skip
+    if signal and not write:
         options["launch_pdl"] = True
     grid = (Lq // bm * group, B * H // group)
-    run(_attn_bwd_dq_tf32_kernel, grid, (q.device, q.dtype, D, "tf32-dq", bm, bn), *args, num_stages=1,
-        **options)  # fmt: skip
+    dq_launch = (_attn_bwd_dq_tf32_kernel, grid, (q.device, q.dtype, D, "tf32-dq", bm, bn), args, options)
+    for kernel, grid, key, args, options in (dq_launch, dkdv) if write else (dkdv, dq_launch):
+        run(kernel, grid, key, *args, num_stages=1, **options)

@@ -1251,10 +1251,13 @@ TF32_FWD: dict[tuple[bool, bool], tuple[int, int, int, int, int]] = {
 
 
 # The float32 backward in Gluon (crossfuse.ops._attn_tf32, attention v27): (causal, long sequence) ->
-# ((BLOCK_M, BLOCK_N, STAGES, ASYNC[, TRANS]) of the dK/dV kernel, the same of the dQ kernel); where the
-# tiles do not divide the lengths (or TF32_BWD is empty), Triton's kernels run. TRANS (attention v32): the
-# kernel transposes its tiles of q and dout (dK/dV) or k (dQ) in shared memory instead of reading their
-# copies. Measured against Triton's float32 backward at the seed's shapes (run 291,
+# ((BLOCK_M, BLOCK_N, STAGES, ASYNC[, TRANS]) of the dK/dV kernel, the same of the dQ kernel[, WRITE]);
+# where the tiles do not divide the lengths (or TF32_BWD is empty), Triton's kernels run. TRANS (attention
+# v32): the kernel transposes its tiles of q and dout (dK/dV) or k (dQ) in shared memory instead of reading
+# their copies. WRITE (attention v36, the dQ kernel with TRANS, the dK/dV kernel without): the dQ kernel
+# runs first and writes the copies of q and dout as it loads its own tiles of them, in place of the copy
+# kernel's pass over both (11% of the L=1024 full backward, run 310); compiled for sm_90, not yet run on a
+# GPU, so in no entry. Measured against Triton's float32 backward at the seed's shapes (run 291,
 # bench/probe_attn_tf32.py --kind bwd, both with the copies):
 # 1.239, 1.254 (full, L = 1024, 2048), 1.230 (full, L=4096), 1.190, 1.197 (causal, L = 1024, 2048),
 # 1.157 (causal, L=4096); in run 293 1.239, 1.221, 1.191, 1.184, 1.178, 1.134; the synchronous products
@@ -1479,13 +1482,19 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
             # copies are made, in one launch, in sigma's order (attention v34: every kernel relabels its
             # left operands)
             trans = [_attn_tf32.says_trans(t) for t in tiles]
-            wanted = [t for t, own in ((q, trans[0]), (do, trans[0]), (k, trans[1])) if not own]
-            made = iter(_l_contiguous(*wanted, signal=gdc, sigma=True))
-            cs = tuple(None if own else next(made) for own in (trans[0], trans[0], trans[1]))
+            if _attn_tf32.says_write(tiles[1]):  # the dQ kernel writes q's and dout's copies (v36)
+                B, H, L, D = q.shape
+                cs = (*(y.transpose(2, 3) for y in q.new_empty((2, B, H, D, L)).unbind(0)), None)
+                chain = gdc
+            else:
+                wanted = [t for t, own in ((q, trans[0]), (do, trans[0]), (k, trans[1])) if not own]
+                made = iter(_l_contiguous(*wanted, signal=gdc, sigma=True))
+                cs = tuple(None if own else next(made) for own in (trans[0], trans[0], trans[1]))
+                chain = gdc and bool(wanted)
             found = _attn_tf32.usable_bwd(q, k, v, do, cs, (dq, dk, dv), interp, *tiles)
             if found:
                 _attn_tf32.launch_bwd(q, k, v, do, dq, dk, dv, found, causal, squared, scale, relu_scale,
-                                      *tiles, gdc and bool(wanted), gdc, _launch)  # fmt: skip
+                                      *tiles, chain, gdc, _launch)  # fmt: skip
                 return
     qc, doc, kc = _l_contiguous(q, do, k, signal=gdc) if copies else (q, do, k)
     # the two kernels are independent (each reads q, k, v and dout only): where the GPU allows, the dQ
