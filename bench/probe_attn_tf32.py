@@ -1,4 +1,4 @@
-"""Probe: the float32 forward and backward in Gluon (``crossfuse.ops._attn_tf32``, attention v26-v36)
+"""Probe: the float32 forward and backward in Gluon (``crossfuse.ops._attn_tf32``, attention v26-v37)
 against Triton's float32 kernels, at the seed's shapes (``bench/extras.py``'s float32 section: [B, L, H, D]
 as [B, H, L, D] views, B=4, H=16, D=64, L = 1024, 2048, 4096, causal and not), each with its copies,
 alternated ``--rounds`` times, medians of ``crossfuse.harness.timing.time_cuda``.
@@ -10,8 +10,11 @@ alternated ``--rounds`` times, medians of ``crossfuse.harness.timing.time_cuda``
 ``--groups 1,16,64`` runs each tile with each number of heads per group of the causal launch order
 (``crossfuse.ops._attn_tf32.head_group``; ``auto``: the launcher's choice). ``--fold-bwd 0,1`` runs each
 backward tile without and with the backward's fold of the scale (``_attn_tf32.FOLD_BWD``, attention v36;
-named ``+fold``). A dQ tile's sixth field, WRITE (attention v36), runs the dQ kernel first, writing the
-copies of q and dout that the dK/dV kernel reads (``32:64:2:1/64:64:2:1:1:1``).
+named ``+fold``), ``--split 0,1`` without and with a barrier array per tensor of the kernels' rings
+(``_attn_tf32.SPLIT_BARS``, attention v37; ``+split``; not for forward tiles with ASYNC, whose rings are
+their own). A dQ tile's sixth field, WRITE (attention v36),
+runs the dQ kernel first, writing the copies of q and dout that the dK/dV kernel reads
+(``32:64:2:1/64:64:2:1:1:1``).
 
 Prints per shape: TFLOP/s of Triton's kernels and of each Gluon tile (BLOCK_M:BLOCK_N:STAGES:ASYNC, and
 for the forward :TRANS, v transposed in the kernel instead of copied, attention v31; ASYNC and TRANS 0
@@ -23,6 +26,7 @@ and the relative difference of the Gluon result from Triton's (the largest over 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -43,6 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true", help="the causal shapes only")
     ap.add_argument("--fold-bwd", default="", help="the backward's fold of the scale, each tile with each: "
                     "0,1 (default: the code's FOLD_BWD)")  # fmt: skip
+    ap.add_argument("--split", default="", help="a barrier array per tensor of the rings, each tile with "
+                    "each: 0,1 (default: the code's SPLIT_BARS)")  # fmt: skip
     args = ap.parse_args(argv)
     bwd = args.kind == "bwd"
     if args.tiles is None:
@@ -69,16 +75,25 @@ def main(argv=None) -> int:
             print(f"L={L}: copies of q, dout, k {t * 1e3:.1f} us, {moved / t / 1e6:.0f} GB/s", flush=True)
         return 0
     groups = [None if g == "auto" else int(g) for g in args.groups.split(",")]
-    folds = [bool(int(f)) for f in args.fold_bwd.split(",")] if args.fold_bwd else [_attn_tf32.FOLD_BWD]
+    knobs = {  # module flags of _attn_tf32 each tile runs with, each value given: (name, values)
+        "FOLD_BWD": ("fold", [bool(int(f)) for f in args.fold_bwd.split(",")] if args.fold_bwd else None),
+        "SPLIT_BARS": ("split", [bool(int(f)) for f in args.split.split(",")] if args.split else None),
+    }
+    saved_knobs = {flag: getattr(_attn_tf32, flag) for flag in knobs}
+    choices = [[(flag, v) for v in values or [saved_knobs[flag]]] for flag, (_, values) in knobs.items()]
     tiles = {}
     for spec in args.tiles.split(","):
         for g in groups:
-            for fold in folds:
+            for chosen in itertools.product(*choices):
+                if not bwd and parse(spec)[3] and dict(chosen)["SPLIT_BARS"]:
+                    continue  # the forward with ASYNC has rings of its own: SPLIT does not apply
                 name = f"{spec}@{g or 'auto'}" if len(groups) > 1 or g else spec
-                tiles[name + ("+fold" if fold and len(folds) > 1 else "")] = (parse(spec), g, fold)
+                varied = [knobs[flag][0] for flag, v in chosen if v and len(knobs[flag][1] or []) > 1]
+                name += "".join(f"+{word}" for word in varied)
+                tiles[name] = (parse(spec), g, dict(chosen))
     table = "TF32_BWD" if bwd else "TF32_FWD"
     B, H, D = 4, 16, 64
-    saved, launch, saved_fold = getattr(ra, table), ra._launch, _attn_tf32.FOLD_BWD
+    saved, launch = getattr(ra, table), ra._launch
     op = ra.relu_attention_bwd if bwd else ra.relu_attention_fwd
     launched: set[str] = set()
 
@@ -99,14 +114,15 @@ def main(argv=None) -> int:
                 call += (causal, False, scale, relu_scale)
                 setattr(ra, table, {})
                 ref = op(*call)
-                variants = {"triton": (None, None, saved_fold), **tiles}
+                variants = {"triton": (None, None, saved_knobs), **tiles}
                 times: dict[str, list[float]] = {name: [] for name in variants}
                 diffs, gluon = {}, {}
                 for _ in range(args.rounds):
-                    for name, (cfg, group, fold) in variants.items():
+                    for name, (cfg, group, flags) in variants.items():
                         setattr(ra, table, {} if cfg is None else {(causal, L > ra.SHORT_L): cfg})
                         _attn_tf32.FORCE_GROUP = group
-                        _attn_tf32.FOLD_BWD = fold
+                        for flag, value in flags.items():
+                            setattr(_attn_tf32, flag, value)
                         try:
                             fn = lambda call=call: op(*call)  # noqa: E731
                             launched.clear()
@@ -133,7 +149,8 @@ def main(argv=None) -> int:
         setattr(ra, table, saved)
         ra._launch = launch
         _attn_tf32.FORCE_GROUP = None
-        _attn_tf32.FOLD_BWD = saved_fold
+        for flag, value in saved_knobs.items():
+            setattr(_attn_tf32, flag, value)
     return 0
 
 

@@ -53,7 +53,9 @@ multiplies a thread a step off each kernel at the full rows' tiles, 32 x 64 dK/d
 PTX), and the dQ
 kernel, transposing k's tiles itself, can run first and write the copies of q and dout that the dK/dV
 kernel reads (``WRITE``, a sixth field of its tiles: :func:`_write_transposed`) in place of the copy
-kernel's pass over them.
+kernel's pass over them. Attention v37, the same (``SPLIT_BARS``, off): a barrier array per tensor of each
+ring, so that a step's loads need no CTA barriers between them (:func:`_refill`): 3 a step in every
+kernel but the forward with ASYNC (whose k and v have rings of their own), where there were 4 to 6.
 
 Every kernel's blocks start in the order of :func:`head_group` (attention v30): where causal, the heaviest
 blocks of a group of heads first, not of one head after another's. A kernel launched after a copy (the
@@ -142,28 +144,89 @@ if gluon is not None:
                                       dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
 
     @gluon.jit
+    def _ring_barriers(N: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr):
+        """The mbarriers of a ring of N tensors' STAGES buffers, as a tuple: one array of STAGES, under which
+        a slot's tiles of all N tensors land; where SPLIT (attention v37) an array per tensor (N = 2, 3 or
+        4), so that the copy engine's loads of a slot, under distinct barriers, need no CTA barrier between
+        them (see :func:`_refill`)."""
+        if SPLIT:
+            if N == 2:
+                bars = (_barriers(STAGES), _barriers(STAGES))
+            elif N == 3:
+                bars = (_barriers(STAGES), _barriers(STAGES), _barriers(STAGES))
+            else:
+                gl.static_assert(N == 4, "a ring of 2, 3 or 4 tensors")
+                bars = (_barriers(STAGES), _barriers(STAGES), _barriers(STAGES), _barriers(STAGES))
+        else:
+            bars = (_barriers(STAGES),)
+        return bars
+
+    @gluon.jit
+    def _ring_release(bars, STAGES: gl.constexpr):
+        for i in gl.static_range(len(bars)):
+            _release(bars[i], STAGES)
+
+    @gluon.jit
+    def _ring_wait(bars, slot, phase):
+        """Wait for slot ``slot``'s tiles (``phase``: the parity of its fills so far) under every barrier of
+        the ring (:func:`_ring_barriers`), the last array's first: in the order of allocation Triton 3.6's
+        barrier analysis put a CTA barrier before the wait on the last one, and another before its expect
+        (offline sm_90 compile; the reason not found)."""
+        for i in gl.static_range(len(bars)):
+            mbarrier.wait(bars[len(bars) - 1 - i].index(slot), phase)
+
+    @gluon.jit
     def _fill_rest(descs, bars, bufs, slot, at_rows, at_cols, ok, FIRST: gl.constexpr):
         """Buffer ``slot`` of the ring's tensors from the FIRST-th on takes its tile (``descs[i]`` at
-        ``[at_rows[i], at_cols[i]]``) under ``bars[slot]``, whose bytes :func:`_fill_first` expected;
-        nothing where not ``ok``."""
+        ``[at_rows[i], at_cols[i]]``); nothing where not ``ok``. With one barrier array (``bars``: see
+        :func:`_ring_barriers`), under ``bars[0][slot]``, whose bytes :func:`_fill_first` expected; with
+        one per tensor, each tile's barrier expects its bytes here."""
         for i in gl.static_range(FIRST, len(descs)):
-            tma.async_copy_global_to_shared(descs[i], [at_rows[i], at_cols[i]], bars.index(slot),
-                                            bufs[i].index(slot), pred=ok)  # fmt: skip
+            if len(bars) > 1:
+                mbarrier.expect(bars[i].index(slot), descs[i].block_type.nbytes, pred=ok)
+                tma.async_copy_global_to_shared(descs[i], [at_rows[i], at_cols[i]], bars[i].index(slot),
+                                                bufs[i].index(slot), pred=ok)  # fmt: skip
+            else:
+                tma.async_copy_global_to_shared(descs[i], [at_rows[i], at_cols[i]], bars[0].index(slot),
+                                                bufs[i].index(slot), pred=ok)  # fmt: skip
 
     @gluon.jit
     def _fill_first(descs, bars, bufs, slot, at_rows, at_cols, ok, FIRST: gl.constexpr):
-        """``bars[slot]`` expects the tiles of all the ring's tensors (boxes of one size); those of the
-        first FIRST come now (:func:`_fill_rest`), the others' by a call of ``_fill_rest`` later (a
-        dependent launch issues its loads of the earlier kernel's results after it waits for that)."""
-        nbytes: gl.constexpr = descs[0].block_type.nbytes * len(descs)
-        mbarrier.expect(bars.index(slot), nbytes, pred=ok)
+        """The tiles of the ring's first FIRST tensors (boxes of one size) come now (:func:`_fill_rest`),
+        the others' by a call of ``_fill_rest`` later (a dependent launch issues its loads of the earlier
+        kernel's results after it waits for that); with one barrier array, ``bars[0][slot]`` expects them
+        all now."""
+        if len(bars) == 1:
+            nbytes: gl.constexpr = descs[0].block_type.nbytes * len(descs)
+            mbarrier.expect(bars[0].index(slot), nbytes, pred=ok)
         _fill_rest(descs[:FIRST], bars, bufs, slot, at_rows, at_cols, ok, 0)
 
     @gluon.jit
     def _fill(descs, bars, bufs, slot, at_rows, at_cols, ok):
         """Buffer ``slot`` of each of the ring's tensors (boxes of one size) takes its tile (``descs[i]`` at
-        ``[at_rows[i], at_cols[i]]``), all under ``bars[slot]``; nothing where not ``ok``."""
+        ``[at_rows[i], at_cols[i]]``); nothing where not ``ok``."""
         _fill_first(descs, bars, bufs, slot, at_rows, at_cols, ok, len(descs))
+
+    @gluon.jit
+    def _refill(descs, bars, bufs, slot, at_rows, at_cols, ok):
+        """Once every warp is done with buffer ``slot`` (a CTA barrier here), its tiles of the ring's
+        tensors are refilled (:func:`_fill`). Triton 3.6's barrier analysis puts a CTA barrier between
+        two accesses of one allocation (an expect and a copy under one barrier, two copies under one
+        barrier): with one array, one before every copy. With a barrier
+        array per tensor (attention v37) the barriers expect their bytes before this CTA barrier and the
+        copies, each under its own, follow it with none between them. Offline sm_90 compile, CTA barriers
+        a step: the dK/dV kernel reading copies 6 -> 3 (with TRANS 5 -> 3), the dQ kernel 5 -> 3, the
+        forward 4 -> 3 (:func:`_ring_wait`'s order included)."""
+        if len(bars) > 1:
+            for i in gl.static_range(len(descs)):
+                mbarrier.expect(bars[i].index(slot), descs[i].block_type.nbytes, pred=ok)
+            gl.thread_barrier()
+            for i in gl.static_range(len(descs)):
+                tma.async_copy_global_to_shared(descs[i], [at_rows[i], at_cols[i]], bars[i].index(slot),
+                                                bufs[i].index(slot), pred=ok)  # fmt: skip
+        else:
+            gl.thread_barrier()
+            _fill(descs, bars, bufs, slot, at_rows, at_cols, ok)
 
     @gluon.jit
     def _v_at(v_row, v_col, at, TRANS: gl.constexpr):
@@ -271,7 +334,7 @@ if gluon is not None:
         slot = j % STAGES
         nxt = (j + STAGES) * BLOCK_N
         v_at = _v_at(v_row, v_col, nxt, TRANS)
-        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        _ring_wait(bars, slot, (j // STAGES) & 1)
         if TRANS:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             _transpose(bufs[1].index(slot), xt.index(j % 2), gl.num_warps())
@@ -280,16 +343,15 @@ if gluon is not None:
             # every warp has read buffer slot (k by its product, v into registers) and stored its part of
             # xt (whose buffer block j - 2's product read last: every warp was done with it before block
             # j - 1's barrier)
-            gl.thread_barrier()
-            _fill(descs, bars, bufs, slot, (k_row + nxt, v_at[0]), (k_col, v_at[1]), j + STAGES < steps)
+            _refill(descs, bars, bufs, slot, (k_row + nxt, v_at[0]), (k_col, v_at[1]), j + STAGES < steps)
             p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
             acc = warpgroup_mma(_left(p, p_layout, True), xt.index(j % 2).permute((1, 0)), acc)
         else:
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False)
             p = _probs(sc, j, offs_m, scale, s_layout, BLOCK_N, SQUARED, MASKED)
             acc = warpgroup_mma(_left(p, p_layout, PERM), bufs[1].index(slot).permute((1, 0)), acc)
-            gl.thread_barrier()  # every warp's products have read buffer slot: it takes key block j + STAGES
-            _fill(descs, bars, bufs, slot, (k_row + nxt, v_at[0]), (k_col, v_at[1]), j + STAGES < steps)
+            # every warp's products have read buffer slot: it takes key block j + STAGES
+            _refill(descs, bars, bufs, slot, (k_row + nxt, v_at[0]), (k_col, v_at[1]), j + STAGES < steps)
         return acc
 
     @gluon.jit
@@ -329,15 +391,15 @@ if gluon is not None:
             fence_async_shared()
         gl.thread_barrier()  # every warp group's products have read k's buffer of block j, v's of block j - 1
         nxt = j + STAGES
-        _fill((k_desc,), k_bars, (k_s,), j % STAGES, (k_row + nxt * BLOCK_N,), (k_col,), nxt < steps)
+        _fill((k_desc,), (k_bars,), (k_s,), j % STAGES, (k_row + nxt * BLOCK_N,), (k_col,), nxt < steps)
         if TRANS:  # v's tile of block j is in xt: its buffer takes block j + STAGES
             v_at = _v_at(v_row, v_col, nxt * BLOCK_N, TRANS)
-            _fill((v_desc,), v_bars, (v_s,), j % STAGES, (v_at[0],), (v_at[1],), nxt < steps)
+            _fill((v_desc,), (v_bars,), (v_s,), j % STAGES, (v_at[0],), (v_at[1],), nxt < steps)
             p = _left(p, p_layout, True)
             b_op = xt.index(j % 2)
         else:
             v_at = _v_at(v_row, v_col, (nxt - 1) * BLOCK_N, TRANS)
-            _fill((v_desc,), v_bars, (v_s,), (j + STAGES - 1) % STAGES, (v_at[0],), (v_at[1],),
+            _fill((v_desc,), (v_bars,), (v_s,), (j + STAGES - 1) % STAGES, (v_at[0],), (v_at[1],),
                   (j > 0) & (nxt - 1 < steps))  # fmt: skip
             p = _left(p, p_layout, PERM)
             mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
@@ -381,6 +443,8 @@ if gluon is not None:
         PERM: gl.constexpr,  # p @ v's keys in sigma's order in v's copy (attention v34; TRANS: always)
         FOLD: gl.constexpr,  # scale > 0 folded into relu_scale by the launcher (attention v35): the scores
         # are not scaled (relu(s * scale) = scale * relu(s))
+        SPLIT: gl.constexpr,  # a barrier array per tensor of the ring (attention v37: _ring_barriers); not
+        # with ASYNC, whose k and v have rings of their own
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -406,21 +470,22 @@ if gluon is not None:
             v_s = gl.allocate_shared_memory(Vd.dtype, [STAGES, HEAD_D, BLOCK_N], Vd.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
-        bars = _barriers(STAGES)
+        gl.static_assert(not (SPLIT and ASYNC), "SPLIT is for the forward without ASYNC")
+        bars = _ring_barriers(2, STAGES, SPLIT)
         mbarrier.expect(q_bar, Qd.block_type.nbytes)
         tma.async_copy_global_to_shared(Qd, [q_row + start_m, q_col], q_bar, q_s)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
         zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         if ASYNC:  # k's ring under ``bars``, v's under barriers of its own
-            k_bars = bars
+            k_bars = bars[0]
             v_bars = _barriers(STAGES)
             for s in gl.static_range(STAGES):  # the first key blocks' tiles
-                _fill((Kd,), k_bars, (k_s,), s, (k_row + s * BLOCK_N,), (k_col,), s < steps)
+                _fill((Kd,), (k_bars,), (k_s,), s, (k_row + s * BLOCK_N,), (k_col,), s < steps)
             if TRANS:  # v itself: nothing to wait for
                 for s in gl.static_range(STAGES):
                     v_at = _v_at(v_row, v_col, s * BLOCK_N, TRANS)
-                    _fill((Vd,), v_bars, (v_s,), s, (v_at[0],), (v_at[1],), s < steps)
+                    _fill((Vd,), (v_bars,), (v_s,), s, (v_at[0],), (v_at[1],), s < steps)
             mbarrier.wait(q_bar, 0)
             q = q_s.load(q_layout)
             xt = _xt_buffers(q_s, HEAD_D, BLOCK_M, BLOCK_N, TRANS)
@@ -431,7 +496,7 @@ if gluon is not None:
                     _griddep(True)
                 for s in gl.static_range(STAGES):
                     v_at = _v_at(v_row, v_col, s * BLOCK_N, TRANS)
-                    _fill((Vd,), v_bars, (v_s,), s, (v_at[0],), (v_at[1],), s < steps)
+                    _fill((Vd,), (v_bars,), (v_s,), s, (v_at[0],), (v_at[1],), s < steps)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
             p = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, p_layout)
             acc = warpgroup_mma_init(acc)  # the loop carries it in flight
@@ -487,7 +552,7 @@ if gluon is not None:
                     acc = _step(acc, q, zero, j, ring, offs_m, scale, s_layout, p_layout, BLOCK_N, STAGES,
                                 SQUARED, False, TRANS, PERM)  # fmt: skip
 
-        _release(bars, STAGES)
+        _ring_release(bars, STAGES)
         mbarrier.invalidate(q_bar)
         offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
@@ -543,7 +608,7 @@ if gluon is not None:
         k's tile transposed into ``kx`` while the scores run); then its buffers take key block j + STAGES."""
         descs, bars, bufs, k_row, k_col, v_row, v_col, kt_row, steps, kx = ring
         slot = j % STAGES
-        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        _ring_wait(bars, slot, (j // STAGES) & 1)
         if ASYNC:  # dp's product runs while the scores' relu is taken
             sc = warpgroup_mma(q, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             dp = warpgroup_mma(do, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -582,11 +647,11 @@ if gluon is not None:
             dq = warpgroup_mma(_left(ds, ds_layout, True), kx.permute((1, 0)), dq)
         else:
             dq = warpgroup_mma(_left(ds, ds_layout, True), bufs[2].index(slot).permute((1, 0)), dq)
-        gl.thread_barrier()  # every warp's products have read buffer slot
         nxt = (j + STAGES) * BLOCK_N
-        # (where TRANS, descs has no copy of k: the last place goes unused)
-        _fill(descs, bars, bufs, slot, (k_row + nxt, v_row + nxt, kt_row), (k_col, v_col, nxt),
-              j + STAGES < steps)  # fmt: skip
+        # every warp's products have read buffer slot (where TRANS, descs has no copy of k: the last place
+        # goes unused)
+        _refill(descs, bars, bufs, slot, (k_row + nxt, v_row + nxt, kt_row), (k_col, v_col, nxt),
+                j + STAGES < steps)  # fmt: skip
         return dq
 
     @gluon.jit
@@ -608,6 +673,7 @@ if gluon is not None:
         # v36, as the forward's v35): the scores are not scaled; squared, the 2 of ds goes with it too
         WRITE: gl.constexpr,  # the first kernel: writes the copies of q and dout that the dK/dV kernel after
         # it reads (attention v36; TRANS: no copy of k) and lets that kernel launch (crossfuse.ops._gdc)
+        SPLIT: gl.constexpr,  # a barrier array per tensor of the ring (attention v37: _ring_barriers)
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -637,7 +703,7 @@ if gluon is not None:
         else:
             kt_s = gl.allocate_shared_memory(KTd.dtype, [STAGES, HEAD_D, BLOCK_N], KTd.layout)
             kx = kt_s  # unused
-        bars = _barriers(STAGES)
+        bars = _ring_barriers(3 - TRANS, STAGES, SPLIT)
         k_row, k_col = _head_at(b, h, k_rb, k_rh, k_ch)
         v_row, v_col = _head_at(b, h, v_rb, v_rh, v_ch)
         kt_row = pid_bh * HEAD_D
@@ -668,7 +734,7 @@ if gluon is not None:
                 dq = _dq_step(dq, q, do, zero, j, ring, offs_m, scale, s_layout, ds_layout, BLOCK_N, STAGES,
                               SQUARED, False, ASYNC, TRANS, FOLD)  # fmt: skip
 
-        _release(bars, STAGES)
+        _ring_release(bars, STAGES)
         offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
         rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
         ptrs = DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh + rows[:, None] * stride_dql
@@ -687,7 +753,7 @@ if gluon is not None:
         ``first + j + STAGES``."""
         descs, bars, bufs, q_row, q_col, do_row, do_col, t_row, first, steps, qx, dox = ring
         slot = j % STAGES
-        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        _ring_wait(bars, slot, (j // STAGES) & 1)
         if ASYNC:  # each product runs while the elementwise work of the one before it is done
             st = warpgroup_mma(k, bufs[0].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v, bufs[1].index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -739,11 +805,11 @@ if gluon is not None:
             dv, dk, pt, dst = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt, dst))
         else:
             dk = warpgroup_mma(dst, qt_b.permute((1, 0)), dk)
-        gl.thread_barrier()  # every warp's products have read buffer slot
         nxt = (first + j + STAGES) * BLOCK_M
-        # (where TRANS, descs has no copies: the last two places go unused)
-        _fill(descs, bars, bufs, slot, (q_row + nxt, do_row + nxt, t_row, t_row), (q_col, do_col, nxt, nxt),
-              j + STAGES < steps)  # fmt: skip
+        # every warp's products have read buffer slot (where TRANS, descs has no copies: the last two places
+        # go unused)
+        _refill(descs, bars, bufs, slot, (q_row + nxt, do_row + nxt, t_row, t_row), (q_col, do_col, nxt, nxt),
+                j + STAGES < steps)  # fmt: skip
         return dk, dv
 
     @gluon.jit
@@ -764,6 +830,7 @@ if gluon is not None:
         SIGNAL: gl.constexpr,  # not a dependent launch, but the dQ kernel after it is (crossfuse.ops._gdc)
         FOLD: gl.constexpr,  # scale > 0 (squared: scale^2) folded into relu_scale (as the dQ kernel's FOLD):
         # squared, the 2 of ds^T goes with dk's
+        SPLIT: gl.constexpr,  # a barrier array per tensor of the ring (attention v37: _ring_barriers)
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -801,7 +868,7 @@ if gluon is not None:
             dot_s = gl.allocate_shared_memory(DOTd.dtype, [STAGES, HEAD_D, BLOCK_M], DOTd.layout)
             qx = qt_s  # unused
             dox = dot_s
-        bars = _barriers(STAGES)
+        bars = _ring_barriers(4 - 2 * TRANS, STAGES, SPLIT)
         q_row, q_col = _head_at(b, h, q_rb, q_rh, q_ch)
         do_row, do_col = _head_at(b, h, do_rb, do_rh, do_ch)
         t_row = pid_bh * HEAD_D
@@ -842,7 +909,7 @@ if gluon is not None:
                 dk, dv = _dkdv_step(dk, dv, k, v, zero, j, ring, offs_n, scale, st_layout, pt_layout, BLOCK_M,
                                     STAGES, SQUARED, False, ASYNC, TRANS, FOLD)  # fmt: skip
 
-        _release(bars, STAGES)
+        _ring_release(bars, STAGES)
         offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
         rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, o_layout))
         dk_ptrs = DK + b.to(gl.int64) * stride_dkb + h.to(gl.int64) * stride_dkh + rows[:, None] * stride_dkl
@@ -982,6 +1049,14 @@ def fold_scale(scale: float, relu_scale: float, squared: bool) -> tuple[bool, fl
 # sm_90 but not yet run on a GPU, so off; bench/probe_attn_tf32.py --kind bwd --fold-bwd 0,1 compares it.
 FOLD_BWD = False
 
+# The kernels' rings with a barrier array per tensor (attention v37: ``SPLIT``, :func:`_ring_barriers`,
+# :func:`_refill`): compiled for sm_90 (CTA barriers a step: the dK/dV kernel reading copies 6 -> 3, with
+# TRANS 5 -> 3, the dQ kernel 5 -> 3, the forward 4 -> 3) but not yet run on a GPU, so off;
+# bench/probe_attn_tf32.py --split 0,1 compares it. Off, the kernels are compiled from the same
+# instructions as before v37 (offline, 120 kernels: 12 the same PTX, 108 the same instructions with
+# scalar ones in another order around a CTA barrier).
+SPLIT_BARS = False
+
 
 def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_scale: float, block_m: int,
            block_n: int, stages: int, is_async: int, trans: int, perm: bool, wait: bool,
@@ -1010,7 +1085,7 @@ def launch(q, k, views, v, out, causal: bool, squared: bool, scale: float, relu_
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal, SQUARED=squared,
                    WAIT=wait, ASYNC=bool(is_async), TRANS=bool(trans), PERM=bool(perm), FOLD=fold,
-                   num_warps=block_m // 16)  # fmt: skip
+                   SPLIT=SPLIT_BARS and not is_async, num_warps=block_m // 16)  # fmt: skip
     if trans and block_m == 128 and D <= 64:
         # two programs an SM (96 KB of shared memory each): at most 128 registers a thread (the causal
         # kernel takes 157 without the cap, and spills 76 bytes in its diagonal loop with it)
@@ -1062,7 +1137,7 @@ def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: boo
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
                    CHAIN=chain, ASYNC=bool(is_async), TRANS=trans, SIGNAL=signal and not chain and not write,
-                   FOLD=fold, num_warps=bn // 16)  # fmt: skip
+                   FOLD=fold, SPLIT=SPLIT_BARS, num_warps=bn // 16)  # fmt: skip
     if chain:
         options["launch_pdl"] = True
     grid = (Lk // bn * group, B * H // group)
@@ -1078,7 +1153,7 @@ def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: boo
     )  # fmt: skip
     options = dict(HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, SQUARED=squared,
                    WAIT_END=signal and not write, ASYNC=bool(is_async), TRANS=trans, FOLD=fold, WRITE=write,
-                   num_warps=bm // 16)  # fmt: skip
+                   SPLIT=SPLIT_BARS, num_warps=bm // 16)  # fmt: skip
     if signal and not write:
         options["launch_pdl"] = True
     grid = (Lq // bm * group, B * H // group)

@@ -1348,6 +1348,15 @@ def _l_contiguous(*tensors: torch.Tensor, signal: bool = False,
     return tuple(out)
 
 
+def _copies_to_write(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two [B, H, L, D] views with unit stride on L ([B, H, D, L] contiguous, in one buffer) of q's shape,
+    dtype and device, their values unset: the copies of q and dout that a float32 Gluon dQ kernel with
+    WRITE writes (attention v36; the tests fill them with NaN, so that an element read before it is
+    written shows)."""
+    B, H, L, D = q.shape
+    return tuple(y.transpose(2, 3) for y in q.new_empty((2, B, H, D, L)).unbind(0))
+
+
 def sigma_rows(length: int, device=None) -> torch.Tensor:
     """The rows that places ``0 .. length - 1`` of a copy in sigma's order hold (see :func:`_l_contiguous`):
     ``8g + c`` for place ``8g + sigma(c)``, sigma(b0 + 2 b1 + 4 b2) = b1 + 2 b2 + 4 b0."""
@@ -1444,7 +1453,11 @@ def relu_attention_bwd(q, k, v, do, causal: bool, squared: bool, scale: float, r
     """Backward on [B, H, L, D] views: returns ``(dq, dk, dv)`` (allocated when not given);
     ``configs = (dkdv_config, dq_config)`` overrides :func:`attention_config` (for tuning);
     ``trans_copies`` (default: float32 on GPUs) reads q, dout and k for the products summed over L from
-    copies with unit stride on L (see :func:`_tf32_copies`)."""
+    copies with unit stride on L (see :func:`_tf32_copies`). ``scale`` must be positive (as the public
+    API checks): the kernels take relu's derivative from the sign of the unscaled scores."""
+    if not 0 < scale < math.inf:  # NaN too
+        raise ValueError(f"scale must be a finite number > 0 for the backward, got {scale}: its kernels take "
+                         "relu's derivative from the sign of the unscaled scores")  # fmt: skip
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     dq = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device) if dq is None else dq
@@ -1483,8 +1496,7 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
             # left operands)
             trans = [_attn_tf32.says_trans(t) for t in tiles]
             if _attn_tf32.says_write(tiles[1]):  # the dQ kernel writes q's and dout's copies (v36)
-                B, H, L, D = q.shape
-                cs = (*(y.transpose(2, 3) for y in q.new_empty((2, B, H, D, L)).unbind(0)), None)
+                cs = (*_copies_to_write(q), None)
                 chain = gdc
             else:
                 wanted = [t for t, own in ((q, trans[0]), (do, trans[0]), (k, trans[1])) if not own]
