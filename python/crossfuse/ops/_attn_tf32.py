@@ -50,12 +50,12 @@ each score: 1.015-1.025x (run 315).
 Attention v36, compiled for sm_90 but not yet run on a GPU (no entry of the tables takes it, and the
 backward's fold is off): the backward kernels fold the scale as the forward does (``FOLD_BWD``: 32
 multiplies a thread a step off each kernel at the full rows' tiles, 32 x 64 dK/dV and 64 x 64 dQ, by the
-PTX), and the dQ
-kernel, transposing k's tiles itself, can run first and write the copies of q and dout that the dK/dV
-kernel reads (``WRITE``, a sixth field of its tiles: :func:`_write_transposed`) in place of the copy
-kernel's pass over them. Attention v37, the same (``SPLIT_BARS``, off): a barrier array per tensor of each
-ring, so that a step's loads need no CTA barriers between them (:func:`_refill`): 3 a step in every
-kernel but the forward with ASYNC (whose k and v have rings of their own), where there were 4 to 6.
+PTX), and the dQ kernel, transposing k's tiles itself, can run first and write the copies of q and dout
+that the dK/dV kernel reads (``WRITE``, a sixth field of its tiles: :func:`_write_transposed`) in place
+of the copy kernel's pass over them. Attention v37, the same (``SPLIT_BARS``, off): a barrier array per
+tensor of each ring, so that a step's loads need no CTA barriers between them (:func:`_refill`): 3 a step
+in every kernel but the forward with ASYNC (whose k and v have rings of their own), where there were 4
+to 6.
 
 Every kernel's blocks start in the order of :func:`head_group` (attention v30): where causal, the heaviest
 blocks of a group of heads first, not of one head after another's. A kernel launched after a copy (the
@@ -212,11 +212,11 @@ if gluon is not None:
         """Once every warp is done with buffer ``slot`` (a CTA barrier here), its tiles of the ring's
         tensors are refilled (:func:`_fill`). Triton 3.6's barrier analysis puts a CTA barrier between
         two accesses of one allocation (an expect and a copy under one barrier, two copies under one
-        barrier): with one array, one before every copy. With a barrier
-        array per tensor (attention v37) the barriers expect their bytes before this CTA barrier and the
-        copies, each under its own, follow it with none between them. Offline sm_90 compile, CTA barriers
-        a step: the dK/dV kernel reading copies 6 -> 3 (with TRANS 5 -> 3), the dQ kernel 5 -> 3, the
-        forward 4 -> 3 (:func:`_ring_wait`'s order included)."""
+        barrier): with one array, one before every copy. With a barrier array per tensor (attention v37)
+        the barriers expect their bytes before this CTA barrier and the copies, each under its own, follow
+        it with none between them. Offline sm_90 compile, CTA barriers a step: the dK/dV kernel reading
+        copies 6 -> 3 (with TRANS 5 -> 3), the dQ kernel 5 -> 3, the forward 4 -> 3 (:func:`_ring_wait`'s
+        order included)."""
         if len(bars) > 1:
             for i in gl.static_range(len(descs)):
                 mbarrier.expect(bars[i].index(slot), descs[i].block_type.nbytes, pred=ok)
