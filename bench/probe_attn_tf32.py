@@ -12,9 +12,8 @@ alternated ``--rounds`` times, medians of ``crossfuse.harness.timing.time_cuda``
 backward tile without and with the backward's fold of the scale (``_attn_tf32.FOLD_BWD``, attention v36;
 named ``+fold``), ``--split 0,1`` without and with a barrier array per tensor of the kernels' rings
 (``_attn_tf32.SPLIT_BARS``, attention v37; ``+split``; not for forward tiles with ASYNC, whose rings are
-their own). A dQ tile's sixth field, WRITE (attention v36),
-runs the dQ kernel first, writing the copies of q and dout that the dK/dV kernel reads
-(``32:64:2:1/64:64:2:1:1:1``).
+their own). A dQ tile's sixth field, WRITE (attention v36), runs the dQ kernel first, writing the copies
+of q and dout that the dK/dV kernel reads (``32:64:2:1/64:64:2:1:1:1``).
 
 Prints per shape: TFLOP/s of Triton's kernels and of each Gluon tile (BLOCK_M:BLOCK_N:STAGES:ASYNC, and
 for the forward :TRANS, v transposed in the kernel instead of copied, attention v31; ASYNC and TRANS 0

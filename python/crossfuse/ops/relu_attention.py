@@ -1494,11 +1494,11 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
             # a kernel whose tiles say TRANS transposes its tiles itself (attention v32); the others'
             # copies are made, in one launch, in sigma's order (attention v34: every kernel relabels its
             # left operands)
-            trans = [_attn_tf32.says_trans(t) for t in tiles]
             if _attn_tf32.says_write(tiles[1]):  # the dQ kernel writes q's and dout's copies (v36)
                 cs = (*_copies_to_write(q), None)
                 chain = gdc
             else:
+                trans = [_attn_tf32.says_trans(t) for t in tiles]
                 wanted = [t for t, own in ((q, trans[0]), (do, trans[0]), (k, trans[1])) if not own]
                 made = iter(_l_contiguous(*wanted, signal=gdc, sigma=True))
                 cs = tuple(None if own else next(made) for own in (trans[0], trans[0], trans[1]))
