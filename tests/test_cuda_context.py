@@ -5,14 +5,14 @@ Triton fills a tensor descriptor's map with a driver call that needs a current C
 launcher makes one current; a thread whose first CUDA work is a launch through descriptors has none.
 The autograd engine runs every backward on a worker thread of its own, so a backward made only of
 crossfuse's kernels can be that first work (run 230: "Failed to create tensor map descriptor: invalid
-device context"). ``crossfuse._backend.bind_cuda_context`` binds the context first; these tests run each
+device context"). ``ops._runtime.device.bind_cuda_context`` binds the context first; these tests run each
 descriptor path as the first CUDA work of a new thread, and the autograd backwards as the first work of
 a fresh process's engine thread. Run 234 ran them on the code before the fix: both new-thread cases and
 the three ``*_thread`` engine cases failed so; the other two pass either way, since a thread that first
 loads a kernel has its context bound by Triton's loading.
 
 Triton launches on the current device whatever device the arguments are on; the launchers make the
-inputs' device current (``crossfuse._backend.on_input_device``), checked with two GPUs where there are.
+inputs' device current (``ops._runtime.device.on_input_device``), checked with two GPUs where there are.
 """
 
 from __future__ import annotations
@@ -70,22 +70,22 @@ class _CudaLike(torch.Tensor):
 
 
 def test_bind_cuda_context_queries_once_per_thread_and_device(monkeypatch):
-    from crossfuse import _backend
+    from crossfuse.ops._runtime import device
 
     log = []
     monkeypatch.setattr(torch.cuda, "current_stream", lambda index: _Stream(log, index))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    monkeypatch.setattr(_backend, "_THREAD", threading.local())  # no thread has bound anything yet
+    monkeypatch.setattr(device, "_THREAD", threading.local())  # no thread has bound anything yet
     me = threading.get_ident()
     for _ in range(3):
-        _backend.bind_cuda_context(_CudaLike("cuda", 0))
-    _backend.bind_cuda_context(_CudaLike("cuda", None))  # the current device, 1
-    _backend.bind_cuda_context(_CudaLike("cuda", 1))
-    _backend.bind_cuda_context(_CudaLike("cpu", None))  # nothing to bind
+        device.bind_cuda_context(_CudaLike("cuda", 0))
+    device.bind_cuda_context(_CudaLike("cuda", None))  # the current device, 1
+    device.bind_cuda_context(_CudaLike("cuda", 1))
+    device.bind_cuda_context(_CudaLike("cpu", None))  # nothing to bind
     assert log == [(me, 0), (me, 1)]
 
     def bind_on_this_thread():
-        _backend.bind_cuda_context(_CudaLike("cuda", 0))
+        device.bind_cuda_context(_CudaLike("cuda", 0))
         return threading.get_ident()
 
     other = on_new_thread(bind_on_this_thread)
@@ -104,13 +104,13 @@ class _Guard:
 
 
 def test_launchers_run_on_their_first_tensors_device(monkeypatch):
-    from crossfuse import _backend
+    from crossfuse.ops._runtime import device
 
     log = []
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", lambda index: _Guard(log, index))
 
-    @_backend.on_input_device
+    @device.on_input_device
     def launcher(t, *args, **kwargs):
         log.append(("launch", args, kwargs))
         return "done"

@@ -1,4 +1,4 @@
-"""Launches that skip Triton's dispatch (crossfuse.ops._direct): the same kernels, the same results."""
+"""Launches that skip Triton's dispatch (ops._runtime.direct): the same kernels, the same results."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import crossfuse
 import pytest
 import torch
 from crossfuse._backend import triton_version
-from crossfuse.ops import _direct
 from crossfuse.ops import relu_attention as ra
+from crossfuse.ops._runtime import direct as _direct
 from crossfuse.reference import relu_attention_ref
 from crossfuse.tolerances import relerr, tolerance
 from triton.tools.tensor_descriptor import TensorDescriptor

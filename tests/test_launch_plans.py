@@ -1,7 +1,7 @@
 """The attention's launch plans (crossfuse.ops.relu_attention._planned): a call with the key of an earlier
 one makes that call's launches on its own tensors, and gets what deciding afresh gets, bit for bit.
 
-On a GPU the plans replay compiled kernels (crossfuse.ops._direct); under the CPU's interpreter, where
+On a GPU the plans replay compiled kernels (crossfuse.ops._runtime.direct); under the CPU's interpreter, where
 nothing is compiled, a stand-in for ``_direct`` runs the kernels through the interpreter and the launchers
 decide as they would on a GPU (``is_interpreted`` False: the GPU's tiles, pointer kernels)."""
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from crossfuse.ops import _direct
 from crossfuse.ops import relu_attention as ra
+from crossfuse.ops._runtime import direct as _direct
 from crossfuse.reference import relu_attention_ref
 from crossfuse.tolerances import relerr, tolerance
 

@@ -13,7 +13,6 @@ import functools
 import importlib.util
 import os
 import re
-import threading
 
 import torch
 
@@ -55,26 +54,6 @@ def quiet_interpreter(launcher):
 
         with np.errstate(all="ignore"):
             return launcher(*args, **kwargs)
-
-    return wrapper
-
-
-def on_input_device(launcher):
-    """Decorate a launcher: on CUDA, it runs with the device of its first tensor argument (``None``
-    placeholders skipped) as the current one, as torch's own operators do. Triton launches on the current
-    device (its context and stream) whatever device the arguments live on, so a launch on tensors of
-    cuda:1 while cuda:0 is current would run on the wrong GPU, reading the other's memory. The check costs
-    about a microsecond where the devices already agree."""
-
-    @functools.wraps(launcher)
-    def wrapper(*args, **kwargs):
-        t = next((a for a in args if isinstance(a, torch.Tensor)), None)
-        device = t.device if t is not None else None
-        if device is not None and device.type == "cuda" and device.index is not None:
-            if device.index != torch.cuda.current_device():
-                with torch.cuda.device(device.index):
-                    return launcher(*args, **kwargs)
-        return launcher(*args, **kwargs)
 
     return wrapper
 
@@ -158,58 +137,3 @@ def require_cuda(script: str) -> None:
     before anything is measured or written."""
     if not torch.cuda.is_available():
         raise SystemExit(f"{script}: needs a CUDA GPU (torch {torch.__version__} sees none); nothing was run")
-
-
-@functools.cache
-def num_sms(device_index: int) -> int:
-    """Streaming multiprocessors of a CUDA device (cached: the query costs microseconds)."""
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-@functools.cache
-def _capability_major(device_index: int) -> int:
-    return torch.cuda.get_device_capability(device_index)[0]
-
-
-def _cuda_index(device: torch.device) -> int:
-    """The index of a CUDA ``device`` (the current device's where it names none)."""
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def compute_capability_major(t: torch.Tensor) -> int:
-    """The major compute capability of the CUDA device holding ``t`` (cached: the query cost 2.4–4.7 µs
-    of CPU per call, and the launchers ask on every call)."""
-    return _capability_major(_cuda_index(t.device))
-
-
-_THREAD = threading.local()
-
-
-def bind_cuda_context(t: torch.Tensor) -> None:
-    """Make the primary CUDA context of ``t``'s device current on the calling thread (once per thread and
-    device; nothing for a tensor not on CUDA). Call it before building a tensor descriptor for a launch.
-
-    Triton encodes a descriptor's tensor map (``cuTensorMapEncodeTiled``, a driver call that needs a
-    current context) before its launcher makes the primary context current, so on a thread whose first
-    CUDA work is such a launch the call fails with "invalid device context". The autograd engine's worker
-    thread is one: torch binds no context to it when the device needs no change, and the caching
-    allocator hands out cached blocks without a CUDA call, so a backward made only of crossfuse's kernels
-    may be the first CUDA work there (run 230). A runtime call binds the primary context as the runtime
-    does on first use: ``cudaStreamQuery`` of the current stream, which neither waits nor launches."""
-    device = t.device
-    if device.type != "cuda":
-        return
-    index = _cuda_index(device)
-    bound = getattr(_THREAD, "devices", None)
-    if bound is None:
-        bound = _THREAD.devices = set()
-    if index not in bound:
-        torch.cuda.current_stream(index).query()
-        bound.add(index)
-
-
-def device_parallelism(t: torch.Tensor) -> int:
-    """How many programs fill the device: SM count on CUDA, a small number under the interpreter."""
-    if t.device.type == "cuda":
-        return num_sms(_cuda_index(t.device))
-    return 4

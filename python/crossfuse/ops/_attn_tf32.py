@@ -71,8 +71,8 @@ import math
 import torch
 import triton.language as tl
 
-from .._backend import bind_cuda_context, compute_capability_major
-from ._ln_bwd_rows import GLUON_TRITON, triton_version
+from ._runtime.device import bind_cuda_context, compute_capability_major
+from ._runtime.versions import GLUON_TRITON, triton_version
 
 try:
     from triton.experimental import gluon
@@ -135,7 +135,7 @@ if gluon is not None:
     @gluon.jit
     def _griddep(WAIT: gl.constexpr):
         """``griddepcontrol.wait`` where WAIT, else ``griddepcontrol.launch_dependents`` (see
-        crossfuse.ops._gdc)."""
+        crossfuse.ops._runtime.pdl)."""
         if WAIT:
             gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)  # fmt: skip
@@ -437,7 +437,7 @@ if gluon is not None:
         scale, relu_scale,
         HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
-        WAIT: gl.constexpr,  # a dependent launch after v's copy: wait for it first (crossfuse.ops._gdc)
+        WAIT: gl.constexpr,  # a dependent launch after v's copy: wait for it first (ops._runtime.pdl)
         ASYNC: gl.constexpr,  # each block's scores issued before the relu and product of the one before
         TRANS: gl.constexpr,  # v read as it is and transposed in shared memory (attention v31): no copy
         PERM: gl.constexpr,  # p @ v's keys in sigma's order in v's copy (attention v34; TRANS: always)
@@ -672,7 +672,7 @@ if gluon is not None:
         FOLD: gl.constexpr,  # scale > 0 (squared: scale^2) folded into relu_scale by the launcher (attention
         # v36, as the forward's v35): the scores are not scaled; squared, the 2 of ds goes with it too
         WRITE: gl.constexpr,  # the first kernel: writes the copies of q and dout that the dK/dV kernel after
-        # it reads (attention v36; TRANS: no copy of k) and lets that kernel launch (crossfuse.ops._gdc)
+        # it reads (attention v36; TRANS: no copy of k) and lets that kernel launch (ops._runtime.pdl)
         SPLIT: gl.constexpr,  # a barrier array per tensor of the ring (attention v37: _ring_barriers)
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
@@ -827,7 +827,7 @@ if gluon is not None:
         ASYNC: gl.constexpr,  # each product running while the elementwise work of the one before is done
         TRANS: gl.constexpr,  # q's and dout's tiles transposed in shared memory (attention v32): no copies
         # (QTd, DOTd unused)
-        SIGNAL: gl.constexpr,  # not a dependent launch, but the dQ kernel after it is (crossfuse.ops._gdc)
+        SIGNAL: gl.constexpr,  # not a dependent launch, but the dQ kernel after it is (ops._runtime.pdl)
         FOLD: gl.constexpr,  # scale > 0 (squared: scale^2) folded into relu_scale (as the dQ kernel's FOLD):
         # squared, the 2 of ds^T goes with dk's
         SPLIT: gl.constexpr,  # a barrier array per tensor of the ring (attention v37: _ring_barriers)
@@ -1117,7 +1117,7 @@ def launch_bwd(q, k, v, do, dq, dk, dv, usable_views, causal: bool, squared: boo
     kernels take the left operands of their last products relabelled in sigma's order (attention v34,
     :func:`_left`): the copies must be in that order too (``_l_contiguous`` with ``sigma``). With
     ``chain``, the dK/dV kernel is a dependent launch after the copies; with ``signal``, the dQ kernel is
-    one after the dK/dV kernel (crossfuse.ops._gdc). Where the dQ kernel's tiles say WRITE
+    one after the dK/dV kernel (ops._runtime.pdl). Where the dQ kernel's tiles say WRITE
     (:func:`says_write`), it runs first and writes the copies of q and dout (given, their values unset),
     and ``chain`` makes the dK/dV kernel a dependent launch after it."""
     B, H, Lq, D = q.shape

@@ -41,12 +41,10 @@ rows of dx they take, halve (layer norm v42).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from .._backend import bind_cuda_context, compute_capability_major
-from .._backend import triton_version as _triton_version
+from ._runtime.device import bind_cuda_context, compute_capability_major
+from ._runtime.versions import GLUON_TRITON, triton_version
 
 try:
     from triton.experimental import gluon
@@ -56,7 +54,6 @@ try:
 except ImportError:  # a Triton without Gluon: the launcher never picks this kernel
     gluon = None
 
-GLUON_TRITON = (3, 6)  # the Triton minor version this kernel was written and tested for
 BOX_W = 256  # a row is brought in as a [N / BOX_W, BOX_W] box (a copy-engine box is at most 256 wide)
 SMEM_BYTES = 227 * 1024  # shared memory one program may take on sm_90
 GROUPS_MAXNREG: int | None = None  # a register cap for the grouped kernel (bench/probe_ln_bwd_groups.py)
@@ -271,7 +268,7 @@ if gluon is not None:
         N: gl.constexpr = NS * SLICES
         AHEAD: gl.constexpr = STAGES - 1 - LAG
         groups = gl.num_programs(0) // SLICES
-        if GDC:  # the tickets, shares and pairs zeroed and visible (see crossfuse.ops._gdc)
+        if GDC:  # the tickets, shares and pairs zeroed and visible (see crossfuse.ops._runtime.pdl)
             gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)  # fmt: skip
         ticket = gl.atomic_add(Tickets, 1, sem="relaxed")
@@ -414,12 +411,6 @@ if gluon is not None:
                 gl.atomic_xchg(ready, 1, sem="release")
 
 
-@functools.cache
-def triton_version() -> tuple[int, int]:
-    """Triton's (major, minor) version."""
-    return _triton_version()
-
-
 def stages_that_fit(n: int, esize: int, has_weight: bool) -> int:
     """Row buffers (x and dy) that fit one program's shared memory beside the weight, at most 3."""
     row = 2 * n * esize
@@ -532,7 +523,7 @@ def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, pairs, dw_part
     ((M, 2, slices) int64) and ``tickets`` ((1,) int32) zero at launch; ``stages`` row-slice buffers of
     which ``lag`` hold rows waiting for the group's shares, on ``warps`` warps (at most one per box row of
     a slice); ``pdl``: launched as a programmatic dependent launch, the kernel waiting for the one before
-    it in the stream before its first access (``crossfuse.ops._gdc``); see :func:`groups_usable`."""
+    it in the stream before its first access (``crossfuse.ops._runtime.pdl``); see :func:`groups_usable`."""
     M, N = x.shape
     if not 1 <= groups <= M:
         raise ValueError(f"groups must be from 1 to the row count {M}, got {groups}")

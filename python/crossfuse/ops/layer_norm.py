@@ -100,21 +100,14 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
 
 from .. import _tuning
-from .._backend import (
-    bind_cuda_context,
-    check_runnable,
-    compute_capability_major,
-    device_parallelism,
-    interpreter_problem,
-    is_interpreted,
-    on_input_device,
-    quiet_interpreter,
-)
+from .._backend import check_runnable, interpreter_problem, is_interpreted, quiet_interpreter
 from .._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
-from . import _gdc, _library, _ln_bwd_rows
-from ._gdc import launch_dependents as _launch_dependents
-from ._gdc import wait_for_previous as _wait_for_previous
+from . import _library, _ln_bwd_rows
 from ._library import stats_dtype as _stats_dtype
+from ._runtime import pdl as _gdc
+from ._runtime.device import bind_cuda_context, compute_capability_major, device_parallelism, on_input_device
+from ._runtime.pdl import launch_dependents as _launch_dependents
+from ._runtime.pdl import wait_for_previous as _wait_for_previous
 
 FUSED_MAX_N = 16384  # largest row kept whole in registers
 # the split backward's row-sums kernel: columns per chunk (8 warps, N a compile-time constant up to
@@ -1369,7 +1362,7 @@ def _tma_usable(*tensors: torch.Tensor) -> bool:
 
 def _gdc_usable(t: torch.Tensor) -> bool:
     """Whether the backward's kernels on ``t``'s device can chain by programmatic dependent launch
-    (:mod:`crossfuse.ops._gdc`)."""
+    (:mod:`crossfuse.ops._runtime.pdl`)."""
     return _gdc.usable(t, is_interpreted(_ln_bwd_kernel))
 
 

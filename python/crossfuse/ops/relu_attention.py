@@ -79,15 +79,7 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
 
 from .. import _tuning
-from .._backend import (
-    bind_cuda_context,
-    check_runnable,
-    compute_capability_major,
-    interpreter_problem,
-    is_interpreted,
-    on_input_device,
-    quiet_interpreter,
-)
+from .._backend import check_runnable, interpreter_problem, is_interpreted, quiet_interpreter
 from .._validate import (
     KERNEL_DTYPES,
     check_bool,
@@ -96,7 +88,10 @@ from .._validate import (
     check_tensor,
     dtype_name,
 )
-from . import _attn_tf32, _direct, _gdc, _library
+from . import _attn_tf32, _library
+from ._runtime import direct as _direct
+from ._runtime import pdl as _gdc
+from ._runtime.device import bind_cuda_context, compute_capability_major, on_input_device
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LAYOUTS = ("bhld", "blhd")
@@ -996,7 +991,7 @@ def _launch(kernel, grid, key: tuple, *args, **options) -> None:
     program; a D=128 backward step takes up to 192 KB); on a GPU with less, Triton refuses a launch whose
     stages do not fit (``OutOfResources``, before anything runs), so the launch is retried with one stage
     fewer, down to one, and the stages that fit are remembered under ``(kernel, *key)``. A launch Triton
-    has compiled before goes straight to the compiled kernel (:mod:`._direct`)."""
+    has compiled before goes straight to the compiled kernel (:mod:`._runtime.direct`)."""
     direct = _direct.key(kernel, args, options)  # the compiled kernel, launched again without dispatch
     _record(direct, grid, args)
     if direct is not None and _direct.launch(direct, grid, args):
@@ -1020,7 +1015,7 @@ def _launch(kernel, grid, key: tuple, *args, **options) -> None:
 # its tensors' shapes, strides, dtypes and alignment, its flags and tiles; at the shapes where the host
 # sets the pace (16x32x1024x64 causal: about 0.65 ms of GPU work for a forward+backward) those decisions
 # and the launch keys cost as much host time as the launches. A call records its launches (_launch);
-# where they went straight into compiled kernels (crossfuse.ops._direct) and took no tensor but the
+# where they went straight into compiled kernels (crossfuse.ops._runtime.direct) and took no tensor but the
 # call's own, they are kept under everything the decisions read, and a later call with the same key
 # builds the descriptors over its own tensors and makes the same launches.
 MAX_PLANS = 1024  # plans kept at most (ints and floats are part of their keys: a table that starts afresh)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._backend import compute_capability_major
+from .device import compute_capability_major
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait

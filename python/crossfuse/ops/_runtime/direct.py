@@ -33,7 +33,7 @@ import inspect
 import torch
 import triton
 
-from .._backend import switched_off, triton_version
+from ..._backend import switched_off, triton_version
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor

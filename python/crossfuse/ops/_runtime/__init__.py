@@ -1,0 +1,3 @@
+"""Runtime pieces both ops share: launching compiled kernels directly (:mod:`.direct`), chaining an op's
+kernels by programmatic dependent launch (:mod:`.pdl`), device queries and the current device
+(:mod:`.device`), and the Triton/Gluon version gates (:mod:`.versions`). Nothing here imports an op."""
