@@ -1,4 +1,7 @@
-"""What is measured: benchmark suites as data (no code). Read by ``crossfuse bench <suite>``.
+"""What is measured: benchmark suites as data (no code). Read by ``crossfuse bench <suite>`` and
+``bench/gpu_session.py`` through :func:`crossfuse.harness.suite.load_suites`; ships with the package, so
+an installed crossfuse runs them from any directory. ``crossfuse bench --suites FILE`` (or
+``CROSSFUSE_SUITES=FILE``) reads a file of the same form instead.
 
 A suite is a list of groups; a group is ops × shapes × dtypes × options × modes, and the implementations
 are every registry entry of each op (``crossfuse.registry.implementations(op)``), optionally filtered by
