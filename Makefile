@@ -6,7 +6,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# torch 2.13.0: a CPU build lies on this project's machines; on a GPU machine PyPI's build has CUDA.
+# the torch the venv installs: PyPI's build (with CUDA on Linux); TORCH_SPEC=... picks another one
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= out
 

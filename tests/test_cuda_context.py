@@ -4,12 +4,12 @@ their inputs rather than the current one.
 Triton fills a tensor descriptor's map with a driver call that needs a current CUDA context, before its
 launcher makes one current; a thread whose first CUDA work is a launch through descriptors has none.
 The autograd engine runs every backward on a worker thread of its own, so a backward made only of
-crossfuse's kernels can be that first work (run 230: "Failed to create tensor map descriptor: invalid
-device context"). ``ops._runtime.device.bind_cuda_context`` binds the context first; these tests run each
+crossfuse's kernels can be that first work ("Failed to create tensor map descriptor: invalid device
+context"). ``ops._runtime.device.bind_cuda_context`` binds the context first; these tests run each
 descriptor path as the first CUDA work of a new thread, and the autograd backwards as the first work of
-a fresh process's engine thread. Run 234 ran them on the code before the fix: both new-thread cases and
-the three ``*_thread`` engine cases failed so; the other two pass either way, since a thread that first
-loads a kernel has its context bound by Triton's loading.
+a fresh process's engine thread. Without the binding, both new-thread cases and the three ``*_thread``
+engine cases fail so; the other two pass either way, since a thread that first loads a kernel has its
+context bound by Triton's loading.
 
 Triton launches on the current device whatever device the arguments are on; the launchers make the
 inputs' device current (``ops._runtime.device.on_input_device``), checked with two GPUs where there are.
@@ -219,7 +219,8 @@ do = randn(2, 2, 256, 64, grad=False)
 grads = torch.autograd.grad(crossfuse.relu_attention(q, k, v), (q, k, v), do)
 assert all(bool(torch.isfinite(g).all()) for g in grads)
 """,
-    # the sequence of run 230: a raw backward on another thread first, then the kept graph's backward
+    # the sequence that failed without the binding: a raw backward on another thread first, then the kept
+    # graph's backward
     "relu_attention_after_another_thread": """
 import threading
 from crossfuse.ops import relu_attention as ra

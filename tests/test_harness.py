@@ -333,8 +333,8 @@ def test_persisting_l2_reset_falls_back_when_refused(monkeypatch):
 
 def test_flush_l2_synchronises_whether_or_not_the_reset_runs(monkeypatch):
     """The timer's level must not depend on the driver: a refused or missing reset leaves the
-    synchronisation before each repeat's flush in place (run 224: it alone moves 4096-row layer norms
-    1-5% on the H200); the reset, where it runs, always follows one."""
+    synchronisation before each repeat's flush in place (it alone moves 4096-row layer norms 1-5% on
+    the H200); the reset, where it runs, always follows one."""
     events = []
     buf = torch.ones(8)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
@@ -377,11 +377,11 @@ def test_persisting_l2_reset_is_none_without_a_driver(monkeypatch):
 def test_cuda_timer_is_blind_to_persisting_l2_lines():
     """A kernel that loads x with evict_last leaves lines of x in L2 that zeroing the flush buffer does
     not evict; the timer resets them to normal before each flush, so a call that reads x measures the
-    same after such a load as without it (NOTES.md, runs 219-222: without the reset the whole-row
-    forward read part of x from L2 and ran 5-9% faster). Skipped, saying so, on a GPU where the stale
-    lines do not move the call even without the reset: there the test could not tell the timers apart. On
-    the H200 that happens when other processes share the GPU (runs 224 and 228, every GPU test under
-    pytest -n 8); alone it passes (runs 222 and 228)."""
+    same after such a load as without it (on the H200, without the reset the whole-row forward read
+    part of x from L2 and ran 5-9% faster). Skipped, saying so, on a GPU where the stale lines do not
+    move the call even without the reset: there the test could not tell the timers apart. On the H200
+    that happens when other processes share the GPU (every GPU test under pytest -n 8); run alone it
+    passes."""
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("evict_last (persisting) L2 lines need compute capability 8+")
     from _l2_lines import stale_line_ratios  # tests/: needs Triton

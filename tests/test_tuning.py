@@ -56,8 +56,8 @@ def test_attention_entries_by_length(tuned_file):
 
 
 def test_warp_specialized_attention_entries_are_not_applied(tuned_file):
-    # run 26: the warp-specialized loops ("ws": true) gave wrong results; such entries are skipped, the
-    # others of the same file still apply
+    # Triton's warp-specialized loops ("ws": true) gave wrong results on the H200; such entries are
+    # skipped, the others of the same file still apply
     tuned_file({
         "attn/fwd/128/True/ws": dict(kind="fwd", d=128, causal=True, block_m=128, block_n=64, num_warps=8,
                                      num_stages=3, ws=True),
@@ -114,7 +114,7 @@ def test_an_entry_the_launchers_cannot_use_is_a_clear_error(key, entry, words, t
 
 
 def test_attention_entries_from_a_file_given_directly(tmp_path, monkeypatch):
-    # bench/ab_attn.py --tuned reads a sweep's file without the environment variable; the variable's file,
+    # a sweep's file read directly (read_tuned), without the environment variable; the variable's file,
     # if any, is not consulted, and a missing file is an error naming where its path came from
     monkeypatch.delenv("CROSSFUSE_TUNED_CONFIGS", raising=False)
     path = tmp_path / "sweep.json"
@@ -129,18 +129,12 @@ def test_attention_entries_from_a_file_given_directly(tmp_path, monkeypatch):
 
 def test_code_tables_round_trip_through_a_tuned_file(tuned_file):
     # bench/tune.py --base code writes the code's tables as tuned.json entries (prefetch and keep_params
-    # included); a session run with that file (CROSSFUSE_TUNED_CONFIGS) must launch exactly the code's
-    # configurations, which is how the runs of bench/results/h200 checked their tables
-    import importlib.util
-    import pathlib
-
+    # included); a session with that file (CROSSFUSE_TUNED_CONFIGS) must launch exactly the code's
+    # configurations, which is how bench/results/<gpu>/tuned.json records the tables a session ran
+    from crossfuse.harness import sweep
     from crossfuse.ops import layer_norm, relu_attention
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "tune.py"
-    spec = importlib.util.spec_from_file_location("crossfuse_bench_tune", path)
-    tune = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tune)
-    tuned_file(tune.code_tables())
+    tuned_file(sweep.code_tables())
     assert _tuning.layer_norm_overrides(LaunchConfig) == layer_norm.TUNED
     assert _tuning.attention_overrides(AttnConfig) == relu_attention.TUNED
     assert any(c.prefetch for c in layer_norm.TUNED.values())
@@ -159,20 +153,38 @@ def test_every_layer_norm_flag_of_an_entry_reaches_the_config():
     assert _tuning.layer_norm_config(LaunchConfig, dict(entry, shifted=False)).shifted is False
 
 
-def test_tune_kind_bwd_takes_every_backward_candidate(tmp_path):
-    # run 109: `--kind bwd` with the attention's descriptor group selected none of its dK/dV and dQ
-    # candidates (their kinds are dkdv and dq), and the sweep timed nothing without saying so
-    import importlib.util
-    import pathlib
+def test_tune_kind_bwd_takes_every_backward_candidate():
+    # `--kind bwd` must select the attention's dK/dV and dQ candidates too (their kinds are dkdv and dq),
+    # or a sweep of the descriptor group times nothing without saying so
+    from crossfuse.harness import sweep
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "tune.py"
-    spec = importlib.util.spec_from_file_location("crossfuse_bench_tune_kind", path)
-    tune = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tune)
-    cands = tune.attn_tma_candidates()
-    bwd = tune.of_kind(cands, "bwd")
+    cands = sweep.attn_tma_candidates()
+    bwd = sweep.of_kind(cands, "bwd")
     assert bwd and {c["kind"] for c in bwd} == {"dkdv", "dq"}
-    assert len(bwd) + len(tune.of_kind(cands, "fwd")) == len(cands)
-    assert {c["kind"] for c in tune.of_kind(cands, "dq")} == {"dq"}
-    with pytest.raises(SystemExit):  # nothing of that kind: an error, not an empty sweep
-        tune.main(["--out", str(tmp_path), "--only", "attn-tma", "--kind", "no-such-kind"])
+    assert len(bwd) + len(sweep.of_kind(cands, "fwd")) == len(cands)
+    assert {c["kind"] for c in sweep.of_kind(cands, "dq")} == {"dq"}
+    assert sweep.of_kind(cands, "no-such-kind") == []
+
+
+def test_sweep_groups_are_checked():
+    from crossfuse.harness import sweep
+
+    assert sweep.candidates({"ln"}, quick=True)
+    with pytest.raises(ValueError, match="unknown groups"):
+        sweep.candidates({"no-such-group"})
+    with pytest.raises(ValueError, match="pairs_from"):
+        sweep.candidates({"attn-pairs"})
+
+
+def test_sweep_winners_split_a_pair_into_its_kernels():
+    from crossfuse.harness import sweep
+
+    pair = dict(kind="bwd", d=64, causal=False, dkdv=[64, 128, 8, 3], dq=[128, 64, 8, 2])
+    single = dict(kind="dkdv", d=64, causal=False, block_m=32, block_n=128, num_warps=4, num_stages=2)
+    rows = [dict(pair, shape="4x32x4096x64", status="ok", rate=500.0, ms=1.0),
+            dict(single, shape="4x32x4096x64", status="ok", rate=400.0, ms=1.2)]  # fmt: skip
+    best = sweep.winners(rows)
+    dkdv, dq = best["attn/dkdv/bfloat16/64/False/long"], best["attn/dq/bfloat16/64/False/long"]
+    assert dkdv[0] == dq[0] == 500.0
+    assert (dkdv[1]["block_m"], dkdv[1]["block_n"], dkdv[1]["paired"]) == (64, 128, True)
+    assert (dq[1]["block_m"], dq[1]["num_stages"], dq[1]["length"]) == (128, 2, "long")

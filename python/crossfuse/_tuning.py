@@ -119,8 +119,8 @@ def layer_norm_config(config_type, c: dict, programs_per_sm: int | None = None):
 def layer_norm_overrides(config_type) -> dict:
     """``{(kind, element bytes, BLOCK_N of the row, many rows): LaunchConfig}`` from the override file.
 
-    Entries without ``rows`` (files of earlier versions) serve both row regimes; their forward ran one
-    program per tile, which ``programs_per_sm = 0`` now spells."""
+    Entries without ``rows`` serve both row regimes; their forward runs one program per tile
+    (``programs_per_sm = 0``)."""
     out = {}
     for key, c in _entries().items():
         if key.startswith("ln/"):
@@ -135,13 +135,13 @@ def layer_norm_overrides(config_type) -> dict:
 def attention_overrides(config_type, entries: dict | None = None) -> dict:
     """``{(kind, D, element bytes, causal, long sequence): AttnConfig}`` from the override file, or from
     ``entries`` (a ``tuned.json`` read by :func:`read_tuned`) when given (bf16 measurements serve both
-    2-byte types; entries without ``dtype`` are bf16; entries without ``length``, from earlier versions,
+    2-byte types; entries without ``dtype`` are bf16; entries without ``length``
     serve both lengths)."""
     out = {}
     origin = _origin() if entries is None else ""
     for key, c in (_entries() if entries is None else entries).items():
         if key.startswith("attn/"):
-            if isinstance(c, dict) and c.get("ws"):  # run 26: warp-specialized loops gave wrong results
+            if isinstance(c, dict) and c.get("ws"):  # Triton's warp-specialized loops gave wrong results
                 continue
             _checked(key, c, origin, _ATTN_FIELDS)
             _check_attention_tiles(key, c, origin)

@@ -38,7 +38,7 @@ TOLERANCES: dict[str, dict[torch.dtype, dict[str, float]]] = {
 # float32 matmuls on tf32 tensor cores (Triton's float32 dot on GPUs): operands keep 10 mantissa bits,
 # truncated, not rounded (emulated on the CPU: 1.5e-3 forward, 2.5e-2 for dq/dk, where scores near 0
 # change sign and so change relu's mask). Measured on the H200: 2.2e-3 forward, 2.9e-2 dq/dk against
-# float64 at large L (1.4e-2 at L=4096, bench/extras.py). At L=17 one flipped score can reach 0.12, so the
+# float64 at large L (1.4e-2 at L=4096). At L=17 one flipped score can reach 0.12, so the
 # GPU tests give the float64 reference the same truncated inputs (tests/test_relu_attention.py).
 TF32 = {"relu_attention": dict(fwd=5e-3, bwd=6e-2, reduced=0.0)}
 

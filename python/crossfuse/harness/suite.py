@@ -1,9 +1,9 @@
-"""Suites: loading ``bench/suites.py`` (data) and expanding a suite into measurement points.
+"""Suites: loading them (data) and expanding a suite into measurement points.
 
-The file is found, in order, from an explicit path, the environment variable ``CROSSFUSE_SUITES``, the
-repository checkout this package lives in (``<repo>/bench/suites.py``), and ``./bench/suites.py``.
-Its ``SUITES`` dict is validated here: unknown keys, ops, dtypes and modes are ``ValueError`` s naming the
-suite and the key.
+The suites are the ``SUITES`` dict of :mod:`crossfuse.harness.suites`, which ships with the package; a
+suite file of the same form replaces them when given as an explicit path or in the environment variable
+``CROSSFUSE_SUITES``. Either way the dict is validated here: unknown keys, ops, dtypes and modes are
+``ValueError`` s naming the suite and the key.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .. import registry
+from . import suites as suites_module
 from .schema import MODES, parse_dtype
 
 _GROUP_KEYS = {"ops", "impls", "shapes", "quick_shapes", "dtypes", "options", "modes"}
@@ -149,28 +150,21 @@ def parse_suite(name: str, data: dict) -> Suite:
 
 
 def find_suites_file(path: str | os.PathLike | None = None) -> Path:
-    """Where ``bench/suites.py`` is (see the module docstring for the search order)."""
-    candidates = []
-    if path is not None:
-        candidates.append(Path(path))
-    elif os.environ.get("CROSSFUSE_SUITES"):
-        candidates.append(Path(os.environ["CROSSFUSE_SUITES"]))
-    else:
-        candidates.append(Path(__file__).resolve().parents[3] / "bench" / "suites.py")
-        candidates.append(Path.cwd() / "bench" / "suites.py")
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise FileNotFoundError(
-        f"no suite file found (looked at {', '.join(str(c) for c in candidates)}); run from the crossfuse "
-        "repository, pass --suites PATH, or set CROSSFUSE_SUITES"
-    )
+    """The suite file: ``path``, else ``CROSSFUSE_SUITES``, else the package's own
+    (:mod:`crossfuse.harness.suites`)."""
+    if path is None:
+        path = os.environ.get("CROSSFUSE_SUITES") or None
+    if path is None:
+        return Path(suites_module.__file__)
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no suite file at {file} (from --suites or CROSSFUSE_SUITES)")
+    return file
 
 
-def load_suites(path: str | os.PathLike | None = None) -> dict[str, Suite]:
-    """All suites of the suite file, validated."""
-    file = find_suites_file(path)
-    spec = importlib.util.spec_from_file_location("_crossfuse_bench_suites", file)
+def _suites_data(file: Path) -> dict:
+    """The ``SUITES`` dict of a suite file, run as Python; every error names the file."""
+    spec = importlib.util.spec_from_file_location("_crossfuse_suites_file", file)
     if spec is None or spec.loader is None:  # Python loads only files it knows the kind of, e.g. *.py
         raise ValueError(f"{file}: not a Python file (a suite file is a .py file defining SUITES)")
     module = importlib.util.module_from_spec(spec)
@@ -183,6 +177,14 @@ def load_suites(path: str | os.PathLike | None = None) -> dict[str, Suite]:
     data = getattr(module, "SUITES", None)
     if not isinstance(data, dict):
         raise ValueError(f"{file} defines no SUITES dict")
+    return data
+
+
+def load_suites(path: str | os.PathLike | None = None) -> dict[str, Suite]:
+    """All suites, validated: the package's (:mod:`crossfuse.harness.suites`), or those of the suite file
+    at ``path`` or ``CROSSFUSE_SUITES``."""
+    file = find_suites_file(path)
+    data = suites_module.SUITES if file == Path(suites_module.__file__) else _suites_data(file)
     return {name: parse_suite(name, d) for name, d in data.items()}
 
 

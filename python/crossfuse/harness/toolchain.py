@@ -6,8 +6,8 @@ to sm_90; Triton 3.9: those before sm_90) or ``TRITON_PTXAS_BLACKWELL_PATH`` (th
 first compile in a process sets ``TRITON_PTXAS_PATH`` to torch's bundled ptxas where it is unset
 (``torch/bin/ptxas`` in torch 2.11), so with Triton 3.6 on an H200 every Triton kernel compiled after it in
 the process (ours, a peer's) is built by torch's ptxas. The two builds of one kernel can differ by a few
-% (bench/results/h200/NOTES.md, runs 203–205: our float32 4096×2048 layer-norm forward 1–3% slower built
-by torch's ptxas than by Triton 3.6's; Liger's the same under both). Triton's on-disk cache key holds the
+% (on an H200, our float32 4096×2048 layer-norm forward measured 1–3% slower built by torch's ptxas
+than by Triton 3.6's; Liger's the same under both). Triton's on-disk cache key holds the
 ptxas version of the process's first compile (the backend's hash is computed once), so builds made after
 such a switch are stored under the first one's key, where a later run may load them.
 

@@ -65,7 +65,7 @@ def bind_cuda_context(t: torch.Tensor) -> None:
     CUDA work is such a launch the call fails with "invalid device context". The autograd engine's worker
     thread is one: torch binds no context to it when the device needs no change, and the caching
     allocator hands out cached blocks without a CUDA call, so a backward made only of crossfuse's kernels
-    may be the first CUDA work there (run 230). A runtime call binds the primary context as the runtime
+    may be the first CUDA work there. A runtime call binds the primary context as the runtime
     does on first use: ``cudaStreamQuery`` of the current stream, which neither waits nor launches."""
     device = t.device
     if device.type != "cuda":
