@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from . import arrays, session
-from .errors import JuliaUnavailable
+from .errors import JuliaUnavailable, Problem
 
 OPS_WITH_AFFINE = ("layer_norm", "layer_norm_maxstd")
 _JULIA_OPTIONS = ("repeats", "warmup", "seed")
@@ -43,23 +43,35 @@ def unavailable_reason(device=None, start: bool = False) -> str | None:
     path was asked for; it starts Julia only with ``start=True`` (or reports on a session already
     started), so ``crossfuse info``/``check`` listings never trigger a start or a package install.
     """
+    p = problem(device, start)
+    return None if p is None else p.reason
+
+
+def problem(device=None, start: bool = False) -> Problem | None:
+    """:func:`unavailable_reason` with its kind: ``Problem(reason, broken)``, ``broken`` when Julia is
+    here (or required, ``CROSSFUSE_JULIA=1``) and cannot be used, which a test must report as a failure
+    rather than skip. ``None`` when the Julia entries can run on ``device``."""
     from . import _detect
 
-    reason = _detect.detect().reason or session.failure()
-    if reason:
-        return reason
+    d = _detect.detect()
+    if d.reason:
+        return Problem(d.reason, d.broken)
+    if session.failure():
+        return Problem(session.failure(), True)
     cuda = device is not None and torch.device(device).type == "cuda"
     if cuda and not session.cuda_requested():
-        if problem := session.cuda_flag_problem():
-            return f"the Julia GPU path is off: {problem}"
-        return "the Julia GPU path is off (set CROSSFUSE_JULIA_CUDA=1 before the first Julia call)"
+        if flag := session.cuda_flag_problem():
+            return Problem(f"the Julia GPU path is off: {flag}", True)
+        # an opt-in of its own, not asked for: an absence even where the Julia side is required
+        return Problem("the Julia GPU path is off (set CROSSFUSE_JULIA_CUDA=1 before the first Julia call)",
+                       False)
     if start or session.started():
         try:
             s = session.get()
         except JuliaUnavailable as exc:
-            return exc.reason
-        if cuda and not s.cuda:
-            return s.cuda_reason
+            return Problem(exc.reason, exc.broken)
+        if cuda and not s.cuda:  # the GPU path was asked for, and CUDA.jl cannot use the GPU
+            return Problem(s.cuda_reason or "the Julia GPU path is off", True)
     return None
 
 
