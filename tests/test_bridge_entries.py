@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -262,6 +263,95 @@ def test_bad_inputs_are_refused_before_julia_is_asked(julia_off):
         v.measure((4, 8), torch.float32, "cpu", "backward", {})
 
 
+# Bad inputs for the bridge's Python API, each refused with a TypeError or ValueError naming the argument
+# before Julia is asked (the fixture julia_off turns Julia off: a check that came too late would raise
+# JuliaUnavailable instead). (entry point, arguments, exception, words in its message)
+X = torch.randn(4, 8)
+META = torch.device("meta")
+LN, NORM = JuliaVariant("layer_norm", "layernorm"), JuliaVariant("normalise", "normal_new")
+MAXSTD = JuliaVariant("layer_norm_maxstd", "layer_norm")
+
+
+def _fwd(v, x=X, weight=None, bias=None, eps=1e-5):
+    return lambda: v.forward(x, weight, bias, eps)
+
+
+def _vjp(v, dy, **inputs):
+    return lambda: v.vjp({"x": X, **inputs}, dy)
+
+
+BAD_INPUTS = {
+    # dtype
+    "x bfloat16": (_fwd(LN, X.bfloat16()), TypeError, "bfloat16 cannot cross to Julia"),
+    "x int64": (_fwd(LN, torch.ones(4, 8, dtype=torch.int64)), TypeError, "int64 cannot cross"),
+    "x bool": (_fwd(NORM, torch.ones(4, 8, dtype=torch.bool)), TypeError, "bool cannot cross"),
+    "x complex64": (_fwd(LN, torch.ones(4, 8, dtype=torch.complex64)), TypeError, "complex64 cannot cross"),
+    "weight float64, x float32": (_fwd(LN, weight=torch.ones(8, dtype=torch.float64)), ValueError,
+                                  "weight must have shape (8,) and dtype torch.float32"),
+    "bias bfloat16": (_fwd(MAXSTD, bias=torch.ones(8, dtype=torch.bfloat16)), TypeError, "bias: bfloat16"),
+    "dy float64, x float32": (_vjp(LN, torch.randn(4, 8, dtype=torch.float64)), ValueError, "dy must have"),
+    # device
+    "x on meta": (_fwd(LN, torch.ones(4, 8, device=META)), ValueError, "the Julia bridge takes cpu and cuda"),
+    "weight on another device": (_fwd(LN, weight=torch.ones(8, device=META)), ValueError,
+                                 "weight is on meta"),
+    "dy on another device": (_vjp(LN, torch.ones(4, 8, device=META)), ValueError, "dy is on meta"),
+    # shape
+    "x 0-d": (_fwd(LN, torch.tensor(1.0)), ValueError, "at least one dimension"),
+    "weight too short": (_fwd(LN, weight=torch.ones(7)), ValueError, "weight must have shape (8,)"),
+    "weight 2-d": (_fwd(MAXSTD, weight=torch.ones(1, 8)), ValueError, "weight must have shape (8,)"),
+    "bias too long": (_fwd(LN, bias=torch.ones(9)), ValueError, "bias must have shape (8,)"),
+    "dy of another shape": (_vjp(NORM, torch.randn(8, 4)), ValueError, "dy must have x's shape (4, 8)"),
+    "weight for normalise": (_fwd(NORM, weight=torch.ones(8)), ValueError, "normalise takes no weight"),
+    "bias for normalise": (_fwd(NORM, bias=torch.ones(8)), ValueError, "normalise takes no bias"),
+    # NaN and Inf where a number belongs (in the data they propagate, as in torch)
+    "eps NaN": (_fwd(LN, eps=math.nan), ValueError, "eps must be positive and finite"),
+    "eps inf": (_fwd(LN, eps=math.inf), ValueError, "eps must be positive and finite"),
+    "eps 0": (_fwd(NORM, eps=0.0), ValueError, "eps must be positive and finite"),
+    "eps negative": (_fwd(MAXSTD, eps=-1e-5), ValueError, "eps must be positive and finite"),
+    # wrong types
+    "x a list": (_fwd(LN, [[1.0] * 8] * 4), TypeError, "x must be a torch.Tensor, got list"),
+    "x a numpy array": (_fwd(LN, np.ones((4, 8))), TypeError, "x must be a torch.Tensor, got ndarray"),
+    "weight a list": (_fwd(LN, weight=[1.0] * 8), TypeError, "weight must be a torch.Tensor"),
+    "dy a numpy array": (_vjp(LN, np.ones((4, 8))), TypeError, "dy must be a torch.Tensor"),
+    "eps a string": (_fwd(LN, eps="1e-5"), TypeError, "eps must be a real number, got str"),
+    "eps True": (_fwd(LN, eps=True), TypeError, "eps must be a real number, got bool"),
+    "eps a tensor": (_fwd(LN, eps=torch.tensor(1e-5)), TypeError, "eps must be a real number, got Tensor"),
+    "measure mode": (lambda: LN.measure((4, 8), torch.float32, "cpu", "backward", {}), ValueError,
+                     "mode must be"),
+    "layout of a 0-d shape": (lambda: arrays.julia_layout(()), ValueError, "at least one dimension"),
+    "host view of a non-contiguous tensor": (lambda: arrays.host_view(X.T), ValueError, "contiguous"),
+    "host vector of a 2-d tensor": (lambda: arrays.host_vector(X), ValueError, "1-D"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_inputs_of_the_bridge_are_refused_naming_the_argument(julia_off, case):
+    call, exc, words = BAD_INPUTS[case]
+    with pytest.raises(exc, match=re.escape(words)):
+        call()
+
+
+@pytest.mark.parametrize("v", [LN, NORM, MAXSTD], ids=lambda v: v.op)
+@pytest.mark.parametrize("shape", [(0, 8), (4, 0), (2, 0, 8)])
+def test_empty_inputs_give_empty_results_without_julia(julia_off, v, shape):
+    """As torch does (layer_norm of an empty batch is empty): no Julia needed, so none is asked."""
+    x = torch.randn(shape)
+    affine = {"weight": torch.ones(shape[-1]), "bias": torch.zeros(shape[-1])} if v.affine else {}
+    out = v.forward(x, affine.get("weight"), affine.get("bias"), None)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    out, grads = v.vjp({"x": x, **affine}, torch.randn(shape))
+    assert out.shape == x.shape and grads["x"].shape == x.shape
+    for k, t in affine.items():
+        assert grads[k].shape == t.shape and not grads[k].any()
+
+
+def test_non_contiguous_and_strided_inputs_are_accepted_as_copies():
+    """Strides are no bad input: a transposed or expanded tensor crosses as a contiguous copy."""
+    for t in (X.T.contiguous().T, torch.ones(8).expand(4, 8), X[:, ::2]):
+        p = arrays.prepare(t, "x")
+        assert p.is_contiguous() and torch.equal(p, t)
+
+
 # ----------------------------------------------------------------------------------------------------
 # layout: torch (M, N) row-major = Julia N×M column-major, features on dims=1
 # ----------------------------------------------------------------------------------------------------
@@ -433,3 +523,32 @@ def test_glue_names_every_registered_variant():
         assert f'"{v.name}" => CrossFuse.{v.name}' in glue
     for op in VARIANTS:
         assert f"apply(::Val{{:{op}}}" in glue
+
+
+def test_the_wheel_ships_juliapkg_json_and_the_julia_package(tmp_path):
+    """A wheel carries juliapkg.json and the Julia package it points at (crossfuse_julia/julia, a link to
+    julia/ in the checkout): detection finds it there. Built offline from a copy of the sources."""
+    pytest.importorskip("setuptools", reason="setuptools (the build backend) is not installed")
+    import zipfile
+
+    src = tmp_path / "src"
+    (src / "julia").mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", "LICENSE", "julia/Project.toml"):
+        shutil.copy(ROOT / name, src / name)
+    skip = shutil.ignore_patterns("__pycache__")
+    for name in ("python", "bridge", "julia/src", "julia/ext"):
+        shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=skip)
+    assert (src / "bridge" / "crossfuse_julia" / "julia").is_symlink()
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+           str(tmp_path / "dist"), str(src)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = (tmp_path / "dist").glob("crossfuse-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in ("juliapkg.json", "CrossFuseBridge.jl", "julia/Project.toml", "julia/src/CrossFuse.jl",
+                 "julia/src/stats.jl", "julia/ext/CrossFuseCUDAExt.jl"):  # fmt: skip
+        assert f"crossfuse_julia/{name}" in names, name
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    assert _detect.package_reason(site / "crossfuse_julia" / "juliapkg.json") is None
+

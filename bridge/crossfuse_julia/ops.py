@@ -25,6 +25,8 @@ Every call raises :class:`JuliaUnavailable` (with the reason) when Julia cannot 
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +114,8 @@ class JuliaVariant:
 
     def forward(self, x, weight, bias, eps):
         x, w, b, eps = self._prepare(x, weight, bias, eps)
+        if x.numel() == 0:  # nothing to normalise: an empty result, as torch gives, without Julia
+            return torch.empty_like(x)
         s = session.get()
         lay = arrays.julia_layout(x.shape)
         n, m = lay.features, lay.rows
@@ -133,6 +137,10 @@ class JuliaVariant:
         if dy.shape != x.shape or dy.dtype != x.dtype:
             raise ValueError(f"dy must have x's shape {tuple(x.shape)} and dtype {x.dtype}, "
                              f"got {tuple(dy.shape)} {dy.dtype}")
+        if x.numel() == 0:  # empty: an empty output and gradients (zeros for weight and bias), as torch
+            grads = {"x": torch.empty_like(x)}
+            grads.update({k: torch.zeros_like(t) for k, t in (("weight", w), ("bias", b)) if t is not None})
+            return torch.empty_like(x), grads
         s = session.get()
         lay = arrays.julia_layout(x.shape)
         n, m = lay.features, lay.rows
@@ -190,8 +198,8 @@ class JuliaVariant:
 
     def _prepare(self, x, weight, bias, eps):
         x = arrays.prepare(x, "x")
-        if x.dim() < 1 or x.numel() == 0:
-            raise ValueError(f"x must have at least one dimension and elements, got shape {tuple(x.shape)}")
+        if x.dim() < 1:
+            raise ValueError(f"x must have at least one dimension (the features), got shape {tuple(x.shape)}")
         n = x.shape[-1]
         out = [x]
         for name, t in (("weight", weight), ("bias", bias)):
@@ -205,9 +213,11 @@ class JuliaVariant:
             out.append(t)
         if eps is None:
             eps = torch.finfo(x.dtype).eps if self.op == "normalise" else 1e-5
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+            raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
         eps = float(eps)
-        if not eps > 0:
-            raise ValueError(f"eps must be positive, got {eps}")
+        if not 0 < eps < math.inf:
+            raise ValueError(f"eps must be positive and finite, got {eps}")
         return (*out, eps)
 
     @staticmethod
