@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -440,8 +441,8 @@ def test_an_absent_julia_raises_unavailable_that_is_not_broken(isolated, monkeyp
 def test_the_early_import_starts_neither_torch_nor_julia_without_julia(tmp_path):
     """``crossfuse_julia.early`` (imported first by tests/conftest.py) costs nothing without Julia."""
     code = "import sys, crossfuse_julia.early; print('torch' in sys.modules, 'juliacall' in sys.modules)"
-    env = dict(os.environ, PATH=str(tmp_path), CROSSFUSE_JULIA="")
-    env.pop("PYTHON_JULIAPKG_EXE", None)
+    env = dict(os.environ, PATH=str(tmp_path), CROSSFUSE_JULIA="",
+               PYTHON_JULIAPKG_EXE=str(tmp_path / "no-julia-here"))  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "False"]
@@ -485,3 +486,24 @@ def test_the_off_switch_message_appears_once_per_command(command):
     assert out.count("CROSSFUSE_JULIA=0") == 1, out
     if command[:3] == ["check", "--side", "julia"]:  # asked to check the Julia side, checked nothing
         assert proc.returncode != 0
+
+
+def test_the_julia_workflow_runs_only_make_targets():
+    """CI (.github/workflows/julia.yml) runs nothing that ``make`` does not offer a user with Julia, on the
+    LTS and the current Julia, with the actions it names at the versions checked upstream."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "julia.yml").read_text())
+    job = workflow["jobs"]["julia"]
+    assert job["runs-on"] == "ubuntu-latest"
+    assert job["strategy"]["matrix"]["julia-version"] == ["1.10", "1"]
+    makefile = (ROOT / "Makefile").read_text()
+    uses, runs = [], []
+    for step in job["steps"]:
+        (uses if "uses" in step else runs).append(step.get("uses") or step["run"])
+    assert uses == ["actions/checkout@v4", "julia-actions/setup-julia@v2", "julia-actions/cache@v2",
+                    "actions/setup-python@v5"]  # fmt: skip
+    assert runs
+    for run in runs:
+        make, target, *_ = run.split()
+        assert make == "make" and re.search(rf"^{re.escape(target)}:", makefile, re.M), run
+    assert re.search(r"^julia-test: julia-pkg-test julia-cross-test$", makefile, re.M)
