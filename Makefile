@@ -38,3 +38,25 @@ test: lint
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache
+
+# The Julia side, for a user with Julia (1.10.3 or newer) on PATH: the Julia package's own tests, then
+# the cross-language suite through juliacall with the Julia side required (CROSSFUSE_JULIA=1: a Julia
+# that cannot be used fails the suite instead of skipping it). CI runs the same targets.
+JULIA ?= julia
+
+.PHONY: julia-test julia-pkg-test julia-cross-test julia-test-cuda
+
+julia-test: julia-pkg-test julia-cross-test
+
+julia-pkg-test:
+	$(JULIA) --project=julia -e 'using Pkg; Pkg.instantiate(); Pkg.test()'
+
+julia-cross-test: $(BIN)/.installed
+	$(BIN)/python -m pip install -q -e '.[julia]'
+	PYTHON_JULIAPKG_EXE="$$(command -v $(JULIA))" CROSSFUSE_JULIA=1 \
+		$(BIN)/pytest -q -rs tests/test_cross_language.py
+
+# CrossFuse's CUDA tests in their own environment (julia/test/cuda; Julia 1.11 or newer), on a GPU machine
+julia-test-cuda:
+	$(JULIA) --project=julia/test/cuda -e 'using Pkg; Pkg.instantiate()'
+	$(JULIA) --project=julia/test/cuda julia/test/cuda/runtests.jl

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+try:  # juliacall before torch, where Julia is usable (juliacall warns otherwise; pytorch issue 78829)
+    import crossfuse_julia.early  # noqa: F401
+except ImportError:  # the bridge is not on the path: no Julia side to start
+    pass
+
 from crossfuse import _backend
 
 INTERPRETED = _backend.enable_interpreter_if_no_gpu()

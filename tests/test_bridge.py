@@ -9,7 +9,6 @@ imports juliacall.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import json
 import os
@@ -22,14 +21,10 @@ import types
 from pathlib import Path
 
 import crossfuse_julia
-import numpy as np
 import pytest
-import torch
+from _bridge_env import fake_julia, isolate
 from crossfuse import registry
-from crossfuse.check import run_case
-from crossfuse_julia import _detect, arrays, session
-from crossfuse_julia.ops import JuliaVariant
-from crossfuse_julia.registry import VARIANTS, variants
+from crossfuse_julia import _detect, session
 
 ROOT = Path(__file__).resolve().parents[1]
 BRIDGE = ROOT / "bridge" / "crossfuse_julia"
@@ -37,37 +32,14 @@ DETECTION_LIMIT_S = 5.0  # the promise: available() answers within 5 seconds
 
 
 # ----------------------------------------------------------------------------------------------------
-# fixtures
+# fixtures (the environment: tests/_bridge_env.py)
 # ----------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
 def isolated(monkeypatch, tmp_path):
     """An environment with no Julia anywhere; returns the folder that is the whole PATH."""
-    for var in ("CROSSFUSE_JULIA", "CROSSFUSE_JULIA_CUDA", "PYTHON_JULIAPKG_EXE", "PYTHON_JULIACALL_EXE",
-                "PYTHON_JULIAPKG_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    monkeypatch.setenv("PATH", str(bindir))
-    monkeypatch.setenv("JULIAUP_DEPOT_PATH", str(tmp_path / "juliaup-depot"))
-    pkg = tmp_path / "julia_env" / "pyjuliapkg"
-    paths = {"project": str(pkg.parent), "meta": str(pkg / "meta.json"), "install": str(pkg / "install")}
-    monkeypatch.setattr(_detect, "juliapkg_paths", lambda: paths)
-    monkeypatch.setattr(_detect, "juliacall_installed", lambda: True)
-    monkeypatch.setattr(_detect, "juliacall_started", lambda: False)
-    monkeypatch.setattr(_detect, "_CACHE", None)
-    monkeypatch.setattr(session, "_FAILED", None)
-    return bindir
-
-
-def fake_julia(folder: Path, body: str, name: str = "julia") -> Path:
-    """A shell script standing in for Julia: ``body`` runs for any arguments."""
-    path = folder / name
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-    return path
-
+    return isolate(monkeypatch, tmp_path)
 
 def timed_detect():
     t0 = time.monotonic()
@@ -222,12 +194,35 @@ def test_offline_before_any_install_is_the_reason(isolated, monkeypatch):
     assert "python -m crossfuse_julia install" in d.reason
 
 
-def test_missing_julia_package_is_the_reason(isolated, monkeypatch, tmp_path):
-    monkeypatch.setattr(_detect, "crossfuse_julia_dir", lambda: tmp_path / "nowhere")
-    d, _ = timed_detect()
-    assert not d.available
-    assert "the Julia package CrossFuse is not at" in d.reason
-    assert "pip install -e" in d.reason
+def test_missing_julia_package_is_the_reason(tmp_path):
+    json_path = tmp_path / "juliapkg.json"
+    json_path.write_text(json.dumps({"packages": {"CrossFuse": {"uuid": "x", "path": "nowhere"}}}))
+    reason = _detect.package_reason(json_path)
+    assert "the Julia package CrossFuse is not at" in reason and str(json_path) in reason
+    assert "pip install -e" in reason
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (None, "cannot read"),  # the file is missing: a wheel without it
+        ("{not json", "does not declare the Julia package CrossFuse"),
+        (json.dumps({"packages": {}}), "does not declare the Julia package CrossFuse"),
+        (json.dumps({"packages": {"CrossFuse": {"uuid": "x"}}}), "does not declare the Julia package"),
+    ],
+    ids=["missing", "not-json", "no-crossfuse", "no-path"],
+)
+def test_a_missing_or_broken_juliapkg_json_is_a_reason_not_an_exception(tmp_path, content, words):
+    json_path = tmp_path / "juliapkg.json"
+    if content is not None:
+        json_path.write_text(content)
+    reason = _detect.package_reason(json_path)  # never FileNotFoundError, KeyError or JSONDecodeError
+    assert words in reason and str(json_path) in reason
+
+
+def test_the_shipped_juliapkg_json_finds_the_julia_package():
+    assert _detect.package_reason() is None
+    assert _detect.crossfuse_julia_dir() == (ROOT / "julia").resolve()
 
 
 def test_detection_is_cached_until_refreshed(isolated):
@@ -338,399 +333,177 @@ def test_a_julia_exception_becomes_julia_error_with_the_julia_message(monkeypatc
         session.call("somewhere", raises_python)
 
 
+def test_a_julia_method_error_arriving_as_a_type_error_is_wrapped():
+    """PythonCall raises a Julia MethodError of the called function as a plain Python TypeError (its
+    src/JlWrap/any.jl): the bridge wraps it with where it happened, and it stays a TypeError."""
+
+    class JuliaFunction:  # what juliacall wraps a Julia function in: a type defined in juliacall
+        def __call__(self, *args):
+            raise TypeError("MethodError: no method matching host_forward(::String, ::Int64)")
+
+    JuliaFunction.__module__ = "juliacall"
+    with pytest.raises(crossfuse_julia.JuliaMethodError) as info:
+        session.call("CrossFuse.normal_new (normalise, forward)", JuliaFunction(), "x", 1)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, crossfuse_julia.JuliaError)
+    assert "CrossFuse.normal_new (normalise, forward)" in str(info.value)
+    assert "no method matching host_forward" in str(info.value)
+    assert isinstance(info.value.__cause__, TypeError)
+
+    def python_function(*_):
+        raise TypeError("a Python TypeError")
+
+    with pytest.raises(TypeError) as plain:  # a Python function's own TypeError passes through unchanged
+        session.call("somewhere", python_function)
+    assert not isinstance(plain.value, crossfuse_julia.JuliaError)
+
+
 # ----------------------------------------------------------------------------------------------------
-# the Julia entries when Julia is off
+# no Julia here (a skip) or Julia here and broken (a failure)
 # ----------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", autouse=True)
-def julia_registered():
-    """The Julia entries, registered through the entry point when crossfuse is installed, else directly
-    (``register`` is idempotent), so the bridge's logic is tested either way."""
-    if not registry.implementations(side="julia"):
-        from crossfuse_julia.registry import register
-
-        register(registry)
+def broken_after_detection():
+    d = _detect.detect(refresh=True)
+    p = crossfuse_julia.problem()
+    assert (p is None) == (d.reason is None)
+    return d
 
 
-def julia_entries():
-    return registry.implementations(side="julia")
+@pytest.mark.parametrize(
+    "body, env, broken, words",
+    [
+        (None, {}, False, "no Julia executable found"),
+        (None, {"CROSSFUSE_JULIA": "0"}, False, "turns the Julia side off"),
+        (None, {"CROSSFUSE_JULIA": "1"}, True, "no Julia executable found"),  # required: any reason fails
+        (None, {"CROSSFUSE_JULIA": "maybe"}, True, "CROSSFUSE_JULIA='maybe'"),
+        ('echo "julia: broken install" >&2\nexit 3', {}, True, "exited with status 3"),
+        ('echo "julia version 1.6.7"', {}, True, "Julia 1.6.7"),
+        ('echo "julia version 1.11.3"', {"PYTHON_JULIAPKG_OFFLINE": "yes"}, True, "PYTHON_JULIAPKG_OFFLINE"),
+        ('echo "julia version 1.11.3"', {"CROSSFUSE_JULIA": "0"}, False, "turns the Julia side off"),
+    ],
+    ids=["absent", "off", "required-absent", "bad-switch", "fails", "too-old", "offline-uninstalled",
+         "off-with-julia"],
+)
+def test_absent_julia_is_told_from_broken_julia(isolated, monkeypatch, body, env, broken, words):
+    if body is not None:
+        fake_julia(isolated, body)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    d = broken_after_detection()
+    assert words in d.reason
+    assert d.broken is broken
+    p = crossfuse_julia.problem()
+    assert p.broken is broken
+    assert p.describe().startswith("the Julia side is broken" if broken else "no Julia here")
 
 
-def test_the_plugin_entry_point_is_declared():
-    eps = importlib.metadata.entry_points(group="crossfuse.implementations")
-    if not list(eps):
-        pytest.skip("crossfuse is not installed (pip install -e .): no entry points to check")
-    assert {ep.name: ep.value for ep in eps}.get("julia") == "crossfuse_julia.registry:register"
+def test_a_named_julia_that_is_missing_is_broken(isolated, monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHON_JULIAPKG_EXE", str(tmp_path / "no-such-julia"))
+    d = broken_after_detection()
+    assert "no-such-julia" in d.reason and d.broken
 
 
-def test_every_julia_variant_is_registered_with_its_callables():
-    got = {(i.op, i.name): i for i in julia_entries()}
-    want = {(v.op, v.name) for v in variants()}
-    assert set(got) == want
-    assert want == {("normalise", "normal_now"), ("normalise", "normal_new"), ("normalise", "normal_newer"),
-                    ("layer_norm", "layernorm"), ("layer_norm_maxstd", "layer_norm")}
-    python_side = {(i.op, i.name) for i in registry.implementations(side="python")}
-    for key, impl in got.items():
-        assert impl.side == "julia" and impl.kernel == "julia"
-        assert impl.vjp is not None and impl.measure is not None and impl.check_available is not None
-        assert "cpu" in impl.devices
-        assert key in python_side, f"{key} has no Python twin"
+def test_missing_juliacall_is_an_absence(isolated, monkeypatch):
+    fake_julia(isolated, 'echo "julia version 1.11.3"')
+    monkeypatch.setattr(_detect, "juliacall_installed", lambda: False)
+    d = broken_after_detection()
+    assert d.reason == _detect.JULIACALL_MISSING and not d.broken
 
 
-def test_registration_never_starts_julia():
-    # in a fresh process: through the entry point where crossfuse is installed, else (a checkout on
-    # PYTHONPATH, as on the GPU machine) by calling the plugin's register as the entry point would
-    installed = bool(list(importlib.metadata.entry_points(group="crossfuse.implementations")))
-    setup = "" if installed else "from crossfuse_julia.registry import register; register(registry); "
-    code = ("import sys; from crossfuse import registry; " + setup
-            + "impls = registry.implementations(side='julia'); "
-            "print(len(impls), 'juliacall' in sys.modules, 'crossfuse_julia.session' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+def test_a_failed_start_is_broken(isolated, monkeypatch):
+    """Julia was found, so any failure at start (resolving, loading CrossFuse) is a failure to report."""
+    fake_julia(isolated, 'echo "julia version 1.11.3"')
+    monkeypatch.setattr(session, "_SESSION", None)
+    monkeypatch.setattr(session, "_JULIACALL", None)
+    monkeypatch.setattr(session, "resolve_packages", lambda: None)
+    monkeypatch.setitem(sys.modules, "juliacall", None)  # importing it fails, as a broken juliacall does
+    with pytest.raises(crossfuse_julia.JuliaUnavailable) as info:
+        crossfuse_julia.start()
+    assert info.value.broken
+    assert "juliacall could not start Julia" in info.value.reason
+    p = crossfuse_julia.problem()
+    assert p.broken and "juliacall could not start Julia" in p.reason
+    from crossfuse_julia.ops import problem
+
+    assert problem("cpu").broken
+    with pytest.raises(crossfuse_julia.JuliaUnavailable) as again:  # cached: not tried again
+        session.start_juliacall()
+    assert again.value.broken and again.value.reason == info.value.reason
+
+
+def test_an_absent_julia_raises_unavailable_that_is_not_broken(isolated, monkeypatch):
+    monkeypatch.setattr(session, "_SESSION", None)
+    with pytest.raises(crossfuse_julia.JuliaUnavailable) as info:
+        crossfuse_julia.start()
+    assert not info.value.broken and "no Julia executable found" in info.value.reason
+
+
+def test_the_early_import_starts_neither_torch_nor_julia_without_julia(tmp_path):
+    """``crossfuse_julia.early`` (imported first by tests/conftest.py) costs nothing without Julia."""
+    code = "import sys, crossfuse_julia.early; print('torch' in sys.modules, 'juliacall' in sys.modules)"
+    env = dict(os.environ, PATH=str(tmp_path), CROSSFUSE_JULIA="",
+               PYTHON_JULIAPKG_EXE=str(tmp_path / "no-julia-here"))  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [str(len(variants())), "False", "True"]
+    assert proc.stdout.split() == ["False", "False"]
 
 
-def test_julia_entries_declare_no_bfloat16(isolated, monkeypatch):
-    # NumPy (the CPU path) and DLPack.jl (the GPU path) cannot carry bfloat16: the entries leave it out, so
-    # `crossfuse check` skips it with that reason rather than reporting the TypeError as an error
-    entries = julia_entries()
-    assert entries
-    for impl in entries:
-        assert set(impl.dtypes) == {torch.float32, torch.float64, torch.float16}, impl.key
-    monkeypatch.setattr(_detect, "_CACHE", _detect.Detection(None, "/fake/julia", (1, 11, 0), "PATH"))
-    monkeypatch.setattr(session, "_SESSION", None)
-    for impl in entries:  # Julia looks available: the dtype is the reason
-        assert impl.unavailable_reason("cpu", torch.float32) is None
-        assert "no bfloat16 support" in impl.unavailable_reason("cpu", torch.bfloat16), impl.key
+# ----------------------------------------------------------------------------------------------------
+# CROSSFUSE_JULIA=0: said once per command
+# ----------------------------------------------------------------------------------------------------
 
 
-def test_registering_twice_is_harmless():
-    from crossfuse_julia.registry import register
-
-    before = {i.key for i in julia_entries()}
-    register(registry)
-    assert {i.key for i in julia_entries()} == before
+class _Registry(types.SimpleNamespace):
+    """Enough of crossfuse.registry to count what register() adds."""
 
 
-@pytest.fixture
-def julia_off(isolated, monkeypatch):
+def test_the_off_switch_registers_nothing_and_says_so_once(monkeypatch, caplog):
+    from crossfuse_julia.registry import VARIANTS, register
+
+    added = []
+    fake = _Registry(register=lambda impl, replace: added.append(impl),
+                     Implementation=registry.Implementation)
     monkeypatch.setenv("CROSSFUSE_JULIA", "0")
-    return "CROSSFUSE_JULIA=0 turns the Julia side off"
+    with caplog.at_level("WARNING", logger="crossfuse_julia"):
+        assert register(fake) is False
+    assert added == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "crossfuse_julia: CROSSFUSE_JULIA=0 turns the Julia side off: its entries are not registered"
+    ]
+    assert register(fake, honour_off_switch=False) is True  # the tests' own registration
+    assert len(added) == sum(len(v) for v in VARIANTS.values())
 
 
-@pytest.mark.parametrize("key", [f"{op}/julia/{name}" for op, v in VARIANTS.items() for name, _ in v])
-def test_julia_entries_raise_and_skip_with_the_reason_when_off(julia_off, key):
-    op_name, _, name = key.split("/")
-    impl = registry.get(op_name, name, side="julia")
-    op = registry.OPS[op_name]
-    inputs = op.make_inputs((4, 8), torch.float32)
-    assert impl.unavailable_reason("cpu") == julia_off
-    with pytest.raises(crossfuse_julia.JuliaUnavailable, match=re.escape(julia_off)):
-        impl.fn(**inputs)
-    with pytest.raises(crossfuse_julia.JuliaUnavailable, match=re.escape(julia_off)):
-        impl.vjp(inputs, torch.randn(4, 8))
-    with pytest.raises(crossfuse_julia.JuliaUnavailable, match=re.escape(julia_off)):
-        impl.measure((4, 8), torch.float32, "cpu", "fwd", {})
-    res = run_case(impl, (4, 8), torch.float32)
-    assert (res.status, res.reason) == ("skip", julia_off)
+@pytest.mark.parametrize("command", [["info"], ["check", "--side", "julia"], ["check", "--op", "normalise",
+                                                                            "--impl", "python/torch*"]])
+def test_the_off_switch_message_appears_once_per_command(command):
+    if not list(importlib.metadata.entry_points(group="crossfuse.implementations")):
+        pytest.skip("crossfuse is not installed (pip install -e .): the CLI loads no plugin to switch off")
+    env = dict(os.environ, CROSSFUSE_JULIA="0")
+    proc = subprocess.run([sys.executable, "-m", "crossfuse.cli", *command], capture_output=True, text=True,
+                          env=env, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert out.count("CROSSFUSE_JULIA=0") == 1, out
+    if command[:3] == ["check", "--side", "julia"]:  # asked to check the Julia side, checked nothing
+        assert proc.returncode != 0
 
 
-def test_julia_failing_to_start_is_a_skip_not_an_error(isolated):
-    """Julia found (so the entry looks available) but failing at its first call, e.g. CrossFuse not
-    resolvable: ``crossfuse check`` shows that case as skipped with the reason, not as the entry's
-    error."""
-    reason = "juliapkg could not resolve CrossFuse (simulated)"
-
-    def fails(**_):
-        raise crossfuse_julia.JuliaUnavailable(reason)
-
-    impl = dataclasses.replace(
-        julia_entries()[0], fn=fails, vjp=lambda *_: fails(), check_available=lambda _device: None
-    )
-    for grads in (True, False):
-        res = run_case(impl, (4, 8), torch.float32, grads=grads)
-        assert (res.status, res.reason) == ("skip", reason)
-
-
-@pytest.mark.parametrize("value", ["inf", "nan", "1e400", "0", "-5", "ten"])
-def test_a_setup_timeout_that_is_no_positive_number_is_a_clear_error(value, isolated, monkeypatch):
-    monkeypatch.setenv("CROSSFUSE_JULIA_SETUP_TIMEOUT", value)
-    with pytest.raises(crossfuse_julia.JuliaUnavailable, match="is not a number of seconds > 0"):
-        session.setup_timeout()
-
-
-@pytest.mark.parametrize(
-    "exc, words",
-    [
-        (OverflowError("cannot convert float infinity to integer"), "OverflowError: cannot convert"),
-        (crossfuse_julia.JuliaUnavailable("juliapkg could not resolve CrossFuse (simulated)"),
-         "juliapkg could not resolve CrossFuse"),
-    ],
-    ids=["unexpected", "unavailable"],
-)
-def test_an_unexpected_failure_at_start_is_unavailable_and_kept(isolated, monkeypatch, exc, words):
-    """Any exception while Julia starts (the bridge's own or any other) becomes JuliaUnavailable, and is
-    kept: later calls get the same reason without starting (resolving packages, …) again."""
-    starts = []
-
-    def boom():
-        starts.append(1)
-        raise exc
-
-    monkeypatch.setattr(_detect, "_CACHE", _detect.Detection(None, "/fake/julia", (1, 11, 0), "PATH"))
-    monkeypatch.setattr(session, "_start", boom)
-    monkeypatch.setattr(session, "_SESSION", None)
-    for _ in range(2):
-        with pytest.raises(crossfuse_julia.JuliaUnavailable, match=re.escape(words)):
-            session.get()
-    assert starts == [1] and words in session.failure()
-    assert words in crossfuse_julia.unavailable_reason()
-
-
-def test_a_resolve_child_that_fails_with_status_1_fails_the_start_once(isolated, monkeypatch):
-    """A resolve child that exits with status 1 (a Python traceback: juliapkg missing or broken) is a failed
-    start, kept: the resolve (up to CROSSFUSE_JULIA_SETUP_TIMEOUT, 1800 s by default) is not run again."""
-    resolves = []
-    resolve = session.resolve_packages
-    failing = [sys.executable, "-c", "import juliapkg_not_here"]
-
-    def resolve_failing():
-        resolves.append(1)
-        resolve(10.0, cmd=failing)
-
-    monkeypatch.setattr(_detect, "_CACHE", _detect.Detection(None, "/fake/julia", (1, 11, 0), "PATH"))
-    monkeypatch.setattr(session, "resolve_packages", resolve_failing)
-    monkeypatch.setattr(session, "_SESSION", None)
-    monkeypatch.setitem(sys.modules, "juliacall", None)  # never the real one: no Julia starts here
-    failed = re.escape("(juliapkg.resolve) failed with status 1")
-    for _ in range(2):
-        with pytest.raises(crossfuse_julia.JuliaUnavailable, match=failed):
-            session.get()
-    assert resolves == [1]
-    assert "ModuleNotFoundError: No module named 'juliapkg_not_here'" in session.failure()
-
-
-def test_a_cuda_flag_that_is_no_flag_is_named_in_the_reason(isolated, monkeypatch):
-    from crossfuse_julia import ops
-
-    monkeypatch.setenv("CROSSFUSE_JULIA_CUDA", "2")
-    monkeypatch.setattr(_detect, "_CACHE", _detect.Detection(None, "/fake/julia", (1, 11, 0), "PATH"))
-    assert not session.cuda_requested()
-    reason = ops.unavailable_reason("cuda")
-    assert "CROSSFUSE_JULIA_CUDA='2': expected one of" in reason, reason
-
-
-def test_julia_entries_skip_fast_when_julia_is_absent(isolated):
-    """What ``crossfuse check`` pays for the Julia entries on a machine without Julia."""
-    t0 = time.monotonic()
-    dtypes = (torch.float32, torch.float64)
-    results = [run_case(impl, (4, 8), dtype) for impl in julia_entries() for dtype in dtypes]
-    seconds = time.monotonic() - t0
-    assert {r.status for r in results} == {"skip"}
-    assert all("no Julia executable found" in r.reason for r in results)
-    assert seconds < DETECTION_LIMIT_S
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
-def test_default_eps_is_the_machine_epsilon_for_normalise_and_1e_5_for_layer_norm(dtype):
-    # normalise's Python twins default to eps = finfo(x.dtype).eps; the affine ops to torch's 1e-5
-    x = torch.randn(4, 8).to(dtype)
-    for name in ("normal_now", "normal_new", "normal_newer"):
-        *_, eps = JuliaVariant("normalise", name)._prepare(x, None, None, None)
-        assert eps == torch.finfo(dtype).eps
-    for op, name in (("layer_norm", "layernorm"), ("layer_norm_maxstd", "layer_norm")):
-        *_, eps = JuliaVariant(op, name)._prepare(x, None, None, None)
-        assert eps == 1e-5
-
-
-def test_bad_inputs_are_refused_before_julia_is_asked(julia_off):
-    v = JuliaVariant("layer_norm", "layernorm")
-    x = torch.randn(4, 8)
-    with pytest.raises(TypeError, match="bfloat16 cannot cross to Julia: NumPy has no bfloat16"):
-        v.forward(x.bfloat16(), None, None, 1e-5)
-    with pytest.raises(TypeError, match="int64 cannot cross to Julia"):
-        v.forward(torch.ones(4, 8, dtype=torch.int64), None, None, 1e-5)
-    with pytest.raises(ValueError, match=r"weight must have shape \(8,\)"):
-        v.forward(x, torch.ones(7), None, 1e-5)
-    with pytest.raises(ValueError, match="eps must be positive"):
-        v.forward(x, None, None, 0.0)
-    with pytest.raises(TypeError, match=r"x must be a torch\.Tensor"):
-        v.forward(x.numpy(), None, None, 1e-5)
-    with pytest.raises(ValueError, match="normalise takes no weight"):
-        JuliaVariant("normalise", "normal_new").forward(x, torch.ones(8), None, 1e-5)
-    with pytest.raises(ValueError, match="mode must be"):
-        v.measure((4, 8), torch.float32, "cpu", "backward", {})
-
-
-# ----------------------------------------------------------------------------------------------------
-# layout: torch (M, N) row-major = Julia N×M column-major, features on dims=1
-# ----------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "shape, n, m",
-    [
-        ((5, 7), 7, 5),
-        ((2, 3, 4), 4, 6),  # leading dims flatten into the rows
-        ((1, 9), 9, 1),  # one row
-        ((6, 1), 1, 6),  # one feature
-        ((11,), 11, 1),  # a vector is one row
-    ],
-)
-def test_julia_layout(shape, n, m):
-    lay = arrays.julia_layout(shape)
-    assert (lay.features, lay.rows) == (n, m)
-    assert lay.julia_size == (n, m)  # the shape reversed (after flattening the leading dims)
-    assert lay.julia_strides == (1, n)  # column-major: consecutive features are adjacent
-    assert lay.torch_strides == (n, 1)  # the same memory seen row-major
-    assert lay.dims == 1
-
-
-def test_julia_layout_refuses_a_scalar():
-    with pytest.raises(ValueError, match="at least one dimension"):
-        arrays.julia_layout(())
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
-@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 4), (1, 9), (6, 1)])
-def test_host_view_is_the_julia_array_on_the_same_memory(shape, dtype):
-    t = torch.randn(shape, dtype=torch.float64).to(dtype)
-    v = arrays.host_view(t)
-    lay = arrays.julia_layout(shape)
-    item = t.element_size()
-    assert v.shape == lay.julia_size
-    assert v.ctypes.data == t.data_ptr()  # same buffer: no copy
-    assert v.flags.f_contiguous  # column-major, as Julia reads it
-    assert v.strides == tuple(s * item for s in lay.julia_strides)
-    assert v.dtype == np.dtype(str(dtype).removeprefix("torch."))
-    rows = t.reshape(lay.rows, lay.features)
-    np.testing.assert_array_equal(v.T, rows.numpy())  # Julia's x[j, i] is torch's x[i, j]
-    v[0, 0] = 42  # writes through: one buffer
-    assert rows[0, 0].item() == 42
-
-
-def test_host_vector_is_a_view():
-    w = torch.randn(8)
-    assert arrays.host_vector(w).ctypes.data == w.data_ptr()
-    with pytest.raises(ValueError, match="1-D"):
-        arrays.host_vector(torch.randn(2, 4))
-
-
-@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 4), (1, 9), (6, 1)])
-def test_from_host_views_a_column_major_result(shape):
-    lay = arrays.julia_layout(shape)
-    # a result as Julia lays it out: N×M, column-major
-    julia_result = np.asfortranarray(np.random.default_rng().standard_normal(lay.julia_size))
-    t = arrays.from_host(julia_result, shape, torch.float64)
-    assert t.shape == shape
-    assert t.is_contiguous()
-    assert t.data_ptr() == julia_result.ctypes.data  # zero copy
-    np.testing.assert_array_equal(t.reshape(lay.rows, lay.features).numpy(), julia_result.T)
-
-
-def test_round_trip_through_the_julia_layout_keeps_the_buffer():
-    t = torch.randn(3, 4, 5)
-    back = arrays.from_host(arrays.host_view(t), t.shape, t.dtype)
-    assert back.data_ptr() == t.data_ptr()
-    assert torch.equal(back, t)
-
-
-def test_from_host_checks_the_size_and_copies_read_only_memory():
-    a = np.asfortranarray(np.arange(12.0).reshape(4, 3))
-    with pytest.raises(ValueError, match=r"Julia returned an array of size \(4, 3\), expected \(3, 4\)"):
-        arrays.from_host(a, (4, 3), torch.float64)
-    a.flags.writeable = False
-    t = arrays.from_host(a, (3, 4), torch.float64)
-    assert t.data_ptr() != a.ctypes.data
-    np.testing.assert_array_equal(t.numpy(), a.T)
-    assert arrays.from_host(np.asfortranarray(a), (3, 4), torch.float32).dtype == torch.float32
-    v = np.arange(5.0)
-    tv = arrays.vector_from_host(v, 5, torch.float64)
-    assert tv.data_ptr() == v.ctypes.data
-    with pytest.raises(ValueError, match="expected"):
-        arrays.vector_from_host(v, 6, torch.float64)
-
-
-def test_prepare_makes_inputs_contiguous_and_detached():
-    base = torch.randn(6, 4, requires_grad=True)
-    x = base.T  # non-contiguous: prepare copies it once (documented)
-    p = arrays.prepare(x, "x")
-    assert p.is_contiguous() and not p.requires_grad
-    assert torch.equal(p, x.detach())
-    c = torch.randn(3, 5)
-    assert arrays.prepare(c, "x").data_ptr() == c.data_ptr()  # contiguous: no copy
-    with pytest.raises(ValueError, match="weight is on"):
-        arrays.prepare(c, "weight", torch.device("meta"))
-
-
-def test_supported_dtypes_and_the_bfloat16_reason():
-    for dtype in (torch.float32, torch.float64, torch.float16):
-        assert arrays.dtype_reason(dtype) is None
-    reason = arrays.dtype_reason(torch.bfloat16)
-    assert "NumPy has no bfloat16" in reason and "DLPack.jl" in reason
-    with pytest.raises(TypeError):  # what NumPy itself does: the reason is real
-        torch.ones(2, dtype=torch.bfloat16).numpy()
-
-
-# ----------------------------------------------------------------------------------------------------
-# the declared Julia side
-# ----------------------------------------------------------------------------------------------------
-
-
-def julia_project_toml() -> str:
-    return (ROOT / "julia" / "Project.toml").read_text()
-
-
-def test_juliapkg_json_declares_crossfuse_from_the_checkout():
-    spec = json.loads((BRIDGE / "juliapkg.json").read_text())
-    uuid_re = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-    crossfuse = spec["packages"]["CrossFuse"]
-    assert crossfuse["dev"] is True
-    assert (BRIDGE / crossfuse["path"]).resolve() == (ROOT / "julia").resolve()  # relative to the json
-    assert _detect.crossfuse_julia_dir() == (ROOT / "julia").resolve()
-    project_uuid = re.search(r'^uuid\s*=\s*"([^"]+)"', julia_project_toml(), re.M)[1]
-    assert crossfuse["uuid"] == project_uuid
-    for name, pkg in spec["packages"].items():
-        assert not name.endswith(".jl")
-        assert uuid_re.match(pkg["uuid"]), name
-        assert "version" in pkg or pkg.get("dev"), f"{name} has no compat bound"
-    assert {"Zygote", "DLPack"} <= set(spec["packages"])
-    assert "CUDA" not in spec["packages"]  # only on request (CROSSFUSE_JULIA_CUDA=1)
-    assert spec["julia"]
-
-
-def test_juliapkg_json_is_valid_for_juliapkg():
-    deps = pytest.importorskip("juliapkg.deps", reason="juliapkg (installed with juliacall) is not installed")
-    compat = pytest.importorskip("juliapkg.compat")
-    spec = json.loads((BRIDGE / "juliapkg.json").read_text())
-    compat.Compat.parse(spec["julia"])
-    for name, pkg in spec["packages"].items():
-        deps.PkgSpec(name, **pkg)
-        if "version" in pkg:
-            compat.Compat.parse(pkg["version"])
-
-
-def test_cuda_request_matches_the_julia_packages_compat():
-    toml = julia_project_toml()
-    assert session.CUDA_UUID in toml
-    compat = re.search(r'^CUDA\s*=\s*"([^"]+)"', toml.split("[compat]", 1)[1], re.M)[1]
-    assert session.CUDA_COMPAT == compat
-
-
-def test_glue_file_passes_fatou():
-    fatou = shutil.which("fatou") or shutil.which("fatou", path=str(Path(sys.executable).parent))
-    if fatou is None:
-        pytest.skip("fatou (the Julia linter and formatter, pip install fatou) is not installed")
-    glue = str(BRIDGE / "CrossFuseBridge.jl")
-    for args in (["lint", glue], ["format", "--check", glue]):
-        proc = subprocess.run([fatou, *args], capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def test_glue_names_every_registered_variant():
-    glue = (BRIDGE / "CrossFuseBridge.jl").read_text()
-    for v in variants():
-        assert f'"{v.name}" => CrossFuse.{v.name}' in glue
-    for op in VARIANTS:
-        assert f"apply(::Val{{:{op}}}" in glue
+def test_the_julia_workflow_runs_only_make_targets():
+    """CI (.github/workflows/julia.yml) runs nothing that ``make`` does not offer a user with Julia, on the
+    LTS and the current Julia, with the actions it names at the versions checked upstream."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "julia.yml").read_text())
+    job = workflow["jobs"]["julia"]
+    assert job["runs-on"] == "ubuntu-latest"
+    assert job["strategy"]["matrix"]["julia-version"] == ["1.10", "1"]
+    makefile = (ROOT / "Makefile").read_text()
+    uses, runs = [], []
+    for step in job["steps"]:
+        (uses if "uses" in step else runs).append(step.get("uses") or step["run"])
+    assert uses == ["actions/checkout@v4", "julia-actions/setup-julia@v2", "julia-actions/cache@v2",
+                    "actions/setup-python@v5"]  # fmt: skip
+    assert runs
+    for run in runs:
+        make, target, *_ = run.split()
+        assert make == "make" and re.search(rf"^{re.escape(target)}:", makefile, re.M), run
+    assert re.search(r"^julia-test: julia-pkg-test julia-cross-test$", makefile, re.M)

@@ -10,8 +10,11 @@ Julia computes its gradients itself (``Zygote.pullback`` through CrossFuse's rul
 differentiated by torch on the Julia side.
 
 On the CPU always, on CUDA when torch has a GPU and the Julia GPU path is on (``CROSSFUSE_JULIA_CUDA=1``).
-Each test skips with the bridge's reason when Julia cannot be used here (``pytest.skip(reason)``): on a
-machine without Julia the whole suite is skipped, visibly, in a second or so.
+Without Julia here (no executable, no juliacall, ``CROSSFUSE_JULIA=0``) each test skips with the
+bridge's reason, visibly, in a second or so. With Julia here, the suite cannot pass by skipping: a Julia
+that fails to start, to resolve its packages or to load CrossFuse fails every test, naming the cause
+(:func:`crossfuse_julia.ops.problem`, ``broken``); so does any reason at all with ``CROSSFUSE_JULIA=1``
+(``make julia-test`` sets it), and an error in a call fails the test that made it.
 """
 
 from __future__ import annotations
@@ -58,22 +61,40 @@ def large_mean_floor(op: str, dtype: torch.dtype) -> float:
     return LARGE_MEAN_FACTOR * kappa * torch.finfo(dtype).eps / 2
 
 
+def no_entries_reason() -> str:
+    from crossfuse_julia.registry import off_reason
+
+    off = off_reason()
+    if off:
+        return f"{off}: its entries are not registered"
+    return ("no Julia entries are registered: the crossfuse_julia plugin did not load (entry point "
+            "crossfuse.implementations; is crossfuse installed with pip install -e .?)")
+
+
 def pair_params():
+    from crossfuse_julia import _detect
+
     if not JULIA:
-        return [pytest.param(None, None, marks=pytest.mark.skip(
-            reason="no Julia entries are registered: the crossfuse_julia plugin did not load "
-                   "(entry point crossfuse.implementations; is crossfuse installed with pip install -e .?)"))]
+        if _detect.required():  # CROSSFUSE_JULIA=1: a missing side is a failure (in require)
+            return [pytest.param(None, None, id="no-julia-entries")]
+        return [pytest.param(None, None, marks=pytest.mark.skip(reason=no_entries_reason()))]
     return [pytest.param(op, name, id=f"{op}/{name}") for op, name in PAIRS]
 
 
 def require(op: str, name: str, device: str):
-    """The two entries, or a skip with the reason one of them cannot run on ``device``."""
-    from crossfuse_julia.ops import unavailable_reason
+    """The two entries; a skip with the reason one of them cannot run on ``device`` when that is an
+    absence (no Julia here, no GPU), a failure naming the cause when Julia is here and broken."""
+    from crossfuse_julia.ops import problem
 
+    if op is None:
+        pytest.fail(f"CROSSFUSE_JULIA=1 requires the Julia side, and {no_entries_reason()}")
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     jl, py = JULIA[(op, name)], PYTHON[(op, name)]
-    reason = unavailable_reason(device, start=True) or jl.unavailable_reason(device)
+    p = problem(device, start=True)
+    if p is not None and p.broken:
+        pytest.fail(p.describe(), pytrace=False)
+    reason = (p and p.reason) or jl.unavailable_reason(device)
     if reason:
         pytest.skip(f"Julia: {reason}")
     reason = py.unavailable_reason(device)
@@ -190,6 +211,8 @@ class _OffBy:
 def test_large_mean_floor_passes_the_python_twin_and_fails_one_off(op, name, dtype):
     """Without Julia: the large-mean tolerances hold the Python twin of each pair (fresh inputs), and a
     side 1% off (float32; 1e-6 off in float64) fails them, so the floor is no blanket."""
+    if op is None:
+        require(op, name, "cpu")  # no Julia entries with CROSSFUSE_JULIA=1: fails, saying so
     if op == "layer_norm_maxstd" and dtype != F64:
         pytest.skip("layer_norm_maxstd loses every digit of std at |mean|/std = 1e4 below float64")
     py = PYTHON[(op, name)]

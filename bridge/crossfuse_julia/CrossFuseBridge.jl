@@ -13,7 +13,7 @@ array on the same memory with `DLPack.from_dlpack` (no copy):
   and is wrapped as an `Array`. Results go back as fresh Julia `Array`s, which Python views through
   NumPy without a copy.
 - CUDA: the torch tensor itself, wrapped as a `CuArray`. Python allocates the outputs and Julia
-  writes into them (`DLPack.share` relies on `CUDA.Mem`, which CUDA.jl 6 removed). Python
+  writes into them (`DLPack.share` relies on `CUDA.Mem`, which CUDA.jl 5.4 removed). Python
   synchronises torch before the call; Julia calls [`synchronize`](@ref) before it returns.
 
 Gradients come from `Zygote.pullback`, which uses CrossFuse's `ChainRulesCore.rrule`s where it has

@@ -6,20 +6,28 @@ that fails:
 
 1. ``CROSSFUSE_JULIA`` is not ``0``/``false``/``no``/``off``;
 2. juliacall is installed (``importlib.util.find_spec``, no import);
-3. the Julia package ``CrossFuse`` is where ``juliapkg.json`` says (``../../julia``: a source checkout);
-4. ``PYTHON_JULIAPKG_OFFLINE=yes`` is not set before the packages were ever installed;
-5. a Julia executable, searched the way juliapkg searches (``PYTHON_JULIACALL_EXE``,
+3. ``juliapkg.json`` is next to this file and names the Julia package ``CrossFuse``, and that package
+   is where it says (``julia``, next to it);
+4. a Julia executable, searched the way juliapkg searches (``PYTHON_JULIACALL_EXE``,
    ``PYTHON_JULIAPKG_EXE``, juliapkg's own install folder, juliaup's installed versions, ``julia`` on
    ``PATH``), answers ``julia --version`` within :data:`PROBE_TIMEOUT_S` seconds with a version of at
-   least :data:`MIN_JULIA`. Each probe runs in its own process group, killed on timeout.
+   least :data:`MIN_JULIA`. Each probe runs in its own process group, killed on timeout;
+5. ``PYTHON_JULIAPKG_OFFLINE=yes`` is not set before the packages were ever installed.
+
+Two kinds of "cannot be used", told apart by :attr:`Detection.broken`: **absent** (the side is off,
+juliacall or the Julia package is not installed, no Julia executable anywhere): a skip, with the
+reason; **broken** (a Julia executable is there, or was named, and cannot be used: it fails, hangs, is
+too old, cannot install its packages offline): a failure. With ``CROSSFUSE_JULIA=1`` the Julia side
+is required, and every reason is a failure (``make julia-test`` and CI set it).
 
 Julia found is not yet Julia started: the session (``session.py``) may still fail (packages that do
-not resolve, a crash at start); that failure is cached there and reported by
-:func:`crossfuse_julia.unavailable_reason` too.
+not resolve, a crash at start, CrossFuse failing to load); that failure is cached there, is always
+"broken", and is reported by :func:`crossfuse_julia.unavailable_reason` too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -47,7 +55,8 @@ _VERSION_RE = re.compile(r"julia version (\d+)\.(\d+)\.(\d+)", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Detection:
-    """What detection found. ``reason`` is ``None`` exactly when Julia looks usable."""
+    """What detection found. ``reason`` is ``None`` exactly when Julia looks usable; ``broken`` says
+    that a reason is a failure (Julia is here, or required, and cannot be used), not an absence."""
 
     reason: str | None
     executable: str | None = None
@@ -55,6 +64,7 @@ class Detection:
     source: str | None = None  # where the executable came from, e.g. "PATH", "PYTHON_JULIAPKG_EXE"
     seconds: float = 0.0
     tried: tuple[str, ...] = field(default=())  # one line per candidate probed
+    broken: bool = False
 
     @property
     def available(self) -> bool:
@@ -82,17 +92,33 @@ def detect(refresh: bool = False) -> Detection:
     if _CACHE is None or refresh:
         t0 = time.monotonic()
         d = _detect()
-        _CACHE = Detection(d.reason, d.executable, d.version, d.source, time.monotonic() - t0, d.tried)
+        broken = d.broken or (d.reason is not None and required())
+        _CACHE = dataclasses.replace(d, seconds=time.monotonic() - t0, broken=broken)
     return _CACHE
+
+
+def off_reason() -> str:
+    """The reason when ``CROSSFUSE_JULIA`` turns the side off, naming the value as it was set."""
+    return f"CROSSFUSE_JULIA={os.environ.get('CROSSFUSE_JULIA', '0')} turns the Julia side off"
+
+
+def required() -> bool:
+    """Whether ``CROSSFUSE_JULIA`` is on (``1``/``true``/``yes``/``on``): every reason the Julia side
+    cannot be used is then a failure, not a skip. A value that is no flag counts as required: it is
+    reported as a failure, naming the value."""
+    try:
+        return env_flag("CROSSFUSE_JULIA") is True
+    except ValueError:
+        return True
 
 
 def _detect() -> Detection:
     try:
         switch = env_flag("CROSSFUSE_JULIA")
     except ValueError as exc:
-        return Detection(str(exc))
+        return Detection(str(exc), broken=True)
     if switch is False:
-        return Detection(f"CROSSFUSE_JULIA={os.environ['CROSSFUSE_JULIA']} turns the Julia side off")
+        return Detection(off_reason())
     if juliacall_started():
         return Detection(None, source="juliacall already started in this process")
     if not juliacall_installed():
@@ -100,10 +126,13 @@ def _detect() -> Detection:
     reason = package_reason()
     if reason:
         return Detection(reason)
+    found = find_julia()
+    if found.reason:
+        return found
     reason = offline_reason()
-    if reason:
-        return Detection(reason)
-    return find_julia()
+    if reason:  # Julia is here, but its packages cannot be installed: broken
+        return dataclasses.replace(found, reason=reason, broken=True)
+    return found
 
 
 JULIACALL_MISSING = "juliacall is not installed (pip install 'crossfuse[julia]', or pip install juliacall)"
@@ -121,18 +150,31 @@ def juliacall_started() -> bool:
     return isinstance(config, dict) and bool(config.get("inited"))
 
 
-def crossfuse_julia_dir() -> Path:
-    """Where ``juliapkg.json`` says the Julia package ``CrossFuse`` is (resolved like juliapkg does:
-    relative to the folder holding the json)."""
-    spec = json.loads(JULIAPKG_JSON.read_text())["packages"]["CrossFuse"]
-    return (JULIAPKG_JSON.parent / spec["path"]).resolve()
+def crossfuse_julia_dir(json_path: Path = JULIAPKG_JSON) -> Path:
+    """Where ``juliapkg.json`` (``json_path``) says the Julia package ``CrossFuse`` is (resolved like
+    juliapkg does: relative to the folder holding the json). Raises ``ValueError`` naming the file when
+    it is missing, unreadable or does not declare CrossFuse with a path."""
+    try:
+        spec = json.loads(Path(json_path).read_text())["packages"]["CrossFuse"]
+        return (Path(json_path).parent / spec["path"]).resolve()
+    except OSError as exc:
+        raise ValueError(f"cannot read {json_path} ({exc.strerror or exc}): this install of crossfuse_julia "
+                         "lacks the file that declares its Julia packages; reinstall crossfuse "
+                         "(pip install -e . from a checkout)") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{json_path} does not declare the Julia package CrossFuse with a path "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
-def package_reason() -> str | None:
-    path = crossfuse_julia_dir()
+def package_reason(json_path: Path = JULIAPKG_JSON) -> str | None:
+    """Why the Julia package CrossFuse cannot be found from ``json_path``, or ``None``."""
+    try:
+        path = crossfuse_julia_dir(json_path)
+    except ValueError as exc:
+        return str(exc)
     if not (path / "Project.toml").is_file():
-        return (f"the Julia package CrossFuse is not at {path} (where bridge/crossfuse_julia/juliapkg.json "
-                "points); the Julia side needs a source checkout of crossfuse (pip install -e .)")
+        return (f"the Julia package CrossFuse is not at {path} (where {json_path} points); reinstall "
+                "crossfuse (pip install -e . from a checkout, or a wheel that ships it)")
     return None
 
 
@@ -275,4 +317,5 @@ def find_julia(budget: float = BUDGET_S) -> Detection:
         tried.append(f"{path} ({source}): {problem}")
         if override:
             break
-    return Detection("no usable Julia executable: " + "; ".join(tried), tried=tuple(tried))
+    # a Julia executable exists (or was named) and cannot be used: broken, not absent
+    return Detection("no usable Julia executable: " + "; ".join(tried), tried=tuple(tried), broken=True)

@@ -15,9 +15,10 @@ element. Normalising over torch's last dim is normalising over Julia's ``dims=1`
   Julia's stream after it.
 * Non-contiguous input is made contiguous first (``.contiguous()``: that one is a copy); tensors that
   require grad are detached (the bridge computes gradients itself, in Julia).
-* dtypes: float32, float64 and float16 on both paths. bfloat16 cannot cross: NumPy has no bfloat16
-  (the CPU path; ``t.numpy()`` raises) and DLPack.jl maps no Julia type to DLPack's bfloat16 code (the
-  CUDA path); such inputs get a ``TypeError`` that says so.
+* dtypes: float32, float64 and float16 on both paths. bfloat16 is refused: NumPy has no bfloat16 (the
+  CPU path; ``t.numpy()`` raises), and although DLPack.jl maps DLPack's bfloat16 code to
+  ``BFloat16s.BFloat16`` (the CUDA path could carry it), CrossFuse is neither written nor tested for
+  that type; such inputs get a ``TypeError`` that says so.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ import torch
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16)
 
-BFLOAT16_REASON = ("bfloat16 cannot cross to Julia: NumPy has no bfloat16 (the CPU path) and DLPack.jl maps "
-                   "no Julia type to DLPack's bfloat16 (the CUDA path); use float16, float32 or float64")
+BFLOAT16_REASON = ("bfloat16 cannot cross to Julia: NumPy has no bfloat16 (the CPU path), and CrossFuse is "
+                   "not written or tested for BFloat16s.BFloat16, the type DLPack.jl maps it to (the CUDA "
+                   "path); use float16, float32 or float64")
 
 
 def dtype_reason(dtype: torch.dtype) -> str | None:

@@ -25,12 +25,14 @@ Every call raises :class:`JuliaUnavailable` (with the reason) when Julia cannot 
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
 from . import arrays, session
-from .errors import JuliaUnavailable
+from .errors import JuliaUnavailable, Problem
 
 OPS_WITH_AFFINE = ("layer_norm", "layer_norm_maxstd")
 _JULIA_OPTIONS = ("repeats", "warmup", "seed")
@@ -43,23 +45,35 @@ def unavailable_reason(device=None, start: bool = False) -> str | None:
     path was asked for; it starts Julia only with ``start=True`` (or reports on a session already
     started), so ``crossfuse info``/``check`` listings never trigger a start or a package install.
     """
+    p = problem(device, start)
+    return None if p is None else p.reason
+
+
+def problem(device=None, start: bool = False) -> Problem | None:
+    """:func:`unavailable_reason` with its kind: ``Problem(reason, broken)``, ``broken`` when Julia is
+    here (or required, ``CROSSFUSE_JULIA=1``) and cannot be used, which a test must report as a failure
+    rather than skip. ``None`` when the Julia entries can run on ``device``."""
     from . import _detect
 
-    reason = _detect.detect().reason or session.failure()
-    if reason:
-        return reason
+    d = _detect.detect()
+    if d.reason:
+        return Problem(d.reason, d.broken)
+    if session.failure():
+        return Problem(session.failure(), True)
     cuda = device is not None and torch.device(device).type == "cuda"
     if cuda and not session.cuda_requested():
-        if problem := session.cuda_flag_problem():
-            return f"the Julia GPU path is off: {problem}"
-        return "the Julia GPU path is off (set CROSSFUSE_JULIA_CUDA=1 before the first Julia call)"
+        if flag := session.cuda_flag_problem():
+            return Problem(f"the Julia GPU path is off: {flag}", True)
+        # an opt-in of its own, not asked for: an absence even where the Julia side is required
+        return Problem("the Julia GPU path is off (set CROSSFUSE_JULIA_CUDA=1 before the first Julia call)",
+                       False)
     if start or session.started():
         try:
             s = session.get()
         except JuliaUnavailable as exc:
-            return exc.reason
-        if cuda and not s.cuda:
-            return s.cuda_reason
+            return Problem(exc.reason, exc.broken)
+        if cuda and not s.cuda:  # the GPU path was asked for, and CUDA.jl cannot use the GPU
+            return Problem(s.cuda_reason or "the Julia GPU path is off", True)
     return None
 
 
@@ -100,6 +114,8 @@ class JuliaVariant:
 
     def forward(self, x, weight, bias, eps):
         x, w, b, eps = self._prepare(x, weight, bias, eps)
+        if x.numel() == 0:  # nothing to normalise: an empty result, as torch gives, without Julia
+            return torch.empty_like(x)
         s = session.get()
         lay = arrays.julia_layout(x.shape)
         n, m = lay.features, lay.rows
@@ -121,6 +137,10 @@ class JuliaVariant:
         if dy.shape != x.shape or dy.dtype != x.dtype:
             raise ValueError(f"dy must have x's shape {tuple(x.shape)} and dtype {x.dtype}, "
                              f"got {tuple(dy.shape)} {dy.dtype}")
+        if x.numel() == 0:  # empty: an empty output and gradients (zeros for weight and bias), as torch
+            grads = {"x": torch.empty_like(x)}
+            grads.update({k: torch.zeros_like(t) for k, t in (("weight", w), ("bias", b)) if t is not None})
+            return torch.empty_like(x), grads
         s = session.get()
         lay = arrays.julia_layout(x.shape)
         n, m = lay.features, lay.rows
@@ -178,8 +198,8 @@ class JuliaVariant:
 
     def _prepare(self, x, weight, bias, eps):
         x = arrays.prepare(x, "x")
-        if x.dim() < 1 or x.numel() == 0:
-            raise ValueError(f"x must have at least one dimension and elements, got shape {tuple(x.shape)}")
+        if x.dim() < 1:
+            raise ValueError(f"x must have at least one dimension (the features), got shape {tuple(x.shape)}")
         n = x.shape[-1]
         out = [x]
         for name, t in (("weight", weight), ("bias", bias)):
@@ -193,9 +213,11 @@ class JuliaVariant:
             out.append(t)
         if eps is None:
             eps = torch.finfo(x.dtype).eps if self.op == "normalise" else 1e-5
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+            raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
         eps = float(eps)
-        if not eps > 0:
-            raise ValueError(f"eps must be positive, got {eps}")
+        if not 0 < eps < math.inf:
+            raise ValueError(f"eps must be positive and finite, got {eps}")
         return (*out, eps)
 
     @staticmethod

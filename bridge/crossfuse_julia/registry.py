@@ -7,14 +7,23 @@ answers with the reason Julia cannot be used (``CROSSFUSE_JULIA=0``, no juliacal
 executable, a failed start, the GPU path off), so the Julia entries show up everywhere, skipped with
 that reason, on a machine without Julia.
 
+``CROSSFUSE_JULIA=0`` at registration: the side is off, so its entries are left out (a command then
+neither lists nor checks them) and one line on stderr says so, once per process, instead of a skip row
+per entry. Set later, the registered entries skip with that reason.
+
 Implementation names are the Julia function names (the same names as the Python twins in
 ``crossfuse.reference.norms``).
 """
 
 from __future__ import annotations
 
+import logging
+
+from . import _detect
 from .ops import JuliaVariant
 from .session import cuda_requested
+
+log = logging.getLogger("crossfuse_julia")
 
 # op -> (Julia function name, description)
 VARIANTS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -42,17 +51,34 @@ def variants() -> list[JuliaVariant]:
     return [JuliaVariant(op, name) for op, entries in VARIANTS.items() for name, _ in entries]
 
 
-def register(registry) -> None:
-    """Add the Julia entries (side ``"julia"``) to ``registry`` (the module ``crossfuse.registry``).
+def off_reason() -> str | None:
+    """``CROSSFUSE_JULIA=<value> turns the Julia side off`` when the variable says off, else ``None``."""
+    try:
+        off = _detect.env_flag("CROSSFUSE_JULIA") is False
+    except ValueError:  # not a flag: detection names the value in every entry's reason
+        return None
+    return _detect.off_reason() if off else None
+
+
+def register(registry, honour_off_switch: bool = True) -> bool:
+    """Add the Julia entries (side ``"julia"``) to ``registry`` (the module ``crossfuse.registry``);
+    returns whether it did.
 
     Idempotent (entries are replaced). Devices: ``cpu`` and ``cuda``; ``check_available(device)`` says
-    when the GPU path is off (it needs ``CROSSFUSE_JULIA_CUDA=1``). No bfloat16 (``dtypes``).
+    when the GPU path is off (it needs ``CROSSFUSE_JULIA_CUDA=1``). No bfloat16 (``dtypes``). With
+    ``CROSSFUSE_JULIA=0`` (and ``honour_off_switch``, as the plugin hook is called) nothing is added and
+    the reason is logged once (a warning of the ``crossfuse_julia`` logger: stderr unless configured).
     """
+    reason = off_reason() if honour_off_switch else None
+    if reason:
+        log.warning("crossfuse_julia: %s: its entries are not registered", reason)
+        return False
     import torch
 
     devices = ("cpu", "cuda")  # check_available(device) says when the GPU path is off
     gpu_note = "" if cuda_requested() else " [CUDA: set CROSSFUSE_JULIA_CUDA=1]"
-    dtypes = (torch.float32, torch.float64, torch.float16)  # NumPy and DLPack.jl have no bfloat16
+    # bfloat16 cannot cross on the CPU (NumPy has none), and CrossFuse is not written for BFloat16
+    dtypes = (torch.float32, torch.float64, torch.float16)
     for op, entries in VARIANTS.items():
         for name, description in entries:
             v = JuliaVariant(op, name)
@@ -72,3 +98,4 @@ def register(registry) -> None:
                 ),
                 replace=True,
             )
+    return True

@@ -11,14 +11,16 @@ Start-up, in order:
    (``CROSSFUSE_JULIA_SETUP_TIMEOUT`` seconds, default 1800): it installs Julia packages on first use
    and needs network then; when nothing changed it returns in about a second. Run in a child, a
    resolution that hangs (no network) is killed instead of blocking this process.
-4. ``import juliacall`` here: it finds the packages resolved and starts Julia. torch is already
-   imported by then, which juliacall warns about (PythonCall issue 215 / pytorch issue 78829: a
-   crash at start on some systems); where that bites, import ``crossfuse_julia.early`` before torch.
+4. ``import juliacall`` here: it finds the packages resolved and starts Julia. juliacall warns when
+   torch was imported first (PythonCall issue 215 / pytorch issue 78829: a crash at start on some
+   systems): ``import crossfuse_julia.early`` before torch runs steps 1 to 4 then (the test-suite's
+   conftest does).
 5. ``CrossFuseBridge.jl`` (next to this file) is included into ``Main``; with the GPU path, ``import
    CUDA`` first (which also loads the CUDA extensions of DLPack and CrossFuse).
 
 A failure at any step is cached: later calls raise the same :class:`JuliaUnavailable` at once, and
-:func:`crossfuse_julia.unavailable_reason` reports it.
+:func:`crossfuse_julia.unavailable_reason` reports it. Julia was found by then, so such a failure is
+"broken" (``JuliaUnavailable.broken``): the cross-language suite fails on it, naming the cause.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _detect
-from .errors import JuliaError, JuliaUnavailable
+from .errors import JuliaError, JuliaMethodError, JuliaUnavailable
 
 log = logging.getLogger("crossfuse_julia")
 
@@ -53,6 +55,7 @@ class Session:
 
 _SESSION: Session | None = None
 _FAILED: str | None = None
+_JULIACALL: object | None = None  # the juliacall module, once imported by _import_juliacall
 
 
 def cuda_requested() -> bool:
@@ -84,26 +87,44 @@ def started() -> bool:
 
 def get() -> Session:
     """The Julia session, started on first use; raises :class:`JuliaUnavailable` with the reason."""
-    global _SESSION, _FAILED
+    global _SESSION
     if _SESSION is not None:
         return _SESSION
-    if _FAILED is not None:
-        raise JuliaUnavailable(_FAILED)
-    reason = _detect.detect().reason
-    if reason:
-        raise JuliaUnavailable(reason)
-    try:
-        _SESSION = _start()
-    except JuliaUnavailable as exc:
-        _FAILED = exc.reason
-        raise
-    except Exception as exc:  # anything else at start: the same for every later call, said once, kept
-        _FAILED = f"starting Julia failed ({type(exc).__name__}: {exc})"
-        raise JuliaUnavailable(_FAILED) from exc
+    _SESSION = _guarded(_start)
     return _SESSION
 
 
-def _start() -> Session:
+def start_juliacall() -> None:
+    """Steps 1 to 4 of the start (resolve the packages, import juliacall), not the bridge: what
+    ``crossfuse_julia.early`` runs before torch is imported. Raises :class:`JuliaUnavailable` as
+    :func:`get` does, and caches a failure the same way."""
+    if _SESSION is None and _JULIACALL is None:
+        _guarded(_import_juliacall)
+
+
+def _guarded(step):
+    """``step()``, with Julia's availability checked first and any failure cached as broken."""
+    global _FAILED
+    if _FAILED is not None:
+        raise JuliaUnavailable(_FAILED, broken=True)
+    d = _detect.detect()
+    if d.reason:
+        raise JuliaUnavailable(d.reason, broken=d.broken)
+    try:
+        return step()
+    except JuliaUnavailable as exc:
+        _FAILED = exc.reason
+        raise JuliaUnavailable(exc.reason, broken=True) from exc
+    except Exception as exc:  # anything else at start: the same for every later call, said once, kept
+        _FAILED = f"starting Julia failed ({type(exc).__name__}: {exc})"
+        raise JuliaUnavailable(_FAILED, broken=True) from exc
+
+
+def _import_juliacall():
+    """Resolve the packages (in a child, with a timeout), then import juliacall, which starts Julia."""
+    global _JULIACALL
+    if _JULIACALL is not None:
+        return _JULIACALL
     if cuda_requested():
         _declare_cuda()
     if not (os.environ.get("PYTHON_JULIACALL_EXE") and os.environ.get("PYTHON_JULIACALL_PROJECT")):
@@ -112,6 +133,12 @@ def _start() -> Session:
         import juliacall
     except Exception as exc:  # juliacall raises plain Exceptions when Julia cannot start
         raise JuliaUnavailable(f"juliacall could not start Julia ({type(exc).__name__}: {exc})") from exc
+    _JULIACALL = juliacall
+    return juliacall
+
+
+def _start() -> Session:
+    juliacall = _import_juliacall()
     main = juliacall.Main
     cuda, cuda_reason = False, "the GPU path is off (set CROSSFUSE_JULIA_CUDA=1 before the first Julia call)"
     if problem := cuda_flag_problem():
@@ -124,8 +151,8 @@ def _start() -> Session:
         bridge = main.include(str(GLUE))
         if cuda:
             bridge.use_cuda(main.CUDA)
-    except juliacall.JuliaError as exc:
-        raise JuliaUnavailable(f"loading CrossFuse into Julia failed: {exc}") from exc
+    except Exception as exc:  # a JuliaError, or a MethodError that PythonCall raises as a TypeError
+        raise JuliaUnavailable(f"loading CrossFuse into Julia failed ({type(exc).__name__}: {exc})") from exc
     return Session(main, bridge, cuda, cuda_reason)
 
 
@@ -193,8 +220,10 @@ def resolve_packages(timeout: float | None = None, quiet: bool = True, cmd=RESOL
 
 
 def call(where: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with a Julia exception (``juliacall.JuliaError``) turned into
-    :class:`JuliaError`, Julia's message kept. Never imports juliacall itself (that would start Julia)."""
+    """``fn(*args, **kwargs)`` with a Julia exception turned into :class:`JuliaError`, Julia's message
+    kept: a ``juliacall.JuliaError``, and the ``TypeError`` that PythonCall raises for a ``MethodError``
+    of the Julia function ``fn`` itself (:class:`JuliaMethodError`, still a ``TypeError``). Never imports
+    juliacall itself (that would start Julia)."""
     jc = sys.modules.get("juliacall")
     julia_error = getattr(jc, "JuliaError", None)
     try:
@@ -202,7 +231,16 @@ def call(where: str, fn, *args, **kwargs):
     except Exception as exc:
         if julia_error is not None and isinstance(exc, julia_error):
             raise JuliaError(where, exc) from exc
+        if isinstance(exc, TypeError) and is_julia_value(fn):
+            raise JuliaMethodError(where, exc) from exc
         raise
+
+
+def is_julia_value(obj) -> bool:
+    """Whether ``obj`` is a Julia value wrapped by juliacall (its type is defined in juliacall): a
+    ``TypeError`` from calling one comes from Julia (PythonCall ``src/JlWrap/any.jl``: a
+    ``MethodError`` of the called function becomes a Python ``TypeError``)."""
+    return type(obj).__module__.split(".")[0] == "juliacall"
 
 
 def synchronize() -> None:

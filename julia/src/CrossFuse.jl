@@ -25,6 +25,7 @@ using ChainRulesCore:
     NoTangent,
     ProjectTo,
     @non_differentiable,
+    ZeroTangent,
     @thunk,
     unthunk
 using Dates: Dates

@@ -12,14 +12,15 @@ Affine layer normalisation over `dims` (op `layer_norm`, the convention of
     σ² = mean(abs2, x .- μ; dims)              # biased variance
     y  = (x .- μ) ./ sqrt.(σ² .+ eps) .* γ .+ β
 
-`eps` is added to the variance, inside the square root; the default is `1e-5` converted to
-`float(eltype(x))`. `γ` and `β` are `scale` and `bias` reshaped to the size of the normalised
-dimensions (size `size(x, d)` along each `d` in `dims`, 1 elsewhere), as NNlib does: for the
-default `dims = 1`, vectors of length `size(x, 1)`. Either may be `nothing`, independently of the
-other, meaning `γ = 1` or `β = 0`.
+`eps` is added to the variance, inside the square root; the default is `1e-5`. The statistics,
+`eps` and the arithmetic are in `float(eltype(x))`, or in `Float32` for `Float16` input (whose
+sums overflow past 65504), and `y` has `eltype(x)`. `γ` and `β` are `scale` and `bias`
+reshaped to the size of the normalised dimensions (size `size(x, d)` along each `d` in `dims`, 1
+elsewhere), as NNlib does: for the default `dims = 1`, vectors of length `size(x, 1)`. Either may
+be `nothing`, independently of the other, meaning `γ = 1` or `β = 0`.
 
 No custom rule: Zygote differentiates it (for `x`, `scale` and `bias`) through the rules for
-`mean`, `var`, `reshape` and broadcasting.
+`mean`, `var`, `reshape`, broadcasting and the widening helpers (`widen_stats`, `narrow_like`).
 """
 function layernorm(
     x::AbstractArray,
@@ -28,20 +29,20 @@ function layernorm(
     dims = 1,
     eps::Real = _layernorm_default_eps(x),
 )
-    μ = mean(x; dims)
-    σ² = var(x; dims, mean = μ, corrected = false)
-    n = _normalise_div(x, μ, σ², _eps_like(x, eps))
+    xw = widen_stats(x) # one element type inside the broadcasts Zygote differentiates
+    μ, σ² = _moments(xw, dims)
+    n = _normalise_div(xw, μ, σ², _eps_like(x, eps))
     shape = _affine_shape(x, dims)
-    γ = _reshape_affine(scale, shape, :scale)
-    β = _reshape_affine(bias, shape, :bias)
-    return _scale_shift(n, γ, β)
+    γ = _reshape_affine(widen_stats(scale), shape, :scale)
+    β = _reshape_affine(widen_stats(bias), shape, :bias)
+    return narrow_like(x, _scale_shift(n, γ, β))
 end
 
 #####
 ##### Implementation
 #####
 
-_layernorm_default_eps(x::AbstractArray) = convert(float(eltype(x)), 1.0e-5)
+_layernorm_default_eps(x::AbstractArray) = convert(_stat_type(float(eltype(x))), 1.0e-5)
 
 @non_differentiable _layernorm_default_eps(::Any)
 

@@ -16,13 +16,15 @@ Normalise `x` over `dims` (op `normalise`):
 tuple of integers or `:`.
 
 The plain form (what Flux's `LayerNorm` computed): `Statistics.mean` and `Statistics.var`, then one
-square root per element. It has no custom rule: Zygote differentiates it through the rules for
-`mean`, `var` and broadcasting, and keeps several full-size intermediates for the backward pass.
+square root per element. For `Float16` input the statistics, `eps` and the arithmetic are in
+`Float32` and `y` is converted back to `Float16` (as torch and the Python side do). It has no
+custom rule: Zygote differentiates it through the rules for `mean`, `var`, broadcasting and the
+widening helpers, and keeps several full-size intermediates for the backward pass.
 """
 function normal_now(x::AbstractArray; dims = 1, eps::Real = _default_eps(x))
-    μ = mean(x; dims)
-    σ² = var(x; dims, mean = μ, corrected = false)
-    return _normalise_div(x, μ, σ², _eps_like(x, eps))
+    xw = widen_stats(x) # one element type inside the broadcasts Zygote differentiates
+    μ, σ² = _moments(xw, dims)
+    return narrow_like(x, _normalise_div(xw, μ, σ², _eps_like(x, eps)))
 end
 
 """
@@ -46,9 +48,8 @@ with the result:
 where `N = sum_length(x, dims)` is the number of elements per slice.
 """
 function normal_new(x::AbstractArray; dims = 1, eps::Real = _default_eps(x))
-    μ = mean(x; dims)
-    σ² = var(x; dims, mean = μ, corrected = false)
-    return first(_normalise_istd(x, μ, σ², _eps_like(x, eps)))
+    μ, σ² = _moments(widen_stats(x), dims)
+    return narrow_like(x, first(_normalise_istd(x, μ, σ², _eps_like(x, eps))))
 end
 
 """
@@ -70,12 +71,15 @@ with `dx`. On a GPU array the same formula is written with divisions by `s`.
 """
 function normal_newer(x::AbstractArray; dims = 1, eps::Real = _default_eps(x))
     stats = mean_var(x; dims, corrected = false)
-    return first(_normalise_istd(x, stats.mean, stats.var, _eps_like(x, eps)))
+    return narrow_like(
+        x,
+        first(_normalise_istd(x, stats.mean, stats.var, _eps_like(x, eps))),
+    )
 end
 
 function normal_newer(x::AbstractGPUArray; dims = 1, eps::Real = _default_eps(x))
     stats = mean_var(x; dims, corrected = false)
-    return _normalise_div(x, stats.mean, stats.var, _eps_like(x, eps))
+    return narrow_like(x, _normalise_div(x, stats.mean, stats.var, _eps_like(x, eps)))
 end
 
 #####
@@ -83,10 +87,19 @@ end
 #####
 
 _default_eps(x::AbstractArray) = Base.eps(float(eltype(x)))
-_eps_like(x::AbstractArray, eps::Real) = convert(float(eltype(x)), eps)
+# eps in the type of the statistics (Float32 for Float16 input), as it is added to σ².
+_eps_like(x::AbstractArray, eps::Real) = convert(_stat_type(float(eltype(x))), eps)
 
 @non_differentiable _default_eps(::Any)
 @non_differentiable _eps_like(::Any, ::Any)
+
+# μ and the biased σ² over `dims` in two passes, of `xw = widen_stats(x)`: in
+# `_stat_type(eltype(x))`, so that Float16 data is summed in Float32 (Statistics.mean and var
+# reduce in the element type, where a Float16 sum overflows past 65504 and rounds at every step).
+function _moments(xw::AbstractArray, dims)
+    μ = mean(xw; dims)
+    return μ, var(xw; dims, mean = μ, corrected = false)
+end
 
 # y = (x - μ) / sqrt(σ² + ε), one square root per element, fused into one broadcast.
 _normalise_div(x, μ, σ², ε) = (x .- μ) ./ sqrt.(σ² .+ ε)
@@ -137,9 +150,9 @@ function ChainRulesCore.rrule(
     dims = 1,
     eps::Real = _default_eps(x),
 )
-    μ = mean(x; dims)
-    σ² = var(x; dims, mean = μ, corrected = false)
-    y, istd = _normalise_istd(x, μ, σ², _eps_like(x, eps))
+    μ, σ² = _moments(widen_stats(x), dims)
+    yw, istd = _normalise_istd(x, μ, σ², _eps_like(x, eps))
+    y = narrow_like(x, yw)
     invN = _inv_count(y, x, dims)
     project_x = ProjectTo(x)
     function normal_new_pullback(Δ)
@@ -158,7 +171,8 @@ function ChainRulesCore.rrule(
 )
     stats = mean_var(x; dims, corrected = false)
     μ = stats.mean
-    y, istd = _normalise_istd(x, μ, stats.var, _eps_like(x, eps))
+    yw, istd = _normalise_istd(x, μ, stats.var, _eps_like(x, eps))
+    y = narrow_like(x, yw)
     invN = _inv_count(y, x, dims)
     project_x = ProjectTo(x)
     function normal_newer_pullback(Δ)
@@ -178,7 +192,7 @@ function ChainRulesCore.rrule(
     stats = mean_var(x; dims, corrected = false)
     μ = stats.mean
     ε = _eps_like(x, eps)
-    y = _normalise_div(x, μ, stats.var, ε)
+    y = narrow_like(x, _normalise_div(x, μ, stats.var, ε))
     s = sqrt.(stats.var .+ ε) # one value per slice
     invN = _inv_count(y, x, dims)
     project_x = ProjectTo(x)

@@ -14,8 +14,13 @@ Both have the reduced shape (size 1 along `dims`, like `mean(A; dims)`), or are 
 `dims = :`. `corrected = false` (the default) gives the biased variance that normalisation layers
 use.
 
+Both are in [`_stat_type`](@ref)`(eltype(A))`: `Float32` for `Float16` input, whose sums in `Float16`
+overflow past 65504 and round at every step (`Statistics.mean` and `var` reduce in the element
+type), and `eltype(A)` otherwise.
+
 Methods:
-- any `AbstractArray`: `Statistics.mean`, then `Statistics.var` with that mean (two passes);
+- any `AbstractArray`: `Statistics.mean`, then `Statistics.var` with that mean (two passes), on
+  `A` widened by [`widen_stats`](@ref) (a copy for `Float16`, `A` itself otherwise);
 - `AbstractGPUArray{Float32}`: one pass, a single `mapreduce` whose elements are
   `(mean, sum of squared deviations, count)` triples combined with Chan et al.'s pairwise update
   (Welford's algorithm in parallel form). A GPU reduction uses its `init` as the neutral element
@@ -27,8 +32,9 @@ Rule: a `ChainRulesCore.rrule` for either method, with
 `∂A = Δmean / N + Δvar * 2 (A - mean) / (N - corrected)`; the pullback saves `A` and `mean`.
 """
 function mean_var(A::AbstractArray; dims, corrected::Bool = false)
-    μ = mean(A; dims)
-    σ² = var(A; dims, corrected, mean = μ)
+    Aw = widen_stats(A)
+    μ = mean(Aw; dims)
+    σ² = var(Aw; dims, corrected, mean = μ)
     return (; mean = μ, var = σ²)
 end
 
@@ -51,21 +57,63 @@ sum_length(x::AbstractArray, dims) = prod(size(x, d) for d in unique(dims); init
 @non_differentiable sum_length(::Any, ::Any)
 
 #####
+##### Implementation: widening for the statistics
+#####
+
+"""
+    widen_stats(x::AbstractArray)
+    widen_stats(nothing) = nothing
+
+`x` with the element type the statistics are computed in, [`_stat_type`](@ref)`(eltype(x))`:
+`x` itself for `Float32` and `Float64` (no copy), a `Float32` copy for `Float16`. Its rule passes
+the cotangent back projected onto `x` (converted to `eltype(x)`), so that Zygote differentiates
+through it without reasoning about conversions.
+"""
+function widen_stats(x::AbstractArray{T}) where {T <: AbstractFloat}
+    return _stat_type(T) === T ? x : _widen.(x)
+end
+widen_stats(x::AbstractArray) = x
+widen_stats(::Nothing) = nothing
+
+function ChainRulesCore.rrule(::typeof(widen_stats), x::AbstractArray)
+    project_x = ProjectTo(x)
+    widen_stats_pullback(Δ) = (NoTangent(), project_x(unthunk(Δ)))
+    return widen_stats(x), widen_stats_pullback
+end
+
+"""
+    narrow_like(x::AbstractArray, y::AbstractArray)
+
+`y` with the element type of `x`: `y` itself when they agree (no copy), else a converted copy
+(a `Float32` result of `Float16` input goes back to `Float16`). Its rule passes the cotangent back
+projected onto `y`; `x` gives only its type (a `ZeroTangent`).
+"""
+narrow_like(x::AbstractArray{T}, y::AbstractArray{T}) where {T} = y
+narrow_like(x::AbstractArray{T}, y::AbstractArray) where {T} = copyto!(similar(y, T), y)
+
+function ChainRulesCore.rrule(::typeof(narrow_like), x::AbstractArray, y::AbstractArray)
+    project_y = ProjectTo(y)
+    narrow_like_pullback(Δ) = (NoTangent(), ZeroTangent(), project_y(unthunk(Δ)))
+    return narrow_like(x, y), narrow_like_pullback
+end
+
+#####
 ##### Implementation: the one-pass (Welford / Chan) reduction
 #####
 
 # A triple is (mean, M2, count) of a group of elements, where M2 is the sum of squared deviations
-# from the group's mean. The empty group is the identity of `_chan_combine`.
-const _WELFORD_EMPTY = (0.0f0, 0.0f0, Int32(0))
+# from the group's mean. The empty group is the identity of `_chan_combine`. The count is an
+# Int64: `dims = :` over more than 2^31 elements (8 GiB of Float32) would wrap an Int32 silently.
+const _WELFORD_EMPTY = (0.0f0, 0.0f0, Int64(0))
 
-_welford_leaf(a::Float32) = (a, 0.0f0, Int32(1))
+_welford_leaf(a::Float32) = (a, 0.0f0, Int64(1))
 
 # Chan, Golub & LeVeque's pairwise update. With k = k1 + k2 and δ = m2 - m1:
 #   m  = m1 + δ k2 / k,        M2 = M2₁ + M2₂ + δ² k1 k2 / k.
 # An empty side returns the other argument as it is, so the empty triple is a true identity, as a
 # GPU reduction requires of `init` (through the formula, δ² overflows to Inf for |m| past
 # sqrt(floatmax(Float32)) ≈ 1.8e19, and Inf * 0 made M2 NaN).
-function _chan_combine(a::Tuple{Float32, Float32, Int32}, b::Tuple{Float32, Float32, Int32})
+function _chan_combine(a::Tuple{Float32, Float32, Int64}, b::Tuple{Float32, Float32, Int64})
     m1, s1, k1 = a
     m2, s2, k2 = b
     k = k1 + k2

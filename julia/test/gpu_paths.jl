@@ -53,12 +53,27 @@
     @testset "mean_var, one-pass method, means past sqrt(floatmax(Float32))" begin
         # Combining with the empty triple (the reduction's `init`) returns the other side as it is;
         # through the formula δ² overflowed for |m| > 1.8e19 and Inf * 0 made the variance NaN.
-        t = (2.0f19, 0.0f0, Int32(1))
+        t = (2.0f19, 0.0f0, Int64(1))
         @test CrossFuse._chan_combine(CrossFuse._WELFORD_EMPTY, t) === t
         @test CrossFuse._chan_combine(t, CrossFuse._WELFORD_EMPTY) === t
         s = mean_var(JLArray(fill(2.0f19, 8, 3)); dims = 1)
         @test Array(s.mean) == fill(2.0f19, 1, 3)
         @test Array(s.var) == zeros(Float32, 1, 3)
+    end
+
+    @testset "mean_var, one-pass method: the count does not wrap past 2^31" begin
+        # Two groups of 2^31 - 1 elements each: their count, 2^32 - 2, is past typemax(Int32), so
+        # an Int32 count wrapped to -2 (a negative weight, and a mean far off).
+        k = Int64(typemax(Int32))
+        a = (1.0f0, 0.0f0, k)
+        b = (3.0f0, 0.0f0, k)
+        m, s, n = CrossFuse._chan_combine(a, b)
+        @test n == 2k
+        @test n isa Int64
+        @test m == 2.0f0
+        @test s ≈ 2 * Float32(k) # two groups a distance 2 apart: M2 = 2² k k / 2k = 2k
+        @test CrossFuse._WELFORD_EMPTY[3] isa Int64
+        @test CrossFuse._welford_leaf(1.0f0)[3] isa Int64
     end
 
     @testset "rrule mean_var on the GPU path" begin

@@ -47,6 +47,29 @@
             fd_gradient(loss2, x)[1] rtol = 1.0e-7 atol = 1.0e-9
     end
 
+    @testset "Float16: statistics in Float32, output in Float16" begin
+        # 4096 features near 16: Σx ≈ 65536 is past Float16's largest value (65504). Summed in
+        # Float16, as Statistics.mean does, μ was Inf and y NaN.
+        x = Float16.(16 .+ randn(4096, 3))
+        γ, β = Float16.(randn(4096)), Float16.(randn(4096))
+        y = layernorm(x, γ, β)
+        @test eltype(y) == Float16
+        @test all(isfinite, y)
+        @test maxerr(y, ref_layernorm(x, γ, β)) ≤ 2.0e-2
+        # Zygote's gradients in Float16 against the Float64 ones on the same numbers.
+        xs = Float16.(8 .* randn(64, 5))
+        γs, βs = Float16.(randn(64)), Float16.(randn(64))
+        dy = Float16.(randn(64, 5))
+        g16 = Zygote.pullback(layernorm, xs, γs, βs)[2](dy)
+        g64 = Zygote.pullback(layernorm, Float64.(xs), Float64.(γs), Float64.(βs))[2](
+            Float64.(dy),
+        )
+        for (a, b) in zip(g16, g64)
+            @test eltype(a) == Float16
+            @test maxerr(a, b) ≤ 2.0e-2 * maximum(abs, b)
+        end
+    end
+
     @testset "edge cases" begin
         # One feature: x - μ == 0 exactly, so the output is the bias.
         x1 = randn(1, 5)

@@ -73,6 +73,28 @@
         @test maxerr(dx16, dx2_64) ≤ 2.0e-2 * maximum(abs, dx2_64)
     end
 
+    @testset "Float16: statistics in Float32, output in Float16: $f" for f in variants
+        ε16 = Float64(eps(Float16))
+        # 4096 values near 16 in a column: Σx ≈ 65536 is past Float16's largest value (65504).
+        # Summed in Float16, as Statistics.mean does, μ was Inf and y NaN.
+        x = Float16.(16 .+ randn(4096, 2))
+        y = f(x)
+        @test eltype(y) == Float16
+        @test all(isfinite, y)
+        @test maxerr(y, ref_normalise(x; dims = 1, eps = ε16)) ≤ 1.0e-2
+        # A spread of 8 over 2048 values: Σ(x - μ)² ≈ 1.3e5, past 65504; in Float16 σ² was Inf
+        # and y all zeros.
+        xs = Float16.(8 .* randn(2048, 2))
+        @test maxerr(f(xs), ref_normalise(xs; dims = 1, eps = ε16)) ≤ 1.0e-2
+        # Zygote's gradient in Float16 (through the rule, or through mean, var and the widening)
+        # against the Float64 gradient on the same numbers.
+        dy = Float16.(randn(2048, 2))
+        dx = Zygote.pullback(f, xs)[2](dy)[1]
+        dx64 = Zygote.pullback(x -> f(x; eps = ε16), Float64.(xs))[2](Float64.(dy))[1]
+        @test eltype(dx) == Float16
+        @test maxerr(dx, dx64) ≤ 2.0e-2 * maximum(abs, dx64)
+    end
+
     @testset "edge cases: $f" for f in variants
         w1 = randn(1, 6)
         # One feature: each slice holds one element, so x - μ == 0 exactly and y == 0.

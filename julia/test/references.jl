@@ -1,4 +1,5 @@
-# Plain Float64 formulas, written out here, that the package's variants are compared against.
+# Plain Float64 formulas, written out here, that the package's variants are compared against
+# (included by runtests.jl and by cuda/runtests.jl).
 
 # The largest elementwise difference, computed on the host (works for JLArray and CuArray too).
 maxerr(a, b) = maximum(abs, Array(a) .- Array(b))
@@ -33,6 +34,3 @@ function ref_maxstd(ϵ, α, β, x)
     b = β === nothing ? 0.0 : Float64.(β)
     return a .* (x64 .- μ) ./ max.(σ, ϵ) .+ b
 end
-
-# The gradient of `loss` at `args...` by finite differences, one array per argument.
-fd_gradient(loss, args...) = FiniteDifferences.grad(central_fdm(5, 1), loss, args...)

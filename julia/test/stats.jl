@@ -21,6 +21,23 @@
         end
     end
 
+    @testset "mean_var, Float16: the statistics in Float32" begin
+        # 4096 values near 16: Σx ≈ 65536 overflows Float16 (largest 65504); summed in Float16,
+        # as Statistics.mean does, the mean was Inf.
+        x = Float16.(16 .+ randn(4096, 2))
+        s = mean_var(x; dims = 1)
+        x64 = Float64.(x)
+        @test eltype(s.mean) == Float32
+        @test eltype(s.var) == Float32
+        @test maxerr(s.mean, mean(x64; dims = 1)) ≤ 1.0e-4
+        @test maxerr(s.var, var(x64; dims = 1, corrected = false)) ≤ 1.0e-3
+        @test CrossFuse.widen_stats(x) isa Matrix{Float32}
+        x32 = randn(Float32, 3, 2)
+        @test CrossFuse.widen_stats(x32) === x32 # no copy where nothing is widened
+        @test CrossFuse.narrow_like(x32, x32) === x32
+        @test CrossFuse.narrow_like(x, Float32.(x)) isa Matrix{Float16}
+    end
+
     @testset "rrule mean_var (Float64)" begin
         # The output is a NamedTuple, whose cotangent arrives as a Tangent; inference of the
         # pullback through that Tangent is not what is tested here.

@@ -176,6 +176,10 @@ def cmd_check(args) -> int:
         f"\n{counts['pass']} pass, {counts['fail']} fail, {counts['error']} error, {counts['skip']} skip "
         f"({time.monotonic() - t0:.1f} s; interpreter {'on' if _backend.interpreter_requested() else 'off'})"
     )
+    if not (counts["pass"] or counts["fail"] or counts["error"]):  # asked to check, checked nothing
+        print("crossfuse check: nothing was checked: every case was skipped (the reasons are in the table)",
+              file=sys.stderr)
+        return 1
     return 1 if counts["fail"] or counts["error"] else 0
 
 
