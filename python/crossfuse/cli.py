@@ -239,7 +239,7 @@ def cmd_bench(args) -> int:
 
 
 def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -> int:
-    from .harness import report, runner
+    from .harness import report, runner, timing
     from .harness.progress import Progress
     from .harness.schema import CsvWriter
 
@@ -257,6 +257,7 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -
             f"{total} rows -> {csv_path}",
             file=sys.stderr,
         )
+        print(f"times: {timing.method(device)}", file=sys.stderr)
         with Progress(total, s.name) as bar:
             r.on_row = lambda row: bar.update(
                 f"{row.op}/{row.side}/{row.impl} {row.dtype} {row.shape} {row.mode} {row.status}"
