@@ -292,8 +292,9 @@ def alternate(calls: dict[str, Callable[[], object]], rounds: int, device, confi
 
 
 def free(device) -> None:
-    gc.collect()
+    """The last case's memory back to the GPU (on the CPU, the tiny models go with their references)."""
     if torch.device(device).type == "cuda":
+        gc.collect()
         torch.cuda.empty_cache()
 
 
