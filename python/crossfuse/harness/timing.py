@@ -260,9 +260,8 @@ def time_cuda_eager(fn: Callable[[], object], device="cuda", config: TimingConfi
         fn()
     torch.cuda.synchronize(device)
     est_ms = max((time.perf_counter() - t) * 1e3 / 3, 1e-4)  # wall clock: host and GPU, whichever is longer
-    warm = time.perf_counter()
-    while (time.perf_counter() - warm) * 1e3 < config.cuda_warmup_ms:
-        fn()
+    for _ in range(_clamp(config.cuda_warmup_ms / est_ms, 1, 100)):  # counted: a GPU-bound call would
+        fn()  # queue far more than the warm-up's time of GPU work in a loop on the host's clock
     batch = _clamp(config.eager_batch_ms / est_ms, 1, config.eager_max_batch)
     reps = _clamp(config.cuda_rep_ms / (est_ms * batch), config.cuda_min_reps, config.cuda_max_reps)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
