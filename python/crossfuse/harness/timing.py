@@ -19,7 +19,9 @@
   (kernels and the gaps between them), not Python or launch overhead: what the kernels cost, and what a
   CUDA graph or ``torch.compile`` would leave of the call.
 * **host** (``host_us``): the wall clock of ``TimingConfig.host_calls`` calls back to back without a
-  synchronisation, divided by their number, the first call (warm-up) excluded: the CPU's cost of one call.
+  synchronisation (fewer where their GPU work would pass ``cuda_rep_ms``: a full launch queue would make
+  the host wait for the GPU), divided by their number, the first call (warm-up) excluded: the CPU's cost
+  of one call.
 * CPU device: ``time.perf_counter`` around each call, after warm-up, no cache flush; that is the eager
   time and the host time at once (no GPU-only time).
 
@@ -278,14 +280,16 @@ def time_cuda_eager(fn: Callable[[], object], device="cuda", config: TimingConfi
     return _summarise([s.elapsed_time(e) / batch for s, e in zip(starts, ends, strict=True)])
 
 
-def host_time_us(fn: Callable[[], object], device, config: TimingConfig = DEFAULT) -> float:
-    """Microseconds of CPU per call: ``config.host_calls`` calls back to back without a synchronisation
-    (a CUDA device is synchronised before and after, outside the clock), after one untimed call."""
+def host_time_us(fn: Callable[[], object], device, config: TimingConfig = DEFAULT, calls: int | None = None
+                 ) -> float:  # fmt: skip
+    """Microseconds of CPU per call: ``calls`` (default ``config.host_calls``) calls back to back without a
+    synchronisation (a CUDA device is synchronised before and after, outside the clock), after one
+    untimed call."""
     cuda = torch.device(device).type == "cuda"
     fn()
     if cuda:
         torch.cuda.synchronize(device)
-    n = max(1, config.host_calls)
+    n = max(1, config.host_calls if calls is None else calls)
     t = time.perf_counter()
     for _ in range(n):
         fn()
@@ -302,7 +306,9 @@ def measure(fn: Callable[[], object], device, config: TimingConfig = DEFAULT) ->
         return time_cpu(fn, config)
     eager = time_cuda_eager(fn, device, config)
     gpu = time_cuda(fn, device, config)
-    return dataclasses.replace(eager, gpu_p50=gpu.p50, host_us=host_time_us(fn, device, config))
+    # a GPU-bound call: fewer calls, so that they queue about cuda_rep_ms of GPU work, not a full queue
+    calls = _clamp(config.cuda_rep_ms / max(gpu.p50, 1e-6), 10, config.host_calls)
+    return dataclasses.replace(eager, gpu_p50=gpu.p50, host_us=host_time_us(fn, device, config, calls))
 
 
 def alternate(calls: dict, rounds: int, device="cuda", config: TimingConfig = DEFAULT) -> dict:
