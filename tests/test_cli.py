@@ -83,7 +83,7 @@ def test_bench_quick_writes_csv_and_markdown_then_report(tmp_path, capsys):
     assert cli.main(args) == 0
     assert torch.get_num_threads() == threads  # --threads 1 (the default) held only while timing
     stdout = capsys.readouterr().out
-    assert "### layer_norm · cpu · float32 · fwd — GB/s (median)" in stdout and "| 64x256 |" in stdout
+    assert "### layer_norm · cpu · float32 · fwd — GB/s (eager median)" in stdout and "| 64x256 |" in stdout
     df = schema.read_csv(out / "results.csv")
     ln = df[df["op"] == "layer_norm"]
     assert set(ln["impl"]) == {"torch", "liger"} and len(ln) == 2 * 2 * 3  # impls x shapes x modes

@@ -71,7 +71,7 @@ def row(**kw) -> schema.Row:
 
 def test_columns_are_the_design_columns_then_the_harness_ones():
     assert schema.COLUMNS[:20] == tuple(DESIGN.split(", "))
-    assert schema.COLUMNS[20:] == ("status", "note", "suite")
+    assert schema.COLUMNS[20:] == ("status", "note", "suite", "gpu_ms_p50", "host_us")
     assert [f.name for f in schema.dataclasses.fields(schema.Row)] == list(schema.COLUMNS)
 
 
@@ -208,7 +208,7 @@ def test_pivot_and_ratio_to_the_best_peer():
 
 def test_report_renders_tables_copy_share_and_what_was_not_measured():
     md = report.render(_frame(), source="r.csv")
-    assert "### layer_norm · cpu · float32 · fwd — GB/s (median); copy ceiling 2000 GB/s" in md
+    assert "### layer_norm · cpu · float32 · fwd — GB/s (eager median); copy ceiling 2000 GB/s" in md
     assert "| 4096x1024 | 900 | 600 | 750 | 150 | 1.20× | 0.20× | 45% (fused) |" in md
     assert "| 4096x2048 | 1000 | 500 | error | 100 | 2.00× | 0.20× | 50% (fused) |" in md
     assert "### not measured" in md and "OutOfMemoryError: boom" in md
@@ -759,9 +759,11 @@ def test_memory_records_count_allocations_and_the_running_peak():
 
 
 def test_throughput_comes_from_the_median_time(monkeypatch):
-    monkeypatch.setattr(timing, "time_call", lambda fn, device, config: timing.Timing(1.0, 2.0, 4.0, 5))
+    times = timing.Timing(1.0, 2.0, 4.0, 5, gpu_p50=0.5, host_us=30.0)
+    monkeypatch.setattr(timing, "measure", lambda fn, device, config: times)
     (r,) = runner.Runner("cpu", quick=True).run(tiny_suite(modes=("fwd",)), impls=["python/torch"])
-    assert r.ms_p50 == 2.0 and r.gbps == pytest.approx(2 * 8 * 32 * 4 / 2e-3 / 1e9)
+    assert r.ms_p50 == 2.0 and r.gbps == pytest.approx(2 * 8 * 32 * 4 / 2e-3 / 1e9)  # eager, not GPU-only
+    assert (r.gpu_ms_p50, r.host_us) == (0.5, 30.0)
 
 
 def _forward_off(inputs, dy):

@@ -205,6 +205,8 @@ def _collapse_skips(results: list) -> list:
 def cmd_bench(args) -> int:
     from .harness import runner, suite, toolchain
 
+    if args.suite == MODELS:  # real models rather than a suite of ops (crossfuse.harness.models)
+        return _bench_models(args)
     try:
         suites = suite.load_suites(args.suites)
     except (FileNotFoundError, ValueError) as exc:
@@ -242,8 +244,40 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(threads)  # as it was: main() may be called in a process that goes on
 
 
+# `crossfuse bench models`: the one bench name that is not a suite of bench/suites.py
+MODELS = "models"
+
+
+def _bench_models(args) -> int:
+    """``crossfuse bench models``: see :mod:`crossfuse.harness.models`. ``--rounds`` above 1 sets the
+    rounds (default 5, 2 with --quick); --op, --impl, --suites, --append and --replace do not apply."""
+    from .harness import models
+
+    given = [f for f, v in (("--op", args.op), ("--impl", args.impl), ("--suites", args.suites),
+                            ("--append", args.append), ("--replace", args.replace)) if v]  # fmt: skip
+    if given:
+        raise UsageError(f"{', '.join(given)} do not apply to `crossfuse bench models`")
+    dtypes = _dtypes(args.dtype) or [torch.bfloat16]
+    if len(dtypes) != 1:
+        raise UsageError(f"`crossfuse bench models` takes one --dtype, got {len(dtypes)}")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
+    rounds = args.rounds if args.rounds > 1 else (2 if args.quick else 5)
+    cfg = models.ModelsConfig(device=_device(args.device), dtype=dtypes[0], quick=args.quick, rounds=rounds)
+    out = _out_folder(args.out)
+    try:
+        rows, csv_path, md_path = models.bench_models(cfg, out)
+    except KeyboardInterrupt:
+        print("\ninterrupted: `bench models` writes its files at the end, none written", file=sys.stderr)
+        return 130
+    print(md_path.read_text())
+    errors = sum(r.status == "error" for r in rows)
+    print(f"{len(rows)} rows ({errors} error rows) -> {csv_path}, {md_path}", file=sys.stderr)
+    return 0
+
+
 def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -> int:
-    from .harness import report, runner
+    from .harness import report, runner, timing
     from .harness.progress import Progress
     from .harness.schema import CsvWriter
 
@@ -261,6 +295,7 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -
             f"{total} rows -> {csv_path}",
             file=sys.stderr,
         )
+        print(f"times: {timing.method(device)}", file=sys.stderr)
         with Progress(total, s.name) as bar:
             r.on_row = lambda row: bar.update(
                 f"{row.op}/{row.side}/{row.impl} {row.dtype} {row.shape} {row.mode} {row.status}"
@@ -470,7 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check)
 
     b = sub.add_parser("bench", help="run a benchmark suite from bench/suites.py")
-    b.add_argument("suite", help="suite name (layer_norm, attention, memory, ...)")
+    b.add_argument(
+        "suite", help="suite name (layer_norm, attention, memory, ...), or 'models' (real models, see docs)"
+    )
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", action="append", help="only these dtypes")
     b.add_argument("--op", action="append", help="only these ops")

@@ -1,5 +1,8 @@
 """Plots of result rows (PNG, matplotlib's Agg backend; matplotlib is imported here only).
 
+Throughput is read from the eager median time (``ms_p50``: the call as a user makes it, host time
+included); the GPU-only time (``gpu_ms_p50``) and host time (``host_us``) are in the CSV and the report.
+
 * :func:`plot_gbps`: layer-norm GB/s against N, one line per implementation, one panel per dtype × mode,
   for the rows sharing the most common M (the suite's M=4096 sweep); the copy ceiling as a dashed line.
 * :func:`plot_tflops`: attention TFLOP/s against L, one line per implementation, panels per
@@ -82,8 +85,9 @@ def plot_gbps(df, path, device: str | None = None, op: str = "layer_norm") -> Pa
     for i, dt in enumerate(dtypes):
         for j, mode in enumerate(modes):
             g = d[(d["dtype"] == dt) & (d["mode"] == mode)]
-            _lines(axes[i][j], g, "N", "gbps", f"{op} {dt} {mode} (M={m_common})", "GB/s", ceiling)
-    fig.suptitle(f"{op}: GB/s against N on {device} ({d['device_name'].iloc[0]})", fontsize=10)
+            _lines(axes[i][j], g, "N", "gbps", f"{op} {dt} {mode} (M={m_common})", "GB/s (eager)", ceiling)
+    fig.suptitle(f"{op}: GB/s (eager median time) against N on {device} ({d['device_name'].iloc[0]})",
+                 fontsize=10)  # fmt: skip
     return _save(fig, plt, path)
 
 
@@ -108,8 +112,9 @@ def plot_tflops(df, path, device: str | None = None, op: str = "relu_attention")
             g = d[(d["D"] == dd) & (d["causal"] == p["causal"]) & (d["mode"] == p["mode"])]
             causal = "causal" if p["causal"] else "not causal"
             title = f"D={dd} {g['dtype'].iloc[0] if len(g) else ''} {causal} {p['mode']}"
-            _lines(axes[i][j], g, "L", "tflops", title, "TFLOP/s")
-    fig.suptitle(f"{op}: TFLOP/s against L on {device} ({d['device_name'].iloc[0]})", fontsize=10)
+            _lines(axes[i][j], g, "L", "tflops", title, "TFLOP/s (eager)")
+    fig.suptitle(f"{op}: TFLOP/s (eager median time) against L on {device} ({d['device_name'].iloc[0]})",
+                 fontsize=10)  # fmt: skip
     return _save(fig, plt, path)
 
 

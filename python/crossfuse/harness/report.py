@@ -1,12 +1,15 @@
 """Reports from result rows: markdown tables, the pivot and the ratio to the best peer.
 
 * Throughput tables, one per (suite, op, device, dtype, mode, causal): shapes down, implementations
-  across, GB/s (normalisations) or TFLOP/s (attention) from the median time; a cell without a number
+  across, GB/s (normalisations) or TFLOP/s (attention) from the median eager time (``ms_p50``: the call
+  as a user makes it, host time included); a cell without a number
   says why (``not timed``, ``skip``, ``error``). For each implementation that is not a peer, a column
   ``<impl> ÷ best peer`` divides it by the fastest peer in that row (where a peer was measured; none
   where a peer was left out for the run's time budget, since the best is then unknown). Where
   the run measured the copy ceiling (op ``copy``) on the device, a column gives the best implementation's
   GB/s as a percentage of the copy bandwidth.
+* Time per call, one table per (suite, op, device, dtype, mode, causal): the eager median (ms, the time the
+  throughput tables use), the GPU-only median (ms) and the host time per call (µs) of each implementation.
 * Memory tables for the ``memory`` suite: bytes allocated and peak above baseline per mode, in MiB and
   as a multiple of the input's size.
 * Accuracy: the largest relative error against the float64 reference, per op, dtype and implementation.
@@ -203,7 +206,7 @@ def throughput_section(df: pd.DataFrame) -> str:
                 cells.append(f"{100 * r.max() / ceiling:.0f}%{mark} ({r.idxmax()})" if len(r) else "")
                 flagged = flagged or over
             rows.append(cells)
-        title = f"### {_group_title(k)} — {UNIT[metric]} (median)"
+        title = f"### {_group_title(k)} — {UNIT[metric]} (eager median)"
         if ceiling:
             title += f"; copy ceiling {ceiling:.0f} GB/s"
         any_flagged = any_flagged or flagged
@@ -214,6 +217,42 @@ def throughput_section(df: pd.DataFrame) -> str:
             "is off; on a CPU, other load on the machine or torch's thread pool (a descheduled thread) can "
             "stretch single calls by milliseconds"
         )
+    return "\n\n".join(out)
+
+
+# what each clock of a row is, said once above the time tables
+CLOCKS = (
+    "eager: the call as a user makes it (`ms_p50`: back-to-back calls, host time included); GPU: GPU-only "
+    "time, launch overhead hidden (`gpu_ms_p50`: what the kernels cost); host: CPU time per call "
+    "(`host_us`: calls back to back without a synchronisation)"
+)
+
+
+def _time_cell(g: pd.DataFrame, shape: str, label: str) -> str:
+    r = g[(g["shape"] == shape) & (g["label"] == label) & (g["status"] == "ok")]
+    if not len(r):
+        return _missing_cell(g, shape, label)
+    eager, gpu, host = (r[c].median() for c in ("ms_p50", "gpu_ms_p50", "host_us"))
+    parts = [f"{fmt_num(eager)} ms" if not pd.isna(eager) else "–"]
+    parts.append(f"GPU {fmt_num(gpu)} ms" if not pd.isna(gpu) else "GPU –")
+    parts.append(f"host {fmt_num(host)} µs" if not pd.isna(host) else "host –")
+    return " · ".join(parts)
+
+
+def times_section(df: pd.DataFrame) -> str:
+    """Eager, GPU-only and host time per call of every timed row but the copy's and the memory suite's,
+    one table per (suite, op, device, dtype, mode, causal)."""
+    d = with_labels(df[(df["op"] != "copy") & (df["suite"] != "memory")])
+    d = d[(d["status"] == "ok") & d["ms_p50"].notna()]
+    if d.empty:
+        return ""
+    out = [f"### time per call\n\n{CLOCKS}; `–`: not measured on this device."]
+    keys = ["suite", "op", "device", "dtype", "mode", "causal"]
+    for k, g in d.groupby(keys, sort=False):
+        labels = _ordered(g["label"])
+        rows = [[shape, *(_time_cell(g, shape, c) for c in labels)] for shape in _ordered(g["shape"])]
+        title = f"#### {_group_title(dict(zip(keys, k, strict=True)))} — eager · GPU-only · host"
+        out.append(title + "\n\n" + markdown_table(["shape", *labels], rows))
     return "\n\n".join(out)
 
 
@@ -342,8 +381,8 @@ def render(df_or_rows, title: str = "crossfuse benchmark results", source: str |
         c = copy_ceiling(df, dev)
         if c:
             parts.append(f"Copy ceiling on {dev}: {c:.0f} GB/s (y.copy_(x), bytes read + written).")
-    sections = (throughput_section(df), peak_section(df), memory_section(df), accuracy_section(df),
-                notes_section(df))  # fmt: skip
+    sections = (throughput_section(df), times_section(df), peak_section(df), memory_section(df),
+                accuracy_section(df), notes_section(df))  # fmt: skip
     for section in sections:
         if section:
             parts.append(section)

@@ -15,7 +15,8 @@ For one implementation at one point (op, shape, dtype, options) the runner
 3. writes ``not timed`` rows for implementations that run here only under the Triton interpreter (with
    the relerr of one interpreted run when that is cheap);
 4. hands the measurement to the implementation's own side when it has ``measure`` (Julia times itself);
-5. otherwise times and measures it per mode:
+5. otherwise times and measures it per mode (:func:`.timing.measure`: the eager percentiles, the GPU-only
+   median and the host time per call):
 
    * ``fwd``: the training forward, ``fn(**inputs)`` with the differentiable inputs requiring grad
      (so its memory includes what autograd saves for the backward);
@@ -343,7 +344,7 @@ class Runner:
             call = None
             try:
                 call = self._callable(impl, data, mode)
-                t = timing.time_call(call, self.device, self.config)
+                t = timing.measure(call, self.device, self.config)
                 mem = memory.measure_call(call, self.device)
             except _NotMeasurable as exc:
                 status, msg = "skip", str(exc)
@@ -355,7 +356,8 @@ class Runner:
             fields = dict(relerr=errs.get(mode), status=status, note=note(msg))
             if t is not None:
                 gbps, tflops = throughput(p.op, p.shape, mode, p.dtype, _causal(p), t.p50)
-                fields.update(ms_p20=t.p20, ms_p50=t.p50, ms_p80=t.p80, gbps=gbps, tflops=tflops)
+                fields.update(ms_p20=t.p20, ms_p50=t.p50, ms_p80=t.p80, gbps=gbps, tflops=tflops,
+                              gpu_ms_p50=t.gpu_p50, host_us=t.host_us)  # fmt: skip
             if mem is not None:
                 fields.update(alloc_bytes=mem.alloc_bytes, peak_bytes=mem.peak_bytes)
             yield self._row(suite, p, impl, mode, **fields)
@@ -493,7 +495,7 @@ class Runner:
             x = torch.ones(numel, dtype=dtype, device=self.device)
             y = torch.empty_like(x)
             y.copy_(x)
-            t = timing.time_call(lambda: y.copy_(x), self.device, self.config)
+            t = timing.measure(lambda: y.copy_(x), self.device, self.config)
             mem = memory.measure_call(lambda: y.copy_(x), self.device)
         except Exception as exc:
             msg = _message(exc)
@@ -508,6 +510,8 @@ class Runner:
             ms_p50=t.p50,
             ms_p80=t.p80,
             gbps=nbytes / (t.p50 * 1e-3) / 1e9,
+            gpu_ms_p50=t.gpu_p50,
+            host_us=t.host_us,
             alloc_bytes=mem.alloc_bytes,
             peak_bytes=mem.peak_bytes,
             note=note,

@@ -1,15 +1,19 @@
 """The benchmark result schema (DESIGN.md): long format, one row per measurement, the same for both sides.
 
-Columns, in order: the DESIGN.md columns ``op .. timestamp``, then three of the harness's own:
+Columns, in order: the DESIGN.md columns ``op .. timestamp``, then five of the harness's own:
 
 * ``status``: ``ok`` (measured), ``not timed`` (ran, e.g. under the Triton interpreter, but a time would
   mean nothing), ``skip`` (not run: unavailable, excluded, out of time budget) or ``error`` (raised,
   e.g. out of memory). ``note`` says why, for every status other than ``ok`` and for caveats.
 * ``note``: free text (the reason, how relerr was obtained, ...).
 * ``suite``: the suite that produced the row (one CSV can hold several suites).
+* ``gpu_ms_p50``: the median GPU-only time (launch overhead hidden: what the kernels cost).
+* ``host_us``: the CPU's time per call, in microseconds (calls back to back without a synchronisation).
 
-Units: times in milliseconds (20th/50th/80th percentile over the repeats), ``gbps`` in 1e9 bytes/s and
-``tflops`` in 1e12 FLOP/s, both from the median time; bytes as integers. ``shape`` is a string
+``ms_p20``/``ms_p50``/``ms_p80`` are the **eager** time, the call as a user makes it with its host time
+in view (:mod:`crossfuse.harness.timing` says how each clock is read). Units: times in milliseconds
+(20th/50th/80th percentile over the repeats), ``gbps`` in 1e9 bytes/s and ``tflops`` in 1e12 FLOP/s,
+both from the eager median time; bytes as integers. ``shape`` is a string
 ``"4096x1024"`` (``M x N``) or ``"16x32x1024x64"`` (``B x H x L x D``); ``dtype`` is torch's name
 without ``torch.`` (``bfloat16``). Empty cells mean "not measured", never zero.
 
@@ -56,15 +60,20 @@ DESIGN_COLUMNS: tuple[str, ...] = (
     "versions",
     "timestamp",
 )
+#: The version of the columns below: it grows when columns are added (a CSV of an earlier version still
+#: reads, its new columns empty); rows say it in ``versions`` (``schema=2``).
+SCHEMA_VERSION = 2
+#: The columns of version 1 (before the GPU-only and host times), which :func:`read_csv` still reads.
+COLUMNS_V1: tuple[str, ...] = (*DESIGN_COLUMNS, "status", "note", "suite")
 #: All columns of a result CSV, in order.
-COLUMNS: tuple[str, ...] = (*DESIGN_COLUMNS, "status", "note", "suite")
+COLUMNS: tuple[str, ...] = (*COLUMNS_V1, "gpu_ms_p50", "host_us")
 
 MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
 # the note of rows a run left out because its time budget was spent
 BUDGET_SPENT = "not measured: the time budget of this run was spent"
 STATUSES: tuple[str, ...] = ("ok", "not timed", "skip", "error")
 
-_FLOAT_COLUMNS = ("ms_p20", "ms_p50", "ms_p80", "gbps", "tflops", "relerr")
+_FLOAT_COLUMNS = ("ms_p20", "ms_p50", "ms_p80", "gbps", "tflops", "relerr", "gpu_ms_p50", "host_us")
 _INT_COLUMNS = ("alloc_bytes", "peak_bytes")
 _BOOL_COLUMNS = ("peer", "causal")
 
@@ -96,6 +105,8 @@ class Row:
     status: str = "ok"
     note: str = ""
     suite: str = ""
+    gpu_ms_p50: float | None = None
+    host_us: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -186,12 +197,13 @@ def _version(dist: str) -> str | None:
 
 
 def versions() -> str:
-    """``python=3.12.3 torch=2.11.0 triton=3.6.0 crossfuse=0.1.0 cuda=12.8``, and in a process with a GPU (its
-    CPU rows too) whether the CUDA timer resets persisting L2 lines before each repeat, ``l2reset=on`` or
-    ``off`` (:mod:`crossfuse.harness.timing`; off where the driver refused), and the ptxas that builds
-    Triton kernels for that GPU now, ``ptxas=13.0.88(torch)``: both read at each call, since either may
-    change mid-run (torch.compile may switch the ptxas: :mod:`crossfuse.harness.toolchain`, which asks
-    Triton's CUDA backend there). Without a GPU nothing here imports Triton."""
+    """``python=3.12.3 torch=2.11.0 triton=3.6.0 crossfuse=0.1.0 schema=2 cuda=12.8`` (``schema``:
+    :data:`SCHEMA_VERSION`), and in a process with a GPU (its CPU rows too) whether the CUDA timer resets
+    persisting L2 lines before each repeat, ``l2reset=on`` or ``off`` (:mod:`crossfuse.harness.timing`;
+    off where the driver refused), and the ptxas that builds Triton kernels for that GPU now,
+    ``ptxas=13.0.88(torch)``: both read at each call, since either may change mid-run (torch.compile may
+    switch the ptxas: :mod:`crossfuse.harness.toolchain`, which asks Triton's CUDA backend there). Without
+    a GPU nothing here imports Triton."""
     from .timing import persisting_l2_reset
     from .toolchain import ptxas_in_use
 
@@ -211,6 +223,7 @@ def _versions() -> str:
     if triton:
         parts.append(f"triton={triton}")
     parts.append(f"crossfuse={__version__}")
+    parts.append(f"schema={SCHEMA_VERSION}")
     if torch.version.cuda:
         parts.append(f"cuda={torch.version.cuda}")
     return " ".join(parts)
@@ -290,7 +303,7 @@ class CsvWriter:
 
 def read_csv(path: str | os.PathLike):
     """A result CSV as a pandas DataFrame with the schema's column types (a ``ValueError`` if the header
-    is not :data:`COLUMNS`)."""
+    is neither :data:`COLUMNS` nor :data:`COLUMNS_V1`, whose rows get empty new columns)."""
     import pandas as pd
 
     path = Path(path)
@@ -302,6 +315,8 @@ def read_csv(path: str | os.PathLike):
         keep_default_na=False,
         na_values={c: [""] for c in _FLOAT_COLUMNS + _INT_COLUMNS},
     )
+    if tuple(df.columns) == COLUMNS_V1:
+        df = df.reindex(columns=list(COLUMNS))
     if tuple(df.columns) != COLUMNS:
         raise ValueError(
             f"{path} is not a crossfuse result CSV: columns {list(df.columns)[:6]}..., "

@@ -1,29 +1,41 @@
-"""Timing: the 20th, 50th and 80th percentile of a call's duration, in milliseconds.
+"""Timing: what a call costs, in the three clocks a result row reports.
 
-* CUDA: CUDA events around each call, after warm-up; the L2 cache is flushed before every repeat by
-  zeroing a 256 MiB buffer (larger than any current L2), outside the timed region (the method of
-  ``triton.testing.do_bench``, written out here so it does not depend on a Triton version). Each
-  repeat begins with a synchronisation (``TimingConfig.sync_each_repeat``), so repeats do not run back
-  to back (on the H200 that alone measures 4096-row layer norms 1-5% faster, run 224). Before
-  the flush, lines that earlier kernels loaded with ``evict_last`` (persisting) priority are set back
-  to normal (the driver's ``cuCtxResetPersistingL2Cache``, after a synchronisation: the call acts when
-  made, not in stream order): the zeroing's normal-priority writes never
-  evict them, so without the reset a call reads for free whatever part of its inputs an earlier kernel
-  (its own earlier repeat included) kept that way, 5-9% of a float32 4096×2048 layer norm's time on the
-  H200 (bench/results/h200/NOTES.md, runs 219-220). A GPU spin longer than the call's CPU enqueue time
-  precedes each start event, so the time is the GPU's (kernels and the gaps between them), not Python
-  or launch overhead. The number of repeats is chosen from an estimate so that they take about
-  ``rep_ms``, within ``[min_reps, max_reps]``.
-* CPU: ``time.perf_counter`` around each call, after warm-up; no cache flush.
+* **eager** (a row's ``ms_p20``/``ms_p50``/``ms_p80``, the default everywhere): the call as a user makes
+  it, nothing hiding its host time. CUDA: batches of back-to-back calls between two CUDA events, no sync
+  and no GPU spin inside a batch (``triton.testing.do_bench``'s way), one sample per batch, the batch's
+  time divided by its calls; before each batch the L2 is flushed and the GPU synchronised, outside the
+  events. An op whose host time (Python, autograd, launches) exceeds its GPU time is measured at its host
+  time here, as a training loop would see it. Calls after a batch's first may find their inputs in L2.
+* **GPU-only** (``gpu_ms_p50``): :func:`time_cuda`, CUDA events around each call, after warm-up; the L2
+  is flushed before every repeat by zeroing a 256 MiB buffer (larger than any current L2), outside the
+  timed region. Each repeat begins with a synchronisation (``TimingConfig.sync_each_repeat``), so repeats
+  do not run back to back (on the H200 that alone measures 4096-row layer norms 1-5% faster). Before the
+  flush, lines that earlier kernels loaded with ``evict_last`` (persisting) priority are set back to
+  normal (the driver's ``cuCtxResetPersistingL2Cache``, after a synchronisation: the call acts when made,
+  not in stream order): the zeroing's normal-priority writes never evict them, so without the reset a
+  call reads for free whatever part of its inputs an earlier kernel (its own earlier repeat included)
+  kept that way, 5-9% of a float32 4096×2048 layer norm's time on the H200 (bench/results/h200/NOTES.md).
+  A GPU spin longer than the call's CPU enqueue time precedes each start event, so the time is the GPU's
+  (kernels and the gaps between them), not Python or launch overhead: what the kernels cost, and what a
+  CUDA graph or ``torch.compile`` would leave of the call.
+* **host** (``host_us``): the wall clock of ``TimingConfig.host_calls`` calls back to back without a
+  synchronisation (fewer where their GPU work would pass ``cuda_rep_ms``: a full launch queue would make
+  the host wait for the GPU), divided by their number, the first call (warm-up) excluded: the CPU's cost
+  of one call.
+* CPU device: ``time.perf_counter`` around each call, after warm-up, no cache flush; that is the eager
+  time and the host time at once (no GPU-only time).
 
-The callable is whatever is measured (the runner builds it: a forward, the gradient call of a retained
-graph, or both); its first call (compilation, autotuning) is the caller's business and is not timed.
+The number of repeats is chosen from an estimate so that they take about ``rep_ms``, within
+``[min_reps, max_reps]``. The callable is whatever is measured (the runner builds it: a forward, the
+gradient call of a retained graph, or both); its first call (compilation, autotuning) is the caller's
+business and is not timed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable
@@ -38,10 +50,15 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Timing:
+    """Percentiles in ms of the clock the function that made it says (:func:`measure`: eager), with, from
+    :func:`measure`, the GPU-only median (ms; None on the CPU) and the host time per call (µs)."""
+
     p20: float  # ms
     p50: float
     p80: float
     reps: int
+    gpu_p50: float | None = None  # ms
+    host_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +77,11 @@ class TimingConfig:
     # driver that refuses it then changes what the timer is blind to, not its level: on the H200 the
     # synchronisation alone measures 4096-row layer norms 1-5% faster than back-to-back repeats, run 224)
     sync_each_repeat: bool = True
+    # eager: a batch of back-to-back calls lasts about this long (at most eager_max_batch calls)
+    eager_batch_ms: float = 1.0
+    eager_max_batch: int = 50
+    # host time: this many calls back to back, without a synchronisation
+    host_calls: int = 100
     cpu_warmup_s: float = 0.05
     cpu_rep_s: float = 0.3
     cpu_min_reps: int = 5
@@ -68,7 +90,13 @@ class TimingConfig:
 
 DEFAULT = TimingConfig()
 QUICK = TimingConfig(
-    cuda_warmup_ms=5.0, cuda_rep_ms=20.0, cpu_warmup_s=0.01, cpu_rep_s=0.05, cpu_min_reps=3, cpu_max_reps=30
+    cuda_warmup_ms=5.0,
+    cuda_rep_ms=20.0,
+    host_calls=30,
+    cpu_warmup_s=0.01,
+    cpu_rep_s=0.05,
+    cpu_min_reps=3,
+    cpu_max_reps=30,
 )
 
 
@@ -82,7 +110,8 @@ def _clamp(n: float, lo: int, hi: int) -> int:
 
 
 def time_cpu(fn: Callable[[], object], config: TimingConfig = DEFAULT) -> Timing:
-    """Percentiles of ``fn()``'s wall time on the CPU (``time.perf_counter``)."""
+    """Percentiles of ``fn()``'s wall time on the CPU (``time.perf_counter``); ``host_us`` is their mean (the
+    calls run back to back: the wall clock of all of them over their number)."""
     t0 = time.perf_counter()
     n = 0
     while True:
@@ -97,7 +126,7 @@ def time_cpu(fn: Callable[[], object], config: TimingConfig = DEFAULT) -> Timing
         t = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t) * 1e3)
-    return _summarise(times)
+    return dataclasses.replace(_summarise(times), host_us=1e3 * float(np.mean(times)))
 
 
 _FLUSH: dict[int, torch.Tensor] = {}
@@ -216,10 +245,70 @@ def time_cuda(fn: Callable[[], object], device="cuda", config: TimingConfig = DE
 
 
 def time_call(fn: Callable[[], object], device, config: TimingConfig = DEFAULT) -> Timing:
-    """:func:`time_cuda` or :func:`time_cpu` by the device type."""
+    """:func:`time_cuda` (GPU-only: what the kernels cost) or :func:`time_cpu` by the device type; the
+    probes compare kernels with it. Result rows use :func:`measure` (eager first)."""
     if torch.device(device).type == "cuda":
         return time_cuda(fn, device, config)
     return time_cpu(fn, config)
+
+
+def time_cuda_eager(fn: Callable[[], object], device="cuda", config: TimingConfig = DEFAULT) -> Timing:
+    """Percentiles of ``fn()``'s eager time per call: batches of back-to-back calls between CUDA events,
+    nothing hiding host time (see the module's docstring); the L2 flushed and the GPU synchronised before
+    each batch, outside the events."""
+    torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize(device)
+    est_ms = max((time.perf_counter() - t) * 1e3 / 3, 1e-4)  # wall clock: host and GPU, whichever is longer
+    for _ in range(_clamp(config.cuda_warmup_ms / est_ms, 1, 100)):  # counted: a GPU-bound call would
+        fn()  # queue far more than the warm-up's time of GPU work in a loop on the host's clock
+    batch = _clamp(config.eager_batch_ms / est_ms, 1, config.eager_max_batch)
+    reps = _clamp(config.cuda_rep_ms / (est_ms * batch), config.cuda_min_reps, config.cuda_max_reps)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if config.flush_l2:
+            flush_l2(device, config.reset_persisting_l2, synchronize=True)
+        torch.cuda.synchronize(device)
+        starts[i].record()
+        for _ in range(batch):
+            fn()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    return _summarise([s.elapsed_time(e) / batch for s, e in zip(starts, ends, strict=True)])
+
+
+def host_time_us(fn: Callable[[], object], device, config: TimingConfig = DEFAULT, calls: int | None = None
+                 ) -> float:  # fmt: skip
+    """Microseconds of CPU per call: ``calls`` (default ``config.host_calls``) calls back to back without a
+    synchronisation (a CUDA device is synchronised before and after, outside the clock), after one
+    untimed call."""
+    cuda = torch.device(device).type == "cuda"
+    fn()
+    if cuda:
+        torch.cuda.synchronize(device)
+    n = max(1, config.host_calls if calls is None else calls)
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    elapsed = time.perf_counter() - t
+    if cuda:
+        torch.cuda.synchronize(device)
+    return elapsed / n * 1e6
+
+
+def measure(fn: Callable[[], object], device, config: TimingConfig = DEFAULT) -> Timing:
+    """A result row's times: eager percentiles (ms), the GPU-only median (ms) and the host time per call
+    (µs) on CUDA; on the CPU :func:`time_cpu` (eager and host at once, no GPU-only time)."""
+    if torch.device(device).type != "cuda":
+        return time_cpu(fn, config)
+    eager = time_cuda_eager(fn, device, config)
+    gpu = time_cuda(fn, device, config)
+    # a GPU-bound call: fewer calls, so that they queue about cuda_rep_ms of GPU work, not a full queue
+    calls = _clamp(config.cuda_rep_ms / max(gpu.p50, 1e-6), 10, config.host_calls)
+    return dataclasses.replace(eager, gpu_p50=gpu.p50, host_us=host_time_us(fn, device, config, calls))
 
 
 def alternate(calls: dict, rounds: int, device="cuda", config: TimingConfig = DEFAULT) -> dict:
@@ -239,11 +328,14 @@ def alternate(calls: dict, rounds: int, device="cuda", config: TimingConfig = DE
 
 
 def method(device) -> str:
+    """How :func:`measure` times a row on ``device``, in words."""
     if torch.device(device).type == "cuda":
         reset = persisting_l2_reset() is not None
         return (
-            "CUDA events, L2 flushed (256 MiB zero"
+            "eager (ms_p20/50/80): CUDA events around batches of back-to-back calls, no spin; GPU-only "
+            "(gpu_ms_p50): CUDA events, L2 flushed (256 MiB zero"
             + (", persisting lines reset first" if reset else "")
-            + ") and launch overhead hidden by a GPU spin"
+            + ") and launch overhead hidden by a GPU spin; host (host_us): wall clock of back-to-back "
+            "calls without a sync"
         )
-    return "time.perf_counter around each call"
+    return "time.perf_counter around each call (eager and host time alike)"

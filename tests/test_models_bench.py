@@ -1,0 +1,92 @@
+"""``crossfuse bench models`` (:mod:`crossfuse.harness.models`): end to end on the CPU with tiny
+configurations (crossfuse's rows checked, not timed), its error measure, and its bad input."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+from crossfuse import cli
+from crossfuse.harness import models
+
+
+def _transformers_missing() -> str | None:
+    return models.missing_library("gpt2")
+
+
+def test_quick_run_on_the_cpu_end_to_end(tmp_path, capsys):
+    out = tmp_path / "m"
+    args = ["bench", "models", "--quick", "--device", "cpu", "--dtype", "float32", "--out", str(out)]
+    assert cli.main(args) == 0
+    captured = capsys.readouterr()
+    assert "[models" in captured.err  # progress lines on stderr
+    with open(out / "models-quick-cpu.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and list(rows[0]) == list(models.COLUMNS)
+    md = (out / "models-quick-cpu.md").read_text()
+    assert "### pre-norm blocks" in md and md in captured.out
+    blocks = {r["impl"]: r for r in rows if r["table"] == "blocks" and r["case"] == "short"}
+    assert set(blocks) == {"crossfuse", "torch_relu", "torch_sdpa"}
+    assert blocks["crossfuse"]["status"] == "not timed" and "interpreter" in blocks["crossfuse"]["note"]
+    assert float(blocks["torch_relu"]["train_ms"]) > 0 and float(blocks["torch_sdpa"]["infer_ms"]) > 0
+    assert float(blocks["crossfuse"]["grad_err_vs_torch"]) < 1e-4  # float32: the same math
+    assert float(blocks["crossfuse"]["loss_err_vs_fp32"]) < 1e-5
+    model_rows = [r for r in rows if r["table"] == "models"]
+    assert {r["model"].split(" ")[0] for r in model_rows} == {"gpt2", "bert", "vit"}
+    assert len(model_rows) == 2 * 2 * 3  # torch and crossfuse, two cases, three families
+    why = _transformers_missing()
+    if why is not None:
+        assert {r["status"] for r in model_rows} == {"skip"} and all(r["note"] == why for r in model_rows)
+    else:
+        assert "### models" in md
+        for r in model_rows:
+            if r["impl"] == "crossfuse":
+                assert r["status"] == "not timed" and int(r["swapped"]) >= 3, r
+                assert float(r["loss_err_vs_torch"]) < 1e-5 and float(r["grad_err_vs_torch"]) < 1e-4, r
+            else:
+                assert r["status"] == "ok" and float(r["train_ms"]) > 0 and float(r["infer_ms"]) > 0, r
+                assert float(r["grad_err_vs_fp32"]) == 0.0  # float32: the copy is the same model
+
+
+def test_gradient_error_takes_all_parameters_as_one_vector():
+    ref = (torch.tensor(2.0), {"w": torch.tensor([3.0, 4.0]), "key_bias": torch.tensor([1e-9, 0.0])})
+    got = (torch.tensor(2.02), {"w": torch.tensor([3.0, 4.0]), "key_bias": torch.tensor([-1e-9, 1e-9])})
+    loss_err, grad_err = models.errors(got, ref)
+    assert loss_err == pytest.approx(0.01)
+    assert grad_err < 1e-9  # a rounding-noise gradient does not dominate (per parameter it would be ~2)
+    assert math.isnan(models.errors((torch.tensor(1.0), {}), (torch.tensor(1.0), {}))[1])
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [(dict(rounds=0), "rounds must be >= 1"), (dict(families=("gpt2", "resnet")), "unknown families")],
+)
+def test_bad_configuration_names_the_field(kw, words):
+    with pytest.raises(ValueError, match=words):
+        models.ModelsConfig(device="cpu", **kw)
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [(["--op", "layer_norm"], "--op do not apply"), (["--dtype", "float32,bfloat16"], "takes one --dtype"),
+     (["--rounds", "0"], "--rounds must be >= 1")],
+)  # fmt: skip
+def test_bad_command_line_is_a_usage_error(extra, words, tmp_path, capsys):
+    assert cli.main(["bench", "models", "--quick", "--device", "cpu", "--out", str(tmp_path), *extra]) == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_quick_run_on_the_gpu_times_both_alternately(tmp_path):
+    cfg = models.ModelsConfig(device="cuda", quick=True, rounds=2)
+    rows, csv_path, md_path = models.bench_models(cfg, tmp_path)
+    assert csv_path.exists() and md_path.exists()
+    timed = [r for r in rows if r.status == "ok"]
+    for r in timed:
+        assert r.train_ms > 0 and r.infer_ms > 0 and r.peak_mib > 0 and r.rounds == 2
+    for r in rows:
+        if r.impl == "crossfuse" and r.status == "ok":
+            assert r.train_speedup > 0 and r.infer_speedup > 0 and r.grad_err_vs_fp32 < 0.05
+    assert not [r for r in rows if r.status == "error"]
