@@ -357,8 +357,8 @@ def run_wrapper(wrapper: str, cfg: DistConfig, ctx: Context, say: Callable[[str]
             if cuda:
                 tr.peaks.append((torch.cuda.max_memory_allocated(ctx.device) - before) / 2**20)
             tr.losses.append(loss)
-        say(f"{wrapper} step {step + 1}/{cfg.steps}: " + ", ".join(
-            f"{n} {traces[n].times_ms[-1]:.1f} ms loss {traces[n].losses[-1].item():.5f}" for n in IMPLS))  # fmt: skip
+        done = (f"{n} {traces[n].times_ms[-1]:.1f} ms loss {traces[n].losses[-1].item():.5f}" for n in IMPLS)
+        say(f"{wrapper} step {step + 1}/{cfg.steps}: " + ", ".join(done))
     t, c = traces["torch"], traces["crossfuse"]
     losses = {n: torch.stack(traces[n].losses).to(ctx.device) for n in IMPLS}
     for v in losses.values():
@@ -407,7 +407,8 @@ def rows_of(results: list[dict], cfg: DistConfig, world: int, command: str) -> l
                 row = dict(info, wrapper=wrapper, impl=impl, rank=rank, **r)
                 row["speedup"] = res[wrapper]["torch"]["step_ms"] / r["step_ms"]
                 if impl == "crossfuse":
-                    ok = r["loss_err"] <= tol.loss and r["grad_err"] <= tol.grad and r["param_err"] <= tol.param
+                    errs = (r["loss_err"], r["grad_err"], r["param_err"])
+                    ok = all(e <= t for e, t in zip(errs, (tol.loss, tol.grad, tol.param), strict=True))
                     row["status"] = "ok" if ok else "fail"
                 else:
                     row["status"] = "ref"
@@ -435,14 +436,15 @@ def render(rows: list[dict], cfg: DistConfig) -> str:
     r0, tol = rows[0], TOLERANCES[cfg.dtype]
     cpu = cfg.device == "cpu"
     head = [f"## distributed: {cfg.model} ({cfg.size}), world {r0['world']}, {cfg.backend}",
-            f"- {r0['device']}: {r0['device_name']}; {r0['dtype']}; batch {cfg.batch} per rank, seq {cfg.seq}; "
-            f"{cfg.steps} steps, the first {cfg.warmup} not timed; versions: {r0['versions']}",
+            f"- {r0['device']}: {r0['device_name']}; {r0['dtype']}; batch {cfg.batch} per rank, "
+            f"seq {cfg.seq}; {cfg.steps} steps, the first {cfg.warmup} not timed; versions: {r0['versions']}",
             f"- command: `{r0['command']}`",
             "- step: zero_grad + forward + loss + backward + AdamW step, host clock with the device "
             "synchronised; ms and peak MiB (allocator peak above the step's start): medians / maxima over "
             "the timed steps; speed = torch's ms / this one's",
             f"- errors against torch's run, relative: loss (largest over steps, tolerance {tol.loss:g}), "
-            f"first step's gradients ({tol.grad:g}), parameters after the last step ({tol.param:g})"]  # fmt: skip
+            f"first step's gradients ({tol.grad:g}), parameters after the last step "
+            f"({tol.param:g})"]  # fmt: skip
     if cpu:
         head.append("- on the CPU crossfuse's kernels run under Triton's interpreter: its times are not "
                     "a measure of speed")  # fmt: skip
@@ -470,8 +472,9 @@ def run(cfg: DistConfig, command: str = "", stream=None) -> list[dict]:
             if ctx.rank == 0:
                 print(f"[dist {time.monotonic() - t0:7.1f} s] {text}", file=stream, flush=True)
 
-        say(f"{cfg.model} ({cfg.size}) on {ctx.world} {cfg.device} rank(s), {cfg.backend}, "
-            f"{str(cfg.dtype).removeprefix('torch.')}, batch {cfg.batch} per rank, seq {cfg.seq}")  # fmt: skip
+        dtype = str(cfg.dtype).removeprefix("torch.")
+        say(f"{cfg.model} ({cfg.size}) on {ctx.world} {cfg.device} rank(s), {cfg.backend}, {dtype}, "
+            f"batch {cfg.batch} per rank, seq {cfg.seq}")  # fmt: skip
         mine = {}
         for wrapper in cfg.wrappers:
             mine[wrapper] = run_wrapper(wrapper, cfg, ctx, say)
