@@ -244,7 +244,7 @@ def test_ops_on_device_one_on_its_own_stream_while_device_zero_is_current(gen):
     stream = torch.cuda.Stream(device=dev)
     inputs = [torch.zeros_like(t) for t in src]
     torch.cuda.synchronize(dev)
-    with torch.cuda.stream(stream):  # device 1 current here, with its stream
+    with torch.cuda.device(dev), torch.cuda.stream(stream):  # device 1 current here, with its stream
         torch.cuda._sleep(100_000_000)  # the inputs' values arrive on this stream only after the spin:
         for dst, s in zip(inputs, src, strict=True):  # a kernel on another stream would read zeros
             dst.copy_(s)

@@ -531,8 +531,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from(args)
     except ValueError as exc:
         p.error(str(exc))
-    command = "torchrun --nproc-per-node {} -m crossfuse.harness.distributed {}".format(
-        os.environ.get("LOCAL_WORLD_SIZE", "1"), " ".join(sys.argv[1:] if argv is None else argv))
+    given = " ".join(sys.argv[1:] if argv is None else argv)
+    launcher = (f"torchrun --nproc-per-node {os.environ['LOCAL_WORLD_SIZE']}"
+                if "LOCAL_WORLD_SIZE" in os.environ else "python")  # fmt: skip
+    command = f"{launcher} -m crossfuse.harness.distributed {given}".rstrip()
     rows = run(cfg, command)
     failed = [r for r in rows if r["status"] == "fail" and r["rank"] == 0]
     for r in failed:
