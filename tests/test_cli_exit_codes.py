@@ -191,6 +191,19 @@ def test_bench_crash_outside_a_measurement_keeps_the_rows_and_marks_them(tmp_pat
     assert "marked partial" in capsys.readouterr().err
 
 
+def test_bench_memory_quick_on_the_cpu_is_fast(tmp_path, capsys):
+    t0 = time.monotonic()
+    assert cli.main(["bench", "memory", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    took = time.monotonic() - t0
+    df = schema.read_csv(tmp_path / "results.csv")
+    fused = df[df["impl"] == "fused"]
+    assert (
+        len(fused) and (fused["status"] == "skip").all() and fused["note"].str.contains("interpreter").all()
+    )
+    assert ((df["status"] == "ok") & df["alloc_bytes"].notna()).sum() >= 12  # torch's and the seed's variants
+    assert took < 60, f"bench memory --quick took {took:.0f} s on the CPU"  # ~5 s on an idle 2-core machine
+
+
 # ----------------------------------------------------------------------------------------------- report
 
 

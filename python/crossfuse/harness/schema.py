@@ -277,7 +277,7 @@ class CsvWriter:
                         f"{self.path} ends in a row cut short (a run stopped while writing it): delete its "
                         "last line, or choose another output folder"
                     )
-        self._file = open(self.path, "a", newline="")  # closed in close()
+        self._file = open(self.path, "a", newline="", encoding="utf-8")  # closed in close()
         self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
         if fresh:
             self._writer.writeheader()
