@@ -304,10 +304,12 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -
             try:
                 r.run(s, dtypes, ops, impls)
             except KeyboardInterrupt:
-                stopped, code = f"interrupted (Ctrl-C) after {writer.count} of {total} rows", 130
+                stopped, code = "interrupted (Ctrl-C)", 130
             except Exception as exc:  # a crash outside any one measurement: its rows are kept, marked
-                stopped, code, crash = f"crashed after {writer.count} of {total} rows: {exc!r}"[:300], 1, exc
+                stopped, code, crash = "crashed", 1, exc
         rows, kept = list(r.rows), writer.count
+        if stopped:
+            stopped = f"{stopped} after {kept} of {total} rows" + (f": {crash!r}"[:300] if crash else "")
         why = why_partial(rows, stopped)
         if why:
             marker = stopped_row(s.name, device, why)
