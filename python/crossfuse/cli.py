@@ -105,11 +105,10 @@ def _patterns(names) -> list[str] | None:
 # check
 # ----------------------------------------------------------------------------------------------------
 
-_RANK = {"error": 3, "fail": 2, "pass": 1, "skip": 0}
-
 
 def cmd_check(args) -> int:
     from . import registry
+    from ._check_jobs import RANK, collapse_skips, run_jobs
     from .harness.report import markdown_table
     from .harness.suite import matches
 
@@ -129,14 +128,14 @@ def cmd_check(args) -> int:
     results = []
     t0 = time.monotonic()
     try:
-        _check_jobs(jobs, skips, args.seed, results)
+        run_jobs(jobs, CHECK_CASES, skips, args.seed, results)
     except KeyboardInterrupt:  # the rows checked so far are printed, then 130
         interrupted = True
     else:
         interrupted = False
     rows = []
-    counts = dict.fromkeys(_RANK, 0)
-    for base, status, fwd, grad, note in _collapse_skips(results):
+    counts = dict.fromkeys(RANK, 0)
+    for base, status, fwd, grad, note in collapse_skips(results):
         counts[status] += 1
         rows.append(
             [
@@ -170,66 +169,6 @@ def cmd_check(args) -> int:
         )
         return NOTHING_DONE
     return 0
-
-
-def _check_jobs(jobs: list, skips: list[str], seed: int | None, results: list) -> None:
-    """Check each (implementation, device, dtype), appending one result to ``results`` as each ends (an
-    interrupt leaves those done in the list)."""
-    from . import check
-    from .harness.progress import Progress
-    from .harness.schema import dtype_str
-    from .harness.suite import matches
-
-    with Progress(sum(len(CHECK_CASES.get(i.op, ())) or 1 for i, _, _ in jobs), "check") as bar:
-        for impl, dev, dt in jobs:
-            cases = CHECK_CASES.get(impl.op, [])
-            base = [impl.op, impl.name, impl.side, dev, dtype_str(dt)]
-            if any(matches(impl, p) for p in skips):
-                results.append((base, "skip", None, None, "excluded by --skip"))
-                bar.update(impl.key)
-                continue
-            reason = impl.unavailable_reason(dev, dt)  # asked once per implementation, device, dtype
-            if reason is None and not impl.same_function:
-                reason = "speed-only peer: computes a different function (no reference to compare with)"
-            if reason or not cases:
-                results.append((base, "skip", None, None, reason or "no check cases for this op"))
-                for _ in cases or [None]:
-                    bar.update(impl.key)
-                continue
-            worst, fwd, grad, notes = "skip", None, None, []
-            for shape, options in cases:
-                r = check.run_case(impl, shape, dt, dev, options, seed=seed)
-                bar.update(f"{impl.key} {dtype_str(dt)} {dev}")
-                worst = max(worst, r.status, key=_RANK.__getitem__)
-                if r.fwd_err is not None:
-                    fwd = r.fwd_err if fwd is None else max(fwd, r.fwd_err)
-                if r.max_grad_err is not None:
-                    grad = r.max_grad_err if grad is None else max(grad, r.max_grad_err)
-                if r.status == "fail":
-                    notes.append(r.summary())
-                elif r.status != "pass":
-                    notes.append(
-                        f"{'x'.join(map(str, shape))} {options or ''} seed={r.seed}: {r.status} {r.reason}"
-                    )
-                elif r.slack_rows:  # a pass that gave gradient rows slack: say which
-                    rows = ", ".join(f"{n} d{k}" for k, n in r.slack_rows.items())
-                    case = f"{'x'.join(map(str, shape))} {options or ''} seed={r.seed}"
-                    notes.append(f"{case}: {rows} rows given slack (at relu's kink at this precision)")
-            results.append((base, worst, fwd, grad, "; ".join(notes)))
-
-
-def _collapse_skips(results: list) -> list:
-    """One row ``dtype *`` for an (op, impl, side, device) whose dtypes were all skipped for one reason."""
-    groups: dict = {}
-    for r in results:
-        groups.setdefault(tuple(r[0][:4]), []).append(r)
-    out = []
-    for key, rs in groups.items():
-        if len(rs) > 1 and all(r[1] == "skip" for r in rs) and len({r[4] for r in rs}) == 1:
-            out.append(([*key, "*"], "skip", None, None, rs[0][4]))
-        else:
-            out.extend(rs)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------
