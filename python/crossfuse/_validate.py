@@ -71,3 +71,70 @@ def check_int(value, name: str) -> int:
         except TypeError:
             pass
     raise TypeError(f"{name} must be an integer, got {type_name(value)}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# the checks of the pure-torch references (crossfuse.reference): the ops' rules, without the kernels' own
+# limits (head dims, row lengths, grid sizes), since a reference computes any size the formula defines
+# ----------------------------------------------------------------------------------------------------
+
+REFERENCE_DTYPES = (*KERNEL_DTYPES, torch.float64)
+
+
+def check_norm_args(x, params: dict, eps, dtypes=REFERENCE_DTYPES, eps_may_be_none: bool = False) -> int:
+    """A normalisation over the last dim of ``x``: ``x`` a tensor of one of ``dtypes`` with at least one
+    dim and one element a row; each of ``params`` (``{name: tensor or None}``) of shape [N] on x's device;
+    ``eps`` a finite number >= 0 (or None where a default applies). Returns N."""
+    check_tensor(x, "x", dtypes)
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise ValueError(
+            f"x must have at least one dim and a last dim of at least 1, got shape {list(x.shape)}"
+        )
+    n = x.shape[-1]
+    for name, p in params.items():
+        if p is None:
+            continue
+        check_tensor(p, name, dtypes)
+        if tuple(p.shape) != (n,):
+            raise ValueError(f"{name} has shape {list(p.shape)}; expected [{n}] (x's last dim)")
+        check_same_device(p, name, x, "x")
+    if eps is not None or not eps_may_be_none:
+        check_positive_float(eps, "eps")
+    return n
+
+
+def check_attention_args(q, k, v, causal, squared, scale, relu_scale, dtypes=REFERENCE_DTYPES) -> None:
+    """Attention inputs [B, H, L, D]: q, k, v tensors of one of ``dtypes``, one dtype and one device; k's
+    batch, heads and head dim those of q, v's shape k's; at least one key (``relu_scale`` defaults to
+    1/Lk); causal only with as many queries as keys; bool flags; ``scale`` finite > 0, ``relu_scale``
+    finite >= 0 (None: the defaults)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, name, dtypes)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D ([B, H, L, D]), got shape {list(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k, v must share one dtype; got {dtype_name(q.dtype)}, {dtype_name(k.dtype)}, "
+            f"{dtype_name(v.dtype)}"
+        )
+    check_same_device(k, "k", q, "q")
+    check_same_device(v, "v", q, "q")
+    (b, h, lq, d), (bk, hk, lk, dk) = q.shape, k.shape
+    if (bk, hk, dk) != (b, h, d):
+        raise ValueError(
+            f"k's shape {list(k.shape)} does not match q's {list(q.shape)} in batch, heads or head dim"
+        )
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v's shape {list(v.shape)} must equal k's {list(k.shape)}")
+    if d < 1:
+        raise ValueError(f"head dim D must be at least 1, got shape {list(q.shape)}")
+    if lk < 1:
+        raise ValueError(f"k and v need at least one key (Lk={lk})")
+    check_bool(causal, "causal")
+    check_bool(squared, "squared")
+    if causal and lq != lk:
+        raise ValueError(f"causal=True needs equal query and key lengths, got Lq={lq}, Lk={lk}")
+    if scale is not None:
+        check_positive_float(scale, "scale", allow_zero=False)
+    if relu_scale is not None:
+        check_positive_float(relu_scale, "relu_scale")

@@ -9,9 +9,14 @@
     crossfuse profile attention [--device cpu|cuda] [--shape BxHxLxD] [--dtype DTYPE] [--causal] [--out DIR]
     crossfuse info
 
-Exit codes: 0 success; 1 ``check`` found a failure or an error; 2 bad input (unknown suite, device,
-dtype, op, filters that select nothing, a missing CSV, an output path that cannot be written); 130
-interrupted (rows measured so far stay in the CSV).
+    crossfuse --version
+
+Exit codes: 0 success; 1 ``check`` found a failure or an error, or a command crashed (a ``bench``
+keeps its rows, marked partial); 2 bad input (unknown suite, device, dtype, op, filters that select
+nothing, a missing or malformed CSV, an output path that cannot be written); 3 nothing done: every
+check skipped, no row measured, no row to report, no implementation profiled (the reason printed);
+130 interrupted (``bench`` keeps the rows measured so far in its CSV, marked partial; ``check`` prints
+the rows checked so far).
 
 Triton reads ``TRITON_INTERPRET`` when it is first imported: this module switches the interpreter on
 (when no GPU is present) before anything imports Triton.
@@ -43,6 +48,10 @@ CHECK_CASES = {
     "layer_norm_maxstd": [((3, 37), {}), ((64, 256), {})],
     "relu_attention": [((1, 2, 64, 32), {"causal": False}), ((2, 1, 67, 16), {"causal": True})],
 }
+
+
+# the exit code of a command that could check, measure, report or profile none of what it was asked
+NOTHING_DONE = 3
 
 
 class UsageError(Exception):
@@ -96,14 +105,11 @@ def _patterns(names) -> list[str] | None:
 # check
 # ----------------------------------------------------------------------------------------------------
 
-_RANK = {"error": 3, "fail": 2, "pass": 1, "skip": 0}
-
 
 def cmd_check(args) -> int:
-    from . import check, registry
-    from .harness.progress import Progress
+    from . import registry
+    from ._check_jobs import RANK, collapse_skips, run_jobs
     from .harness.report import markdown_table
-    from .harness.schema import dtype_str
     from .harness.suite import matches
 
     devices = _devices(args.device)
@@ -121,45 +127,15 @@ def cmd_check(args) -> int:
     jobs = [(i, dev, dt) for i in impls for dev in devices for dt in dtypes]
     results = []
     t0 = time.monotonic()
-    with Progress(sum(len(CHECK_CASES.get(i.op, ())) or 1 for i, _, _ in jobs), "check") as bar:
-        for impl, dev, dt in jobs:
-            cases = CHECK_CASES.get(impl.op, [])
-            base = [impl.op, impl.name, impl.side, dev, dtype_str(dt)]
-            if any(matches(impl, p) for p in skips):
-                results.append((base, "skip", None, None, "excluded by --skip"))
-                bar.update(impl.key)
-                continue
-            reason = impl.unavailable_reason(dev, dt)  # asked once per implementation, device, dtype
-            if reason is None and not impl.same_function:
-                reason = "speed-only peer: computes a different function (no reference to compare with)"
-            if reason or not cases:
-                results.append((base, "skip", None, None, reason or "no check cases for this op"))
-                for _ in cases or [None]:
-                    bar.update(impl.key)
-                continue
-            worst, fwd, grad, notes = "skip", None, None, []
-            for shape, options in cases:
-                r = check.run_case(impl, shape, dt, dev, options, seed=args.seed)
-                bar.update(f"{impl.key} {dtype_str(dt)} {dev}")
-                worst = max(worst, r.status, key=_RANK.__getitem__)
-                if r.fwd_err is not None:
-                    fwd = r.fwd_err if fwd is None else max(fwd, r.fwd_err)
-                if r.max_grad_err is not None:
-                    grad = r.max_grad_err if grad is None else max(grad, r.max_grad_err)
-                if r.status == "fail":
-                    notes.append(r.summary())
-                elif r.status != "pass":
-                    notes.append(
-                        f"{'x'.join(map(str, shape))} {options or ''} seed={r.seed}: {r.status} {r.reason}"
-                    )
-                elif r.slack_rows:  # a pass that gave gradient rows slack: say which
-                    rows = ", ".join(f"{n} d{k}" for k, n in r.slack_rows.items())
-                    case = f"{'x'.join(map(str, shape))} {options or ''} seed={r.seed}"
-                    notes.append(f"{case}: {rows} rows given slack (at relu's kink at this precision)")
-            results.append((base, worst, fwd, grad, "; ".join(notes)))
+    try:
+        run_jobs(jobs, CHECK_CASES, skips, args.seed, results)
+    except KeyboardInterrupt:  # the rows checked so far are printed, then 130
+        interrupted = True
+    else:
+        interrupted = False
     rows = []
-    counts = dict.fromkeys(_RANK, 0)
-    for base, status, fwd, grad, note in _collapse_skips(results):
+    counts = dict.fromkeys(RANK, 0)
+    for base, status, fwd, grad, note in collapse_skips(results):
         counts[status] += 1
         rows.append(
             [
@@ -176,25 +152,23 @@ def cmd_check(args) -> int:
         f"\n{counts['pass']} pass, {counts['fail']} fail, {counts['error']} error, {counts['skip']} skip "
         f"({time.monotonic() - t0:.1f} s; interpreter {'on' if _backend.interpreter_requested() else 'off'})"
     )
-    if not (counts["pass"] or counts["fail"] or counts["error"]):  # asked to check, checked nothing
-        print("crossfuse check: nothing was checked: every case was skipped (the reasons are in the table)",
-              file=sys.stderr)
+    if interrupted:
+        print(
+            f"crossfuse check: interrupted after {len(results)} of {len(jobs)} implementation x device x "
+            "dtype checks: the table holds those",
+            file=sys.stderr,
+        )
+        return 130
+    if counts["fail"] or counts["error"]:
         return 1
-    return 1 if counts["fail"] or counts["error"] else 0
-
-
-def _collapse_skips(results: list) -> list:
-    """One row ``dtype *`` for an (op, impl, side, device) whose dtypes were all skipped for one reason."""
-    groups: dict = {}
-    for r in results:
-        groups.setdefault(tuple(r[0][:4]), []).append(r)
-    out = []
-    for key, rs in groups.items():
-        if len(rs) > 1 and all(r[1] == "skip" for r in rs) and len({r[4] for r in rs}) == 1:
-            out.append(([*key, "*"], "skip", None, None, rs[0][4]))
-        else:
-            out.extend(rs)
-    return out
+    if not counts["pass"]:
+        print(
+            "crossfuse check: error: nothing was checked: every implementation asked for was skipped (the "
+            "table's notes say why)",
+            file=sys.stderr,
+        )
+        return NOTHING_DONE
+    return 0
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -279,7 +253,7 @@ def _bench_models(args) -> int:
 def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -> int:
     from .harness import report, runner, timing
     from .harness.progress import Progress
-    from .harness.schema import CsvWriter
+    from .harness.schema import CsvWriter, stopped_row, why_partial
 
     try:
         writer = CsvWriter(csv_path)
@@ -287,6 +261,7 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -
         raise UsageError(str(exc)) from None
     deadline = time.monotonic() + args.budget_s if args.budget_s else None
     t0 = time.monotonic()
+    stopped, code, crash = None, 0, None  # what cut the run short, the exit code, the exception
     with writer:
         r = runner.Runner(device, writer, quick=args.quick, deadline=deadline, rounds=args.rounds)
         total = r.count(s, dtypes, ops, impls)
@@ -301,22 +276,52 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -
                 f"{row.op}/{row.side}/{row.impl} {row.dtype} {row.shape} {row.mode} {row.status}"
             )
             try:
-                rows = r.run(s, dtypes, ops, impls)
+                r.run(s, dtypes, ops, impls)
             except KeyboardInterrupt:
-                bar.close()
-                print(f"\ninterrupted: {writer.count} rows kept in {csv_path}", file=sys.stderr)
-                return 130
+                stopped, code = "interrupted (Ctrl-C)", 130
+            except Exception as exc:  # a crash outside any one measurement: its rows are kept, marked
+                stopped, code, crash = "crashed", 1, exc
+        rows, kept = list(r.rows), writer.count
+        if stopped:
+            stopped = f"{stopped} after {kept} of {total} rows" + (f": {crash!r}"[:300] if crash else "")
+        why = why_partial(rows, stopped)
+        if why:
+            marker = stopped_row(s.name, device, why)
+            writer.write(marker)
+            rows.append(marker)
     name = f"{s.name}{'-quick' if args.quick else ''}-{device}"
     what = "its quick shapes (tiny, for a smoke test)" if args.quick else s.description
     md = report.render(rows, title=f"{name}: {what}", source=str(csv_path))
     md_path = out / f"{name}.md"
     md_path.write_text(md)
+    if code == 130:
+        print(
+            f"\ninterrupted: {kept} rows kept in {csv_path}, marked partial; {md_path}",
+            file=sys.stderr,
+        )
+        return code
+    if crash is not None:
+        print(f"crossfuse bench: {kept} rows kept in {csv_path}, marked partial", file=sys.stderr)
+        raise crash
     print(md)
+    measured = [
+        row
+        for row in rows
+        if row.op not in ("copy", "run") and (row.status == "ok" or row.relerr is not None)
+    ]
     errors = sum(row.status == "error" for row in rows)
     print(
-        f"{len(rows)} rows in {time.monotonic() - t0:.1f} s ({errors} error rows) -> {csv_path}, {md_path}",
+        f"{len(rows)} rows in {time.monotonic() - t0:.1f} s ({errors} error rows) -> {csv_path}, {md_path}"
+        + (f"; partial run: {why}" if why else ""),
         file=sys.stderr,
     )
+    if not measured:
+        print(
+            f"crossfuse bench: error: nothing was measured: every row of suite {s.name!r} was skipped or "
+            "raised (the report's 'not measured' table says why)",
+            file=sys.stderr,
+        )
+        return NOTHING_DONE
     return 0
 
 
@@ -344,10 +349,17 @@ def _make_room(csv_path: Path, suite_name: str, append: bool, replace: bool) -> 
         csv_path.rename(kept)
         print(f"crossfuse bench: the earlier {csv_path} is kept as {kept}", file=sys.stderr)
         return
+    from .harness.csv_check import MalformedCsv
+
     try:
         earlier = int((read_csv(csv_path)["suite"] == suite_name).sum())
-    except ValueError:
-        return  # CsvWriter names the problem (another header)
+    except MalformedCsv as exc:
+        if exc.line == 1:
+            return  # CsvWriter names the problem (another header)
+        raise UsageError(
+            f"{exc}; the rows of this run would be added to a damaged CSV: pass --replace to start it anew "
+            "(the old file is kept under a dated name), or another --out"
+        ) from None
     if earlier and not append:
         raise UsageError(
             f"{csv_path} already holds {earlier} rows of suite {suite_name!r} from an earlier run: pass "
@@ -374,6 +386,12 @@ def cmd_report(args) -> int:
         df = read_csv(args.csv)
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if df.empty:
+        print(
+            f"crossfuse report: error: {args.csv} holds a header and no rows: nothing to report",
+            file=sys.stderr,
+        )
+        return NOTHING_DONE
     out = _out_folder(args.out) if args.out else Path(args.csv).parent
     md_path = out / "report.md"
     if md_path.exists() and not args.force:
@@ -416,7 +434,22 @@ def cmd_profile(args) -> int:
     print(res.markdown)
     files = [out / "profile.md", res.trace, res.timeline]
     print("wrote " + ", ".join(str(f) for f in files if f is not None), file=sys.stderr)
+    if not any(subject.kernels for subject in res.subjects):
+        print(
+            "crossfuse profile: error: no implementation was profiled (the table says why)", file=sys.stderr
+        )
+        return NOTHING_DONE
     return 0
+
+
+def crossfuse_version() -> str:
+    """The installed distribution's version, else (a checkout on ``PYTHONPATH``) the package's."""
+    try:
+        return importlib.metadata.version("crossfuse")
+    except importlib.metadata.PackageNotFoundError:
+        from . import __version__
+
+        return __version__
 
 
 def _version(dist: str) -> str:
@@ -484,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="crossfuse", description="crossfuse: check, benchmark and profile the registered implementations"
     )
+    p.add_argument("--version", action="version", version=f"crossfuse {crossfuse_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="{check,bench,report,profile,info}")
 
     c = sub.add_parser("check", help="every implementation against the float64 reference")

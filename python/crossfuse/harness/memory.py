@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -100,19 +102,38 @@ def quiet_native_stderr():
         os.close(saved)
 
 
+@contextlib.contextmanager
+def sigint_deferred():
+    """Ctrl-C (SIGINT) held back until the block ends, then delivered: a KeyboardInterrupt inside the
+    profiler's start, stop or profiled call left it half-stopped, and the process crashed (SIGSEGV) at exit
+    after keeping its rows. Only the main thread can set a handler; elsewhere nothing is deferred."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
+
+
 def measure_cpu(fn: Callable[[], object]) -> Memory:
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with quiet_native_stderr():
-        prof.__enter__()
-    try:
-        out = fn()
-    finally:
+    with sigint_deferred():
         with quiet_native_stderr():
-            prof.__exit__(None, None, None)
-    mem = summarise_records(cpu_memory_records(prof))
-    del out
+            prof.__enter__()
+        try:
+            out = fn()
+        finally:
+            with quiet_native_stderr():
+                prof.__exit__(None, None, None)
+        mem = summarise_records(cpu_memory_records(prof))
+        del out
     return mem
 
 

@@ -14,6 +14,10 @@
   as a multiple of the input's size.
 * Accuracy: the largest relative error against the float64 reference, per op, dtype and implementation.
 * What was not measured, and why (grouped notes of ``skip``, ``not timed`` and ``error`` rows).
+
+A CSV holding a run cut short (a ``stopped`` marker row: interrupted, out of time budget, rows that
+raised, a crash) gets a "partial run" line under the title that says why; the marker rows are in no
+table.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from .schema import BUDGET_SPENT, MODES, parse_shape, rows_frame
+from .schema import BUDGET_SPENT, MODES, STOPPED, parse_shape, rows_frame
 
 ATTENTION_OPS = ("relu_attention",)
 UNIT = {"gbps": "GB/s", "tflops": "TFLOP/s"}
@@ -356,9 +360,19 @@ def notes_section(df: pd.DataFrame) -> str:
 def render(df_or_rows, title: str = "crossfuse benchmark results", source: str | None = None) -> str:
     """The full markdown report of some rows (a DataFrame or a list of :class:`Row`)."""
     df = rows_frame(df_or_rows)
+    stops = df[df["status"] == STOPPED]
+    df = df[df["status"] != STOPPED]
+    partial = ""
+    if len(stops):
+        notes = (str(r.note).removeprefix("partial run: ") for r in stops.itertuples())
+        why = "; ".join(_ordered(f"suite {r.suite}: {n}" if r.suite else n
+                                 for r, n in zip(stops.itertuples(), notes, strict=True)))  # fmt: skip
+        partial = f"**Partial run**: {why}. The tables hold only what was measured before it stopped."
     if df.empty:
-        return f"## {title}\n\nno rows\n"
+        return f"## {title}\n\n" + (partial + "\n\n" if partial else "") + "no rows\n"
     parts = [f"## {title}"]
+    if partial:
+        parts.append(partial)
     meta = [f"{len(df)} rows" + (f" from `{source}`" if source else "")]
     for dev, name in df[["device", "device_name"]].drop_duplicates().itertuples(index=False):
         meta.append(f"{dev}: {name}")

@@ -264,9 +264,10 @@ class Runner:
                     self._emit(median_row(list(rows)))
 
     def _emit(self, row: Row) -> None:
-        if self.writer is not None:
-            self.writer.write(row)
-        self.rows.append(row)
+        with memory.sigint_deferred():  # a row on disk is a row counted: Ctrl-C waits for the bookkeeping
+            if self.writer is not None:
+                self.writer.write(row)
+            self.rows.append(row)
         if self.on_row is not None:
             self.on_row(row)
 

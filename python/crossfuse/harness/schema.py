@@ -4,7 +4,9 @@ Columns, in order: the DESIGN.md columns ``op .. timestamp``, then five of the h
 
 * ``status``: ``ok`` (measured), ``not timed`` (ran, e.g. under the Triton interpreter, but a time would
   mean nothing), ``skip`` (not run: unavailable, excluded, out of time budget) or ``error`` (raised,
-  e.g. out of memory). ``note`` says why, for every status other than ``ok`` and for caveats.
+  e.g. out of memory). ``note`` says why, for every status other than ``ok`` and for caveats. A run
+  cut short adds one marker row of status ``stopped`` (op ``run``) whose note says why: the CSV then
+  holds a partial run, and reports say so.
 * ``note``: free text (the reason, how relerr was obtained, ...).
 * ``suite``: the suite that produced the row (one CSV can hold several suites).
 * ``gpu_ms_p50``: the median GPU-only time (launch overhead hidden: what the kernels cost).
@@ -18,7 +20,9 @@ both from the eager median time; bytes as integers. ``shape`` is a string
 without ``torch.`` (``bfloat16``). Empty cells mean "not measured", never zero.
 
 Rows are appended to the CSV and flushed one at a time (:class:`CsvWriter`), so an interrupted run keeps
-everything measured so far.
+everything measured so far. Non-finite numbers are never written (an empty cell, the note says what
+it was), and :func:`read_csv` refuses a CSV that is truncated, joined with another or holds a cell
+that is not what its column takes (:mod:`crossfuse.harness.csv_check`).
 """
 
 from __future__ import annotations
@@ -71,7 +75,10 @@ COLUMNS: tuple[str, ...] = (*COLUMNS_V1, "gpu_ms_p50", "host_us")
 MODES: tuple[str, ...] = ("fwd", "bwd", "fwd+bwd")
 # the note of rows a run left out because its time budget was spent
 BUDGET_SPENT = "not measured: the time budget of this run was spent"
-STATUSES: tuple[str, ...] = ("ok", "not timed", "skip", "error")
+# the status of a run's marker row, written where a run stopped before measuring all it was asked for
+# (interrupted, out of time budget, rows that raised, a crash): its note says why (:func:`stopped_row`)
+STOPPED = "stopped"
+STATUSES: tuple[str, ...] = ("ok", "not timed", "skip", "error", STOPPED)
 
 _FLOAT_COLUMNS = ("ms_p20", "ms_p50", "ms_p80", "gbps", "tflops", "relerr", "gpu_ms_p50", "host_us")
 _INT_COLUMNS = ("alloc_bytes", "peak_bytes")
@@ -118,11 +125,15 @@ class Row:
         return dataclasses.asdict(self)
 
     def to_csv(self) -> dict[str, str]:
-        """The row as CSV cells: ``None`` and NaN become empty cells."""
-        out = {}
+        """The row as CSV cells: ``None`` and NaN become empty cells; an infinity too, the note saying
+        which (a CSV holds finite numbers only: :mod:`crossfuse.harness.csv_check`)."""
+        out, infinite = {}, []
         for name in COLUMNS:
             v = getattr(self, name)
-            if v is None or (isinstance(v, float) and math.isnan(v)):
+            if isinstance(v, float) and math.isinf(v):
+                infinite.append(f"{name} was {v}")
+                out[name] = ""
+            elif v is None or (isinstance(v, float) and math.isnan(v)):
                 out[name] = ""
             elif isinstance(v, bool):
                 out[name] = "True" if v else "False"
@@ -130,6 +141,8 @@ class Row:
                 out[name] = repr(v)
             else:
                 out[name] = str(v)
+        if infinite:
+            out["note"] = "; ".join(s for s in (out["note"], *infinite) if s)
         return out
 
     def update(self, fields: dict) -> Row:
@@ -270,7 +283,14 @@ class CsvWriter:
                     f"{self.path} exists with a different header ({', '.join(header[:5])}, ...); "
                     "choose another output folder"
                 )
-        self._file = open(self.path, "a", newline="")  # closed in close()
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) not in (b"\n", b"\r"):  # rows appended to it would run into the cut one
+                    raise ValueError(
+                        f"{self.path} ends in a row cut short (a run stopped while writing it): delete its "
+                        "last line, or choose another output folder"
+                    )
+        self._file = open(self.path, "a", newline="", encoding="utf-8")  # closed in close()
         self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
         if fresh:
             self._writer.writeheader()
@@ -302,13 +322,15 @@ class CsvWriter:
 
 
 def read_csv(path: str | os.PathLike):
-    """A result CSV as a pandas DataFrame with the schema's column types (a ``ValueError`` if the header
-    is neither :data:`COLUMNS` nor :data:`COLUMNS_V1`, whose rows get empty new columns)."""
+    """A result CSV as a pandas DataFrame with the schema's column types (rows of a :data:`COLUMNS_V1`
+    file get empty new columns); a :class:`~crossfuse.harness.csv_check.MalformedCsv` (a ``ValueError``)
+    naming the file, the line and the problem where it is not a whole, well-formed result CSV."""
     import pandas as pd
 
+    from .csv_check import check_csv
+
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no result CSV at {path}")
+    check_csv(path)
     df = pd.read_csv(
         path,
         dtype={c: str for c in COLUMNS if c not in _FLOAT_COLUMNS + _INT_COLUMNS},
@@ -343,3 +365,26 @@ def rows_frame(df_or_rows):
         if c not in _FLOAT_COLUMNS + _INT_COLUMNS + _BOOL_COLUMNS:
             df[c] = df[c].fillna("").astype(str)
     return df
+
+
+def why_partial(rows: Sequence[Row], stopped: str | None = None) -> str | None:
+    """Why a run's rows fall short of what it was asked to measure, or None for a whole run: ``stopped``
+    (what cut it short: an interrupt, a crash), the rows left out for the time budget, the rows that
+    raised (out of memory, an implementation's failure; their notes say how)."""
+    parts = [stopped] if stopped else []
+    budget = sum(r.status == "skip" and r.note == BUDGET_SPENT for r in rows)
+    if budget:
+        parts.append(f"the time budget was spent: {budget} rows not measured")
+    errors = [r for r in rows if r.status == "error"]
+    if errors:
+        first = f"{errors[0].op}/{errors[0].impl} {errors[0].shape} {errors[0].mode}: {errors[0].note}"
+        parts.append(f"{len(errors)} rows raised (the first: {first[:200]})")
+    return "; ".join(parts) or None
+
+
+def stopped_row(suite: str, device: str, why: str) -> Row:
+    """The marker row of a run cut short (status ``stopped``, op ``run``): it names no measurement, and
+    its note says why the CSV holds only part of what the run was asked to measure."""
+    return Row(op="run", impl="crossfuse bench", side="python", peer=False, device=device,
+               device_name=device_name(device), dtype="", shape="", causal=False, mode="fwd",
+               status=STOPPED, note=f"partial run: {why}", suite=suite)  # fmt: skip

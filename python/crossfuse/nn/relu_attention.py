@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._module_checks import check_module_input, named
 from .._validate import check_bool, check_int
 from ..ops.relu_attention import HEAD_DIMS, relu_attention
 
@@ -13,7 +14,8 @@ class ReLUAttention(torch.nn.Module):
 
     One fused ``qkv`` projection; q, k and v are strided [B, L, H, D] views of its output that the
     kernel reads in place (layout ``"blhd"``): no transposes, no copies. ``head_dim = embed_dim //
-    num_heads`` must be one of 16, 32, 64, 128, 256.
+    num_heads`` must be one of 16, 32, 64, 128, 256. An input of another dtype or device than the
+    weights (outside autocast) is an error that names the module and both.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False, squared: bool = False,
@@ -36,11 +38,17 @@ class ReLUAttention(torch.nn.Module):
         self.out_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_module_input(self, x, self.qkv.weight, same_dtype=True)
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(f"x must have shape [B, L, {self.embed_dim}], got {list(x.shape)}")
+            raise ValueError(
+                f"ReLUAttention: x must have shape [B, L, {self.embed_dim}], got {list(x.shape)}"
+            )
         b, l, _ = x.shape
         q, k, v = self.qkv(x).view(b, l, 3, self.num_heads, self.head_dim).unbind(2)
-        out = relu_attention(q, k, v, causal=self.causal, squared=self.squared, layout="blhd")
+        try:
+            out = relu_attention(q, k, v, causal=self.causal, squared=self.squared, layout="blhd")
+        except (TypeError, ValueError) as exc:  # the op's argument errors, said of this module
+            raise named(self, exc) from None
         return self.out_proj(out.reshape(b, l, self.embed_dim))
 
     def extra_repr(self) -> str:

@@ -13,12 +13,17 @@ Three ops, named by what they compute (the same names and formulas as the Julia 
 
 Float64 references for all three: :func:`normalise_ref`, :func:`layer_norm_ref`,
 :func:`layer_norm_maxstd_ref` (two-pass, in float64 whatever the input dtype).
+
+Arguments are checked as ``crossfuse.layer_norm`` checks them (``crossfuse._validate``): a
+TypeError/ValueError naming the argument; only the kernels' limit on a row's length does not apply.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from .._validate import check_norm_args
 
 
 def _default_eps(x: torch.Tensor, eps: float | None) -> float:
@@ -37,6 +42,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def normalise_ref(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps)`` over the last dim, computed in float64 (returns float64)."""
+    check_norm_args(x, {}, eps, eps_may_be_none=True)
     eps = _default_eps(x, eps)
     x = x.double()
     mean = x.mean(-1, keepdim=True)
@@ -46,6 +52,7 @@ def normalise_ref(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
 
 def layer_norm_ref(x, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
     """torch's layer norm over the last dim in float64: ``normalise(x) * weight + bias``."""
+    check_norm_args(x, {"weight": weight, "bias": bias}, eps)
     y = normalise_ref(x, eps)
     if weight is not None:
         y = y * weight.double()
@@ -56,6 +63,7 @@ def layer_norm_ref(x, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor
 
 def layer_norm_maxstd_ref(x, alpha=None, beta=None, eps: float = 1e-5) -> torch.Tensor:
     """``alpha * (x - mean) / max(std, eps) + beta`` in float64, two-pass statistics."""
+    check_norm_args(x, {"alpha": alpha, "beta": beta}, eps)
     x = x.double()
     mean = x.mean(-1, keepdim=True)
     # max(std, eps) as sqrt(max(var, eps^2)): the same value, and a zero (not 0 * inf) gradient where
@@ -81,6 +89,7 @@ def normal_now(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     several (M, N) intermediates for the backward. 16-bit inputs are computed in float32 (as every
     variant here is), so the variants differ in memory and speed, not in precision.
     """
+    check_norm_args(x, {}, eps, eps_may_be_none=True)
     eps = _default_eps(x, eps)
     xa = x.to(_acc_dtype(x.dtype))
     mean = xa.mean(-1, keepdim=True)
@@ -134,11 +143,13 @@ def normal_new(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     Mean then var (two passes). A custom autograd.Function whose backward uses one (M, N) temporary
     (see ``_NormaliseFunction``): the seed's memory trick.
     """
+    check_norm_args(x, {}, eps, eps_may_be_none=True)
     return _NormaliseFunction.apply(x, _default_eps(x, eps), False)
 
 
 def normal_newer(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     """As :func:`normal_new`, with one-pass Welford statistics (``torch.var_mean``)."""
+    check_norm_args(x, {}, eps, eps_may_be_none=True)
     return _NormaliseFunction.apply(x, _default_eps(x, eps), True)
 
 
@@ -152,6 +163,7 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
 
     Written with plain torch ops (mean, var, sqrt) and differentiated by autograd: the naive form.
     """
+    check_norm_args(x, {"weight": weight, "bias": bias}, eps)
     acc = _acc_dtype(x.dtype)
     xa = x.to(acc)
     mean = xa.mean(-1, keepdim=True)
@@ -227,4 +239,5 @@ def layer_norm(x, alpha=None, beta=None, eps: float = 1e-5) -> torch.Tensor:
     in float32 for 16-bit inputs: fast, but it loses precision when ``|mean| >> std`` (the
     cancellation in ``E[x^2] - mean^2``). ``eps`` is a floor on the std, not added to the variance.
     """
+    check_norm_args(x, {"alpha": alpha, "beta": beta}, eps)
     return _LayerNormMaxStdFunction.apply(x, alpha, beta, float(eps))
