@@ -85,7 +85,7 @@ def test_an_empty_line_is_refused(good, capsys):
         ([*COLUMNS, "extra"], ["unknown columns extra"]),
         ([c if c != "gbps" else "GBps" for c in COLUMNS], ["missing columns gbps", "unknown columns GBps"]),
         ([COLUMNS[1], COLUMNS[0], *COLUMNS[2:]], ["another order"]),
-        ([*COLUMNS[:-1], "op"], ["missing columns suite", "repeated columns op"]),
+        ([*COLUMNS[:-1], "op"], [f"missing columns {COLUMNS[-1]}", "repeated columns op"]),
         (["a", "b", "c"], ["missing columns op"]),
     ],
     ids=["missing", "unknown", "renamed", "reordered", "repeated", "another program"],
