@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.layer_norm import layer_norm
+from ..ops.layer_norm.api import layer_norm
 
 
 class LayerNorm(torch.nn.LayerNorm):
