@@ -30,6 +30,7 @@ from .api import (
     _operator_bwd,
     _operator_fwd,
     _operator_fwd_shaped,
+    clear_plans,
     layer_norm,
 )
 from .config import (
@@ -65,6 +66,7 @@ __all__ = [
     "_operator_fwd",
     "_operator_fwd_shaped",
     "backward_programs",
+    "clear_plans",
     "finish_from_shares",
     "gluon_bwd",
     "interpreter_config",

@@ -21,8 +21,8 @@ from ..._backend import check_runnable, interpreter_problem
 from ..._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
 from .. import _library
 from .config import MAX_N
-from .launch import INTERPRETED, FwdPlan, layer_norm_fwd, tensor_key
-from .launch_bwd import BwdPlan, layer_norm_bwd
+from .launch import FWD_PLANS, INTERPRETED, FwdPlan, layer_norm_fwd, tensor_key
+from .launch_bwd import BWD_PLANS, BwdPlan, layer_norm_bwd
 from .plan import PlanCache
 
 SUPPORTED_DTYPES = (*KERNEL_DTYPES, torch.float64)
@@ -65,7 +65,8 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
 def _same_memory(t: torch.Tensor, rows: torch.Tensor) -> bool:
     """Whether ``rows`` (``_rows(t, n)``) reads ``t``'s own memory: then a kernel given ``t`` with the rows'
     strides reads the rows (a view keeps the first element's address)."""
-    return rows.data_ptr() == t.data_ptr() and rows.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    same_storage = rows.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    return rows.data_ptr() == t.data_ptr() and same_storage
 
 
 def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
@@ -80,7 +81,9 @@ class Call:
     parameters), the forward's plan, and the backward's plans by the gradient's layout and the gradients
     asked."""
 
-    __slots__ = ("bwd", "copy_b", "copy_w", "copy_x", "db_dtype", "eps", "fwd", "n", "param_dtype", "param_shape")
+    __slots__ = (
+        "bwd", "copy_b", "copy_w", "copy_x", "db_dtype", "eps", "fwd", "n", "param_dtype", "param_shape",
+    )  # fmt: skip
 
     def __init__(self, x, n, param_shape, weight, bias, eps):
         self.n, self.eps = n, eps
@@ -124,6 +127,14 @@ class Call:
 
 
 CALLS = PlanCache(lambda *args: _new_call(*args))
+
+
+def clear_plans() -> None:
+    """Forget every plan (the calls', the forward's, the backward's): the next call of each key decides
+    afresh (tests that steer those decisions)."""
+    CALLS.clear()
+    FWD_PLANS.clear()
+    BWD_PLANS.clear()
 
 
 def _call_key(x, normalized_shape, weight, bias, eps):

@@ -13,7 +13,7 @@ from .._runtime.pdl import wait_for_previous as _wait_for_previous
 @triton.jit
 def _group_sums(Shares, rows, k, SLICES: tl.constexpr, inv_n):
     """``(c1, c2)`` of ``rows`` (a tensor of row indices; masked rows: ``rows < 0``, their sums 0) from the
-    grouped kernel's posted shares ((M, 2, SLICES) int64, see ``_ln_bwd_rows._posted``), added in slice
+    grouped kernel's posted shares ((M, 2, SLICES) int64, see ``gluon_bwd._posted``), added in slice
     order as that kernel adds them; waits until every share is posted (its tag set)."""
     at = Shares + tl.maximum(rows, 0).to(tl.int64)[:, None] * (2 * SLICES) + k[None, :]
     ok = (rows >= 0)[:, None]
@@ -28,7 +28,7 @@ def _group_sums(Shares, rows, k, SLICES: tl.constexpr, inv_n):
 
 @triton.jit
 def _unposted(w):
-    """The float32 posted in the 64-bit word ``w`` (as ``_ln_bwd_rows._unposted``, in Triton)."""
+    """The float32 posted in the 64-bit word ``w`` (as ``gluon_bwd._unposted``, in Triton)."""
     return (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
 
 

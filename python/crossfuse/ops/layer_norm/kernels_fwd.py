@@ -285,8 +285,7 @@ def _ln_fwd_shifted_kernel(
     the sums are taken again, from L2, about s + S1/N, which is the mean up to rounding, so for any row
     the variance comes from sums with R <= MAX_R; likewise where the sum of squares overflowed (a first
     element some 1e17 from the rest, which the three-pass sums would still hold). The chunks are
-    [1, BLOCK_N] tiles: in that form this kernel compiled 6-8% faster than in one dimension here (run
-    179)."""
+    [1, BLOCK_N] tiles: in that form this kernel compiled 6-8% faster than in one dimension on the H200."""
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_xm
     Y += row * stride_ym

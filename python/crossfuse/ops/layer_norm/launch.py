@@ -85,14 +85,14 @@ class FwdPlan(Plan):
         if M == 0:
             return
         cfg = config or default_config(N, x.dtype, "fwd", M)
-        common = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, IS_FP64=x.dtype == torch.float64,
-                      num_warps=cfg.num_warps)  # fmt: skip
+        common = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+                      IS_FP64=x.dtype == torch.float64, num_warps=cfg.num_warps)  # fmt: skip
         if N <= cfg.block_n and cfg.tma_stages and cfg.programs_per_sm > 0 and tma_usable(x):
             programs = min(triton.cdiv(M, cfg.block_m), cfg.programs_per_sm * device_parallelism(x))
             self.launch = Launch(
                 _ln_fwd_tma_kernel, (programs,), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n, POW2_N=is_pow2(N), STAGES=cfg.tma_stages,
-                **common,
+                KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n, POW2_N=is_pow2(N),
+                STAGES=cfg.tma_stages, **common,
             )  # fmt: skip
             self.desc = RowDesc(x, cfg)
             self.tail = (y_stride, M, N, 1.0 / N, eps)
@@ -103,8 +103,8 @@ class FwdPlan(Plan):
                 tiles = min(tiles, cfg.programs_per_sm * device_parallelism(x))
             self.launch = Launch(
                 _ln_fwd_kernel, (tiles,), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, UNROLL=cfg.unroll,
-                PREFETCH=cfg.prefetch, KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n, POW2_N=is_pow2(N),
-                ONE_TILE=cfg.programs_per_sm == 0, SHIFTED=shifted_tile,
+                PREFETCH=cfg.prefetch, KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n,
+                POW2_N=is_pow2(N), ONE_TILE=cfg.programs_per_sm == 0, SHIFTED=shifted_tile,
                 MAX_R=shifted_max_ratio(x.dtype) if shifted_tile else 0.0, **common,
             )  # fmt: skip
             self.tail = (x.stride(0), y_stride, M, N, 1.0 / N, eps)
@@ -148,7 +148,8 @@ def layer_norm_fwd(x: torch.Tensor, weight, bias, eps: float, config: LaunchConf
     y = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
     weight = None if weight is None else weight.contiguous()
     bias = None if bias is None else bias.contiguous()
-    key = (tensor_key(x), y.stride(), y.data_ptr() % 16 == 0, tensor_key(weight), tensor_key(bias), eps, config)
+    y_key = (y.stride(), y.data_ptr() % 16 == 0)
+    key = (tensor_key(x), y_key, tensor_key(weight), tensor_key(bias), eps, config)
     plan = FWD_PLANS.get(key, x, y.stride(0), weight, bias, eps, config)
     mean, rstd = plan(x, y, weight, bias)
     return y, mean, rstd

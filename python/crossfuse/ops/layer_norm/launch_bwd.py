@@ -66,13 +66,13 @@ def gdc_usable(t: torch.Tensor) -> bool:
 def finish_plan(m: int, n: int, esize: int, R: int, at: int, slices: int, finish: FinishConfig = FINISH):
     """``(HOT_TILE, LAST_TILE, TILES, BLOCK_N, HOT_ROWS)`` of ``_ln_bwd_finish_kernel`` on the last ``R``
     rows of a contiguous (m, n) dx of ``esize``-byte elements whose bytes hold the grouped kernel's shares
-    ((m, 2, slices) int64, then the counter) from byte ``at`` on: the tile that holds the shares of row
+    ((m, 2, slices) int64, then the counter) from its byte ``at`` on: the tile that holds the shares of row
     m - R on (HOT_TILE), those of the hot tiles' rows from LAST_TILE on; None where the tiles from LAST_TILE
     on would span more than ``finish.hot_rows`` rows (the two-pass kernel then)."""
     block_n = min(n, finish.tile_bytes // esize)
     per_row = n // block_n
     row0 = m - R
-    at -= row0 * n * esize  # bytes past row0
+    at += row0 * 2 * slices * 8 - row0 * n * esize  # of the shares of row0, bytes past row0
     if at < 0 or n % block_n:
         return None
     hot_tile = at // (block_n * esize)
@@ -87,14 +87,14 @@ def finish_plan(m: int, n: int, esize: int, R: int, at: int, slices: int, finish
     return hot_tile, last_tile, R * per_row, block_n, finish.hot_rows
 
 
-def finish_launch(n: int, has_weight: bool, slices: int, launched: int, plan, order: dict) -> tuple[Launch, int]:
+def finish_launch(n: int, has_weight: bool, slices: int, launched: int, plan, order: dict):
     """``(launch, TARGET)`` of ``_ln_bwd_finish_kernel`` with ``plan`` (:func:`finish_plan`) after a grouped
     kernel of ``launched`` programs in groups of ``slices``."""
-    hot_tile, last_tile, tiles, block_n, hot_rows = plan
+    hot_tile, last_tile, _, block_n, hot_rows = plan
     if launched + hot_tile >= 1 << 24:  # what Count's low bytes hold
         raise ValueError(f"finish_from_shares: {launched} programs and a plan of {plan} overflow the counter")
-    run = Launch(_ln_bwd_finish_kernel, (last_tile + 1,), N=n, BLOCK_N=block_n, SLICES=slices, HOT_ROWS=hot_rows,
-                 HAS_WEIGHT=has_weight, num_warps=4, **order)  # fmt: skip
+    run = Launch(_ln_bwd_finish_kernel, (last_tile + 1,), N=n, BLOCK_N=block_n, SLICES=slices,
+                 HOT_ROWS=hot_rows, HAS_WEIGHT=has_weight, num_warps=4, **order)  # fmt: skip
     return run, launched + hot_tile
 
 
@@ -110,7 +110,8 @@ def finish_from_shares(dx, dy, x, weight, mean, rstd, shares, count, R: int, sli
         dx.stride(0), M - R, M, 1.0 / N, hot_tile, last_tile, tiles, target)  # fmt: skip
 
 
-def reduce_launch(n: int, acc_size: int, max_p: int, compute_dw: bool, compute_db: bool, order: dict) -> Launch:
+def reduce_launch(n: int, acc_size: int, max_p: int, compute_dw: bool, compute_db: bool,
+                  order: dict) -> Launch:  # fmt: skip
     """The launch of the dw/db reduction of at most ``max_p`` partial rows (see :func:`reduce_tile`)."""
     block_p, block_n, warps = reduce_tile(n, acc_size, max_p, INTERPRETED)
     return Launch(_dwdb_reduce_kernel, (triton.cdiv(n, block_n),), BLOCK_P=block_p, BLOCK_N=block_n,
@@ -154,9 +155,9 @@ class BwdPlan(Plan):
         cfg = config or default_config(N, x.dtype, "bwd", M)
         if cfg.smem_rows:  # a Gluon kernel, where it can run; else the Triton kernels in its place
             if cfg.slices > 1:  # and a launch that fits these rows (an entry of another N may not)
-                usable = gluon_bwd.groups_usable(x, dy, weight, INTERPRETED, cfg.slices) and not (
-                    gluon_bwd.groups_launch_unfit(N, esize, cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag)
-                )
+                unfit = gluon_bwd.groups_launch_unfit(N, esize, cfg.slices, cfg.num_warps, cfg.tma_stages,
+                                                      cfg.lag)  # fmt: skip
+                usable = gluon_bwd.groups_usable(x, dy, weight, INTERPRETED, cfg.slices) and not unfit
             else:
                 usable = gluon_bwd.usable(x, dy, weight, INTERPRETED)
             if not usable:
@@ -213,13 +214,14 @@ class BwdPlan(Plan):
         if grouped:
             self.path = "grouped"
             self.programs, self.slices = programs, cfg.slices
-            self.main = gluon_bwd.groups_launch(M, N, esize, has_w, programs, compute_dw, compute_db, cfg.slices,
-                                                cfg.num_warps, cfg.tma_stages, cfg.lag, paired, gdc)  # fmt: skip
+            self.main = gluon_bwd.groups_launch(M, N, esize, has_w, programs, compute_dw, compute_db,
+                                                cfg.slices, cfg.num_warps, cfg.tma_stages, cfg.lag, paired,
+                                                gdc)  # fmt: skip
             self.paired = paired
         elif smem_rows:
             self.path = "smem_rows"
-            self.main = gluon_bwd.rows_launch(M, N, esize, has_w, programs, compute_dw, compute_db, cfg.num_warps,
-                                              cfg.tma_stages)  # fmt: skip
+            self.main = gluon_bwd.rows_launch(M, N, esize, has_w, programs, compute_dw, compute_db,
+                                              cfg.num_warps, cfg.tma_stages)  # fmt: skip
         elif whole_rows:
             self.path = "whole_rows"
             use_tma = cfg.tma_stages and tma_usable(x, dy)
@@ -259,15 +261,16 @@ class BwdPlan(Plan):
                 self.finish = (M - R, M, 1.0 / N, *fplan[:3], target)
         if R and self.finish is None:
             if whole_rows:  # the last R rows' dx over the partials (read by now), one program per tile
-                self.last = self._fused(cfg, triton.cdiv(R, cfg.block_m), False, False, then, use_tma, flags, N)
+                grid = triton.cdiv(R, cfg.block_m)
+                self.last = self._fused(cfg, grid, False, False, then, use_tma, flags, N)
                 self.last_tail = (M - R, M, M, N, 1.0 / N)
             else:
                 # one program per row, about one per SM, walking its row twice: four chunks' loads go out
                 # together (float32 N = 16384: 8.3 -> 6.7 us; bf16 unchanged at 7.6). After the Gluon
                 # kernel too: that kernel again over the R rows measured 0.94x at bf16 4096x8192
                 self.last = Launch(
-                    _ln_bwd_rowsums_kernel, (R,), BLOCK_N=2048 if cfg.smem_rows else cfg.block_n, WRITE_DX=True,
-                    UNROLL=4, num_warps=8, **flags, **then,
+                    _ln_bwd_rowsums_kernel, (R,), BLOCK_N=2048 if cfg.smem_rows else cfg.block_n,
+                    WRITE_DX=True, UNROLL=4, num_warps=8, **flags, **then,
                 )  # fmt: skip
                 self.last_tail = (M - R, M, N)
 
@@ -314,7 +317,8 @@ class BwdPlan(Plan):
         elif path == "split":
             c1, c2 = scratch[at_c1:], scratch[at_c2:]  # of the rows below M - R
             self.rowsums(dy, x, w, mean, rstd, c1, c2, dx, s_dy, s_x, s_dx, 0, M, self.n)
-            self.main(dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, s_dx, s_dy, s_x, M, M - self.R, self.n)
+            self.main(dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, s_dx, s_dy, s_x, M, M - self.R,
+                      self.n)  # fmt: skip
         elif path == "coop":
             count = scratch[at_c2 : at_c2 + self.programs + 1].view(torch.int32)
             count.zero_()
@@ -328,13 +332,16 @@ class BwdPlan(Plan):
                 pairs = scratch[at_c1 : at_c1 + self.pair_words].view(torch.int32)
                 shares = scratch[at_c1 + self.pair_words : at_c2].view(torch.int64)
                 count = scratch[at_c2 : at_c2 + 1].view(torch.int32)
-                self.main(*gluon_bwd.groups_args(dx2, dy2, x2, weight, mean, rstd, shares, count, pairs, dw_part,
-                                                 db_part, M - self.R, self.slices, self.paired))  # fmt: skip
+                self.main(*gluon_bwd.groups_args(dx2, dy2, x2, weight, mean, rstd, shares, count, pairs,
+                                                 dw_part, db_part, M - self.R, self.slices,
+                                                 self.paired))  # fmt: skip
             else:
-                self.main(*gluon_bwd.rows_args(dx2, dy2, x2, weight, mean, rstd, dw_part, db_part, M - self.R))
-        if self.reduce is not None:
-            self.reduce(dw_part if self.compute_dw else db_part, db_part if self.compute_db else dw_part,
-                        dw if self.compute_dw else db, db if self.compute_db else dw, self.slots, self.n)  # fmt: skip
+                args = gluon_bwd.rows_args(dx2, dy2, x2, weight, mean, rstd, dw_part, db_part, M - self.R)
+                self.main(*args)
+        if self.reduce is not None:  # a skipped sum's pointers: placeholders the kernel does not touch
+            cdw, cdb = self.compute_dw, self.compute_db
+            self.reduce(dw_part if cdw else db_part, db_part if cdb else dw_part, dw if cdw else db,
+                        db if cdb else dw, self.slots, self.n)  # fmt: skip
         last = self.last
         if last is not None:
             if self.finish is not None:  # from the row sums the grouped kernel posted
