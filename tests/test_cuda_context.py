@@ -168,8 +168,8 @@ def attention_case(gen):
 
 
 def layer_norm_case(gen):
-    from crossfuse.ops.layer_norm import gluon_bwd
     from crossfuse.ops import layer_norm as ln
+    from crossfuse.ops.layer_norm import gluon_bwd
 
     M, N = 64, 8192
     x, dy = (torch.randn(M, N, generator=gen).bfloat16().cuda() for _ in range(2))
