@@ -260,7 +260,8 @@ class BwdPlan(Plan):
                 self.last, target = finish_launch(N, has_w, cfg.slices, programs * cfg.slices, fplan, then)
                 self.finish = (M - R, M, 1.0 / N, *fplan[:3], target)
         if R and self.finish is None:
-            if whole_rows:  # the last R rows' dx over the partials (read by now), one program per tile
+            # the last R rows' dx over the partials (read by now)
+            if self.path == "whole_rows":  # one program per tile
                 grid = triton.cdiv(R, cfg.block_m)
                 self.last = self._fused(cfg, grid, False, False, then, use_tma, flags, N)
                 self.last_tail = (M - R, M, M, N, 1.0 / N)
@@ -365,6 +366,7 @@ def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, comput
     ``config`` overrides the tables (for tuning and tests); ``pdl`` False launches the kernels one after
     another without programmatic dependent launch (for tests; the default: where the GPU allows)."""
     weight = None if weight is None else weight.contiguous()
-    key = (tensor_key(dy), tensor_key(x), tensor_key(weight), compute_dw, compute_db, config, pdl)
+    stats = (mean.data_ptr() % 16 == 0, rstd.data_ptr() % 16 == 0)
+    key = (tensor_key(dy), tensor_key(x), tensor_key(weight), stats, compute_dw, compute_db, config, pdl)
     plan = BWD_PLANS.get(key, dy, x, weight, compute_dw, compute_db, config, None, None, pdl)
     return plan(dy, x, weight, mean, rstd)
