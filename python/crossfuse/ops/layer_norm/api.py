@@ -259,11 +259,16 @@ def layer_norm(
     if _library.tracing():  # the custom operators stand in for the launchers
         n, _ = _check_layer_norm_args(x, normalized_shape, weight, bias, eps)
         x, weight, bias = _library.distinct(x, weight, bias)  # one tensor as weight and bias: see distinct
-        return LayerNormFunction.apply(x, n, weight, bias, float(eps))
+        return LayerNormFunction.apply(x, n, weight, bias, float(eps), None)
     key = _call_key(x, normalized_shape, weight, bias, eps)
     call = CALLS.plans.get(key) if key is not None else None
     if call is None:
         call = CALLS.get(key, x, normalized_shape, weight, bias, eps) if key is not None else (
             _new_call(x, normalized_shape, weight, bias, eps)
         )
-    return LayerNormFunction.apply(x, call.n, weight, bias, call.eps, call)
+    grads = x.requires_grad or (weight is not None and weight.requires_grad) or (
+        bias is not None and bias.requires_grad
+    )
+    if grads and torch.is_grad_enabled():
+        return LayerNormFunction.apply(x, call.n, weight, bias, call.eps, call)
+    return call.forward(x, weight, bias)[0]  # nothing to differentiate: no autograd node
