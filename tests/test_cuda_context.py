@@ -168,13 +168,13 @@ def attention_case(gen):
 
 
 def layer_norm_case(gen):
-    from crossfuse.ops import _ln_bwd_rows
     from crossfuse.ops import layer_norm as ln
+    from crossfuse.ops.layer_norm import gluon_bwd
 
     M, N = 64, 8192
     x, dy = (torch.randn(M, N, generator=gen).bfloat16().cuda() for _ in range(2))
     w, b = (torch.randn(N, generator=gen).bfloat16().cuda() for _ in range(2))
-    if not ln.launch_config(N, x.dtype, "bwd", M).smem_rows or not _ln_bwd_rows.usable(x, dy, w, False):
+    if not ln.launch_config(N, x.dtype, "bwd", M).smem_rows or not gluon_bwd.usable(x, dy, w, False):
         pytest.skip("the Gluon backward (descriptors) does not run here (its Triton version or the GPU)")
 
     _, mean, rstd = ln.layer_norm_fwd(x, w, b, 1e-5)

@@ -149,7 +149,8 @@ def test_every_layer_norm_flag_of_an_entry_reaches_the_config():
                  prefetch=True, keep_params=True, shifted=True, tma_stages=3, coop=True,
                  smem_rows=True, slices=2, lag=2)  # fmt: skip
     cfg = _tuning.layer_norm_config(LaunchConfig, entry)
-    assert cfg == LaunchConfig(2, 2048, 8, 2, 2, True, True, True, 3, True, True, 2, 2)
+    assert cfg == LaunchConfig(2, 2048, 8, 2, unroll=2, prefetch=True, keep_params=True, shifted=True,
+                               tma_stages=3, coop=True, smem_rows=True, slices=2, lag=2)  # fmt: skip
     assert _tuning.layer_norm_config(LaunchConfig, dict(entry, shifted=False)).shifted is False
 
 

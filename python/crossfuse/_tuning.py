@@ -109,10 +109,11 @@ def layer_norm_config(config_type, c: dict, programs_per_sm: int | None = None):
     spells; ``programs_per_sm`` replaces the entry's ``pps`` when given."""
     return config_type(
         c["block_m"], c.get("block_n", c["n"]), c["num_warps"],
-        c["pps"] if programs_per_sm is None else programs_per_sm, c.get("unroll", 1),
-        bool(c.get("prefetch", False)), bool(c.get("keep_params", False)), bool(c.get("shifted", False)),
-        int(c.get("tma_stages", 0)), bool(c.get("coop", False)), bool(c.get("smem_rows", False)),
-        int(c.get("slices", 1)), int(c.get("lag", 1)), bool(c.get("paired", False)),
+        c["pps"] if programs_per_sm is None else programs_per_sm, unroll=c.get("unroll", 1),
+        prefetch=bool(c.get("prefetch", False)), keep_params=bool(c.get("keep_params", False)),
+        shifted=bool(c.get("shifted", False)), tma_stages=int(c.get("tma_stages", 0)),
+        coop=bool(c.get("coop", False)), smem_rows=bool(c.get("smem_rows", False)),
+        slices=int(c.get("slices", 1)), lag=int(c.get("lag", 1)), paired=bool(c.get("paired", False)),
     )  # fmt: skip
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._module_checks import check_module_input, named
-from ..ops.layer_norm import layer_norm
+from ..ops.layer_norm.api import layer_norm
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -17,8 +17,9 @@ class LayerNorm(torch.nn.LayerNorm):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        check_module_input(self, input, self.weight, same_dtype=False)
         try:
             return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
         except (TypeError, ValueError) as exc:  # the op's argument errors, said of this module
+            # checked only once the op has refused the input: a call that succeeds pays for no check
+            check_module_input(self, input, self.weight, same_dtype=False)
             raise named(self, exc) from None

@@ -77,20 +77,20 @@ def _attn_bwd_fake(q, k, v, dout, causal, squared, scale, relu_scale, layout):
 # kept so that programs torch.export saved with it still load
 LAYER_NORM_FWD = _operator(
     "layer_norm_fwd", "(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
-    _calls("layer_norm", "_operator_fwd"), _ln_fwd_fake,
+    _calls("layer_norm.api", "_operator_fwd"), _ln_fwd_fake,
 )  # fmt: skip
 # (M, N) rows in, y allocated in `shape` (the input's shape, M·N elements) out: a tensor of its own, not
 # a view of an (M, N) one, so that in-place ops after the layer norm work under torch.compile too
 LAYER_NORM_FWD_SHAPED = _operator(
     "layer_norm_fwd_shaped",
     "(Tensor x, SymInt[] shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
-    _calls("layer_norm", "_operator_fwd_shaped"), _ln_fwd_shaped_fake,
+    _calls("layer_norm.api", "_operator_fwd_shaped"), _ln_fwd_shaped_fake,
 )  # fmt: skip
 LAYER_NORM_BWD = _operator(
     "layer_norm_bwd",
     "(Tensor dy, Tensor x, Tensor? weight, Tensor mean, Tensor rstd, bool compute_dw, bool compute_db) "
     "-> (Tensor, Tensor?, Tensor?)",
-    _calls("layer_norm", "_operator_bwd"), _ln_bwd_fake,
+    _calls("layer_norm.api", "_operator_bwd"), _ln_bwd_fake,
 )  # fmt: skip
 # relu_scale None: 1/Lk, taken inside from the keys (a float would be a value torch.compile guards on)
 _FLAGS = "bool causal, bool squared, float scale, float? relu_scale, str layout"

@@ -33,18 +33,19 @@ programs of a group wait for each other, so they take their place from a ticket 
 the last of them is complete, and the grid is ``programs_per_sm`` programs per SM (one of 8 warps, or
 several smaller ones, each with its own buffers: in 16 bits four programs of 2 warps an SM measured 1.5-2.4%
 faster than one of 8, at the same groups and partials, and six 3.5-7.4% faster than four, their groups
-and partials 1.5 times as many; bench/results/h200/NOTES.md, layer norm v37 and v41). With ``PAIRED``
+and partials 1.5 times as many, on the H200). With ``PAIRED``
 the groups 2k and 2k + 1 add their dw and db into one row of partials: the program of the two (of a
 slice) that ends second waits for the other's stores and adds its own, so the partials, and the scratch
-rows of dx they take, halve (layer norm v42).
+rows of dx they take, halve.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._runtime.device import bind_cuda_context, compute_capability_major
-from ._runtime.versions import GLUON_TRITON, triton_version
+from .._runtime.device import bind_cuda_context, compute_capability_major
+from .._runtime.versions import GLUON_TRITON, triton_version
+from .plan import Launch
 
 try:
     from triton.experimental import gluon
@@ -56,7 +57,6 @@ except ImportError:  # a Triton without Gluon: the launcher never picks this ker
 
 BOX_W = 256  # a row is brought in as a [N / BOX_W, BOX_W] box (a copy-engine box is at most 256 wide)
 SMEM_BYTES = 227 * 1024  # shared memory one program may take on sm_90
-GROUPS_MAXNREG: int | None = None  # a register cap for the grouped kernel (bench/probe_ln_bwd_groups.py)
 
 if gluon is not None:
 
@@ -261,8 +261,8 @@ if gluon is not None:
     ):
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
         # the group's SLICES shares of a row, one a lane (summed across the lanes): with every thread
-        # holding all of them (before v41) the kernel took 255 registers a thread at bf16 rows of 16384,
-        # four programs an SM; spread, 168, and six fit (bench/results/h200/NOTES.md, layer norm v41)
+        # holding all of them the kernel took 255 registers a thread at bf16 rows of 16384, four programs
+        # an SM; spread, 168, and six fit
         shares_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
         NS: gl.constexpr = BOX_R * BOX_W  # columns of a slice
         N: gl.constexpr = NS * SLICES
@@ -457,25 +457,39 @@ def _row_boxes(t: torch.Tensor, slices: int = 1):
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), box, layout)
 
 
+def rows_launch(m: int, n: int, esize: int, has_weight: bool, programs: int, compute_dw: bool,
+                compute_db: bool, warps: int, stages: int) -> Launch:  # fmt: skip
+    """The whole-row kernel's launch for ``m`` rows of ``n`` ``esize``-byte elements on ``programs``
+    programs of ``warps`` warps (at most N / 512: a warp takes 8 elements of 32 columns of each half row)
+    with ``stages`` row buffers (see :func:`stages_that_fit`); its arguments: :func:`rows_args`."""
+    if not 1 <= programs <= m:
+        raise ValueError(f"programs must be from 1 to the row count {m}, got {programs}")
+    if not 1 <= warps <= n // 512 or warps & (warps - 1):
+        raise ValueError(f"warps must be a power of 2 from 1 to N / 512 = {n // 512}, got {warps}")
+    if not 2 <= stages <= stages_that_fit(n, esize, has_weight):
+        raise ValueError(f"stages must be from 2 to what fits in shared memory, got {stages}")
+    return Launch(
+        _ln_bwd_rows_kernel, (programs,), BOX_R=n // BOX_W, BOX_W=BOX_W, STAGES=stages, HAS_WEIGHT=has_weight,
+        COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps, num_warps=warps,
+    )  # fmt: skip
+
+
+def rows_args(dx, dy, x, weight, mean, rstd, dw_part, db_part, dx_m: int) -> tuple:
+    """The whole-row kernel's arguments: dx of the rows below ``dx_m``, and each program's float32 share of
+    dw and db (rows p, p + programs, ...) in row p of ``dw_part`` / ``db_part`` ((programs, N);
+    placeholders when not computed)."""
+    M, N = x.shape
+    w = weight if weight is not None else x
+    return dx, _row_boxes(x), _row_boxes(dy), w, mean, rstd, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N
+
+
 def launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs: int, dx_m: int, compute_dw: bool,
            compute_db: bool, warps: int, stages: int) -> None:  # fmt: skip
-    """dx of the rows below ``dx_m``, and each program's float32 share of dw and db (rows p, p +
-    ``programs``, ...) in row p of ``dw_part`` / ``db_part`` ((programs, N); placeholders when not
-    computed), on ``warps`` warps (at most N / 512: a warp takes 8 elements of 32 columns of each half
-    row) with ``stages`` row buffers (see :func:`stages_that_fit`); see :func:`usable`."""
+    """The whole-row kernel (:func:`rows_launch`, :func:`rows_args`); see :func:`usable`."""
     M, N = x.shape
-    if not 1 <= programs <= M:
-        raise ValueError(f"programs must be from 1 to the row count {M}, got {programs}")
-    if not 1 <= warps <= N // 512 or warps & (warps - 1):
-        raise ValueError(f"warps must be a power of 2 from 1 to N / 512 = {N // 512}, got {warps}")
-    if not 2 <= stages <= stages_that_fit(N, x.element_size(), weight is not None):
-        raise ValueError(f"stages must be from 2 to what fits in shared memory, got {stages}")
-    _ln_bwd_rows_kernel[(programs,)](
-        dx, _row_boxes(x), _row_boxes(dy), weight if weight is not None else x, mean, rstd, dw_part, db_part,
-        dx.stride(0), M, dx_m, 1.0 / N, BOX_R=N // BOX_W, BOX_W=BOX_W, STAGES=stages,
-        HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps,
-        num_warps=warps,
-    )  # fmt: skip
+    run = rows_launch(M, N, x.element_size(), weight is not None, programs, compute_dw, compute_db, warps,
+                      stages)  # fmt: skip
+    run(*rows_args(dx, dy, x, weight, mean, rstd, dw_part, db_part, dx_m))
 
 
 def group_stages_that_fit(n: int, esize: int, slices: int) -> int:
@@ -512,46 +526,67 @@ def partial_slots(groups: int, paired: bool) -> int:
     return (groups + 1) // 2 if paired else groups
 
 
+def groups_launch(m: int, n: int, esize: int, has_weight: bool, groups: int, compute_dw: bool,
+                  compute_db: bool, slices: int, warps: int, stages: int, lag: int, paired: bool = False,
+                  pdl: bool = False) -> Launch:  # fmt: skip
+    """The grouped kernel's launch (see the module docstring) for ``m`` rows of ``n`` ``esize``-byte
+    elements: ``groups`` groups of ``slices`` programs, a row of dw and db partials a group, or with
+    ``paired`` a row a pair of groups (2k and 2k + 1 into row k, added by the program of the two that ends
+    second, which waits for the first's); ``stages`` row-slice buffers of which ``lag`` hold rows waiting
+    for the group's shares, on ``warps`` warps (at most one per box row of a slice); ``pdl``: launched as
+    a programmatic dependent launch, the kernel waiting for the one before it in the stream before its
+    first access (``crossfuse.ops._runtime.pdl``). Its arguments: :func:`groups_args`."""
+    if not 1 <= groups <= m:
+        raise ValueError(f"groups must be from 1 to the row count {m}, got {groups}")
+    unfit = groups_launch_unfit(n, esize, slices, warps, stages, lag)
+    if unfit:
+        raise ValueError(unfit)
+    return Launch(
+        _ln_bwd_groups_kernel, (groups * slices,), SLICES=slices, BOX_R=n // slices // BOX_W, BOX_W=BOX_W,
+        STAGES=stages, LAG=lag, VEC=16 // esize, HAS_WEIGHT=has_weight, COMPUTE_DW=compute_dw,
+        COMPUTE_DB=compute_db, PAIRED=paired, WARPS=warps, GDC=pdl, num_warps=warps,
+        **({"launch_pdl": True} if pdl else {}),
+    )  # fmt: skip
+
+
+def groups_args(dx, dy, x, weight, mean, rstd, shares, tickets, pairs, dw_part, db_part, dx_m: int,
+                slices: int, paired: bool) -> tuple:  # fmt: skip
+    """The grouped kernel's arguments: the float32 shares of dw and db in ``dw_part`` / ``db_part``
+    ((slots, N), :func:`partial_slots`; placeholders when not computed); ``pairs``, (2, slots, slices)
+    int32 zero at launch, holds the pairs' arrivals and flags (a placeholder when not ``paired``);
+    ``shares`` ((M, 2, slices) int64) and ``tickets`` ((1,) int32) zero at launch."""
+    M, N = x.shape
+    w = weight if weight is not None else x
+    return (dx, _row_boxes(x, slices), _row_boxes(dy, slices), w, mean, rstd, shares, tickets,
+            pairs if paired else tickets, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N)  # fmt: skip
+
+
 def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, pairs, dw_part, db_part, groups: int,
                   dx_m: int, compute_dw: bool, compute_db: bool, slices: int, warps: int, stages: int,
                   lag: int, paired: bool = False, pdl: bool = False) -> None:  # fmt: skip
-    """The grouped kernel (see the module docstring): ``groups`` groups of ``slices`` programs, the float32
-    shares of dw and db in ``dw_part`` / ``db_part`` ((slots, N), :func:`partial_slots`; placeholders when
-    not computed): a row a group, or with ``paired`` a row a pair of groups (2k and 2k + 1 into row k,
-    added by the program of the two that ends second, which waits for the first's; ``pairs``, (2, slots,
-    slices) int32 zero at launch, holds their arrivals and flags; a placeholder otherwise); ``shares``
-    ((M, 2, slices) int64) and ``tickets`` ((1,) int32) zero at launch; ``stages`` row-slice buffers of
-    which ``lag`` hold rows waiting for the group's shares, on ``warps`` warps (at most one per box row of
-    a slice); ``pdl``: launched as a programmatic dependent launch, the kernel waiting for the one before
-    it in the stream before its first access (``crossfuse.ops._runtime.pdl``); see :func:`groups_usable`."""
+    """The grouped kernel (:func:`groups_launch`, :func:`groups_args`); see :func:`groups_usable`."""
     M, N = x.shape
-    if not 1 <= groups <= M:
-        raise ValueError(f"groups must be from 1 to the row count {M}, got {groups}")
-    unfit = groups_launch_unfit(N, x.element_size(), slices, warps, stages, lag)
-    if unfit:
-        raise ValueError(unfit)
+    run = groups_launch(M, N, x.element_size(), weight is not None, groups, compute_dw, compute_db, slices,
+                        warps, stages, lag, paired, pdl)  # fmt: skip
     if shares.dtype != torch.int64 or shares.numel() < M * 2 * slices or tickets.dtype != torch.int32:
         raise ValueError("shares must hold (M, 2, slices) int64 and tickets an int32")
     if paired and (pairs.dtype != torch.int32 or pairs.numel() < 2 * partial_slots(groups, True) * slices):
         raise ValueError("pairs must hold (2, slots, slices) int32")
-    _ln_bwd_groups_kernel[(groups * slices,)](
-        dx, _row_boxes(x, slices), _row_boxes(dy, slices), weight if weight is not None else x, mean, rstd,
-        shares, tickets, pairs if paired else tickets, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N,
-        SLICES=slices, BOX_R=N // slices // BOX_W, BOX_W=BOX_W, STAGES=stages, LAG=lag,
-        VEC=16 // x.element_size(), HAS_WEIGHT=weight is not None, COMPUTE_DW=compute_dw,
-        COMPUTE_DB=compute_db, PAIRED=paired, WARPS=warps, GDC=pdl, num_warps=warps,
-        **({"launch_pdl": True} if pdl else {}),
-        **({"maxnreg": GROUPS_MAXNREG} if GROUPS_MAXNREG else {}),
-    )  # fmt: skip
+    run(*groups_args(dx, dy, x, weight, mean, rstd, shares, tickets, pairs, dw_part, db_part, dx_m, slices,
+                     paired))  # fmt: skip
 
 
 __all__ = [
     "group_stages_that_fit",
+    "groups_args",
+    "groups_launch",
     "groups_launch_unfit",
     "groups_usable",
     "launch",
     "launch_groups",
     "partial_slots",
+    "rows_args",
+    "rows_launch",
     "stages_that_fit",
     "usable",
 ]

@@ -1,0 +1,274 @@
+"""``crossfuse.layer_norm``: the functional entry point, its argument checks and its autograd.Function.
+
+An eager call is a dictionary look-up and the launches: everything that depends only on the arguments'
+shapes, strides, dtypes, devices, 16-byte alignment, ``normalized_shape`` and ``eps`` (the checks, the
+rows' layout, the forward's plan) is kept in a :class:`Call` under that key, and the backward's plans in
+it under the gradient's layout and the gradients asked. While ``torch.compile`` or ``torch.export``
+traces, the autograd.Function calls the launchers through the custom operators of
+:mod:`crossfuse.ops._library` instead, which the tracer does not enter.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..._backend import check_runnable, interpreter_problem
+from ..._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
+from .. import _library
+from .config import MAX_N
+from .launch import FWD_PLANS, INTERPRETED, FwdPlan, layer_norm_fwd, tensor_key
+from .launch_bwd import BWD_PLANS, BwdPlan, layer_norm_bwd
+from .plan import PlanCache
+
+SUPPORTED_DTYPES = (*KERNEL_DTYPES, torch.float64)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the implementations of the custom operators torch.compile sees (crossfuse.ops._library)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _operator_fwd(x, weight, bias, eps):
+    # rows with unit column stride, as the launchers need: a direct call of the operator may not pass them
+    return layer_norm_fwd(_rows(x, x.shape[1]), weight, bias, eps)
+
+
+def _operator_fwd_shaped(x, shape, weight, bias, eps):
+    """The forward on (M, N) rows ``x``, ``y`` allocated in ``shape`` (the input's shape): a tensor of its
+    own, not a view of an (M, N) one, so that in-place ops on it work. Returns ``(y, mean, rstd)``."""
+    x2 = _rows(x, x.shape[1])
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    _, mean, rstd = layer_norm_fwd(x2, weight, bias, eps, out=y.view(x2.shape))
+    return y, mean, rstd
+
+
+def _operator_bwd(dy, x, *rest):
+    return layer_norm_bwd(_rows(dy, dy.shape[1]), _rows(x, x.shape[1]), *rest)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the eager calls' plans
+# ----------------------------------------------------------------------------------------------------
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(M, n) view of ``t`` (a copy only when no view with unit column stride exists)."""
+    t2 = t.reshape(-1, n)
+    return t2 if t2.stride(-1) == 1 or n == 1 else t2.contiguous()
+
+
+def _same_memory(t: torch.Tensor, rows: torch.Tensor) -> bool:
+    """Whether ``rows`` (``_rows(t, n)``) reads ``t``'s own memory: then a kernel given ``t`` with the rows'
+    strides reads the rows (a view keeps the first element's address)."""
+    same_storage = rows.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    return rows.data_ptr() == t.data_ptr() and same_storage
+
+
+def _unit_stride(p: torch.Tensor | None) -> torch.Tensor | None:
+    """A weight or bias as the kernels read it: ``p + col``, so unit stride (a copy of a strided or
+    expanded one)."""
+    return None if p is None else p.reshape(-1).contiguous()
+
+
+class Call:
+    """What the calls with one key need: the checked row length, whether the kernels read the input, weight
+    and bias as given (else a copy each call: rows without a view of unit column stride, strided
+    parameters), the forward's plan, and the backward's plans by the gradient's layout and the gradients
+    asked."""
+
+    __slots__ = (
+        "bwd", "copy_b", "copy_w", "copy_x", "db_dtype", "eps", "fwd", "n", "param_dtype", "param_shape",
+    )  # fmt: skip
+
+    def __init__(self, x, n, param_shape, weight, bias, eps):
+        self.n, self.eps = n, eps
+        self.param_shape = param_shape
+        x2 = _rows(x, n)
+        self.copy_x = not _same_memory(x, x2)
+        w, b = _unit_stride(weight), _unit_stride(bias)
+        self.copy_w = weight is not None and not weight.is_contiguous()
+        self.copy_b = bias is not None and not bias.is_contiguous()
+        self.param_dtype = weight.dtype if weight is not None else x.dtype
+        # db is summed in the weight's dtype (x's without weight), then given in the bias's
+        self.db_dtype = bias.dtype if bias is not None and bias.dtype != self.param_dtype else None
+        self.fwd = FwdPlan(x2, n, w, b, eps, None)  # y: contiguous, in x's shape
+        self.bwd: dict = {}
+
+    def forward(self, x, weight, bias):
+        """``(y, x, w, mean, rstd)``: y in x's shape, and what the backward reads (x or its rows' copy, the
+        weight as the kernels read it)."""
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if self.copy_x:
+            x = _rows(x, self.n)
+        w = _unit_stride(weight) if self.copy_w else weight
+        b = _unit_stride(bias) if self.copy_b else bias
+        mean, rstd = self.fwd(x, y, w, b)
+        return y, x, w, mean, rstd
+
+    def backward(self, dy, x, w, mean, rstd, x_shape, need_dw: bool, need_db: bool):
+        """``(dx, dw, db)`` of the forward that saved ``x``, ``w``, ``mean`` and ``rstd``: dx in ``x_shape``,
+        dw and db in normalized_shape (None where not asked)."""
+        key = (dy.stride(), dy.dtype, dy.data_ptr() % 16 == 0, need_dw, need_db)  # dy's shape: y's
+        entry = self.bwd.get(key)
+        if entry is None:
+            dy2 = _rows(dy, self.n)
+            plan = BwdPlan(dy2, x.reshape(-1, self.n), w, need_dw, need_db, None, x_shape, self.param_shape)
+            entry = self.bwd[key] = (not _same_memory(dy, dy2), plan)
+        copy_dy, plan = entry
+        dx, dw, db = plan(_rows(dy, self.n) if copy_dy else dy, x, w, mean, rstd)
+        if db is not None and self.db_dtype is not None:
+            db = db.to(self.db_dtype)
+        return dx, dw, db
+
+
+CALLS = PlanCache(lambda *args: _new_call(*args))
+
+
+def clear_plans() -> None:
+    """Forget every plan (the calls', the forward's, the backward's): the next call of each key decides
+    afresh (tests that steer those decisions)."""
+    CALLS.clear()
+    FWD_PLANS.clear()
+    BWD_PLANS.clear()
+
+
+def _call_key(x, normalized_shape, weight, bias, eps):
+    """The key of a call's :class:`Call`, or None where the arguments give none (the call then checks
+    them and raises, or takes a plan it builds afresh)."""
+    if type(normalized_shape) is list:
+        normalized_shape = tuple(normalized_shape)
+    try:
+        key = (tensor_key(x), normalized_shape, tensor_key(weight), tensor_key(bias), eps)
+        hash(key)
+    except (AttributeError, RuntimeError, TypeError):  # not a tensor, sparse, unhashable
+        return None
+    return key
+
+
+# ----------------------------------------------------------------------------------------------------
+# autograd.Function and the functional entry point
+# ----------------------------------------------------------------------------------------------------
+
+
+class LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, n, weight, bias, eps, call=None):
+        ctx.x_shape = x.shape
+        ctx.call = call
+        if call is not None:  # eager: the call's plan
+            y, x2, w, mean, rstd = call.forward(x, weight, bias)
+            ctx.save_for_backward(x2, w, mean, rstd)
+            return y
+        ctx.params = [(p.shape, p.dtype) if p is not None else None for p in (weight, bias)]
+        x2 = _rows(x, n)
+        # unit stride (a weight or bias may be a slice or an expanded scalar), before w is saved
+        w, b = _unit_stride(weight), _unit_stride(bias)
+        fwd = _library.LAYER_NORM_FWD_SHAPED if _library.tracing() else _operator_fwd_shaped
+        y, mean, rstd = fwd(x2, list(x.shape), w, b, eps)
+        ctx.save_for_backward(x2, w, mean, rstd)
+        return y
+
+    @staticmethod
+    @once_differentiable  # no double backward: differentiating the gradients raises, never silently drops
+    def backward(ctx, dy):
+        x2, w, mean, rstd = ctx.saved_tensors
+        need_dw, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        call = ctx.call
+        if call is not None:
+            dx, dw, db = call.backward(dy, x2, w, mean, rstd, ctx.x_shape, need_dw, need_db)
+            return dx, None, dw, db, None, None
+        n = x2.shape[1]
+        # while tracing, the operator fixes the strides (torch 2.6 refused .stride() in a traced backward)
+        if _library.tracing():
+            dy2 = dy.reshape(-1, n)
+            dx, dw, db = _library.LAYER_NORM_BWD(dy2, x2, w, mean, rstd, need_dw, need_db)
+        else:
+            dx, dw, db = layer_norm_bwd(_rows(dy, n), x2, w, mean, rstd, need_dw, need_db)
+        grads = []
+        for g, p in zip((dw, db), ctx.params, strict=True):
+            grads.append(None if g is None else g.view(p[0]).to(p[1]))
+        return dx.view(ctx.x_shape), None, grads[0], grads[1], None, None
+
+
+_INTERPRETER_PROBLEM = interpreter_problem() if INTERPRETED else None
+
+
+def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> tuple[int, tuple]:
+    """``(N, normalized_shape as a tuple of ints)``, or a TypeError or ValueError naming the argument."""
+    check_tensor(x, "x", SUPPORTED_DTYPES)
+    if isinstance(normalized_shape, numbers.Integral):
+        normalized_shape = (normalized_shape,)
+    try:
+        if isinstance(normalized_shape, (str, bytes)):
+            raise TypeError
+        # operator.index: ints (numpy's too), not floats such as 8.7, which int() would truncate
+        normalized_shape = tuple(operator.index(d) for d in normalized_shape)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
+        ) from None
+    k = len(normalized_shape)
+    if k == 0 or x.dim() < k or tuple(x.shape[x.dim() - k :]) != normalized_shape:
+        raise ValueError(
+            f"normalized_shape {list(normalized_shape)} does not match the trailing dims of x, "
+            f"whose shape is {list(x.shape)}"
+        )
+    n = math.prod(normalized_shape)
+    if n < 1 or n > MAX_N:
+        raise ValueError(
+            f"x's normalised size is {n} (normalized_shape {list(normalized_shape)}); "
+            f"crossfuse.layer_norm supports 1 to {MAX_N} elements per row"
+        )
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        check_tensor(p, name, SUPPORTED_DTYPES)
+        if tuple(p.shape) != normalized_shape:
+            raise ValueError(
+                f"{name} has shape {list(p.shape)}; expected normalized_shape {list(normalized_shape)}"
+            )
+        check_same_device(p, name, x, "x")
+    check_positive_float(eps, "eps")
+    check_runnable(x, "x", INTERPRETED, _INTERPRETER_PROBLEM)
+    return n, normalized_shape
+
+
+def _new_call(x, normalized_shape, weight, bias, eps) -> Call:
+    n, shape = _check_layer_norm_args(x, normalized_shape, weight, bias, eps)
+    return Call(x, n, shape, weight, bias, float(eps))
+
+
+def layer_norm(
+    x: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """Layer norm with ``torch.nn.functional.layer_norm``'s signature and semantics, fused in Triton.
+
+    Normalises over the trailing ``normalized_shape`` dims: ``(x - mean) / sqrt(var + eps) * weight +
+    bias`` with the biased variance. ``weight`` and ``bias`` are each optional. Differentiable in
+    ``x``, ``weight`` and ``bias``. See the module docstring for limits.
+    """
+    if _library.tracing():  # the custom operators stand in for the launchers
+        n, _ = _check_layer_norm_args(x, normalized_shape, weight, bias, eps)
+        x, weight, bias = _library.distinct(x, weight, bias)  # one tensor as weight and bias: see distinct
+        return LayerNormFunction.apply(x, n, weight, bias, float(eps), None)
+    key = _call_key(x, normalized_shape, weight, bias, eps)
+    call = CALLS.plans.get(key) if key is not None else None
+    if call is None:
+        call = CALLS.get(key, x, normalized_shape, weight, bias, eps) if key is not None else (
+            _new_call(x, normalized_shape, weight, bias, eps)
+        )
+    grads = x.requires_grad or (weight is not None and weight.requires_grad) or (
+        bias is not None and bias.requires_grad
+    )
+    if grads and torch.is_grad_enabled():
+        return LayerNormFunction.apply(x, call.n, weight, bias, call.eps, call)
+    return call.forward(x, weight, bias)[0]  # nothing to differentiate: no autograd node

@@ -1,0 +1,277 @@
+"""Launch configurations of the layer norm: the typed configuration, the measured tables and the rules.
+
+Everything here depends on the row length N, the dtype and the row regime (few or many rows) only, never
+on a tensor: the launchers (:mod:`.launch`) read it once per plan key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import KW_ONLY, dataclass
+
+import torch
+import triton
+
+from ... import _tuning
+
+FUSED_MAX_N = 16384  # largest row kept whole in registers
+# the split backward's row-sums kernel: columns per chunk (8 warps, N a compile-time constant up to
+# FUSED_MAX_N: 3713 GB/s at bf16 4096x16384 against 3539 for the table's 2048-column chunks with a
+# runtime N)
+ROWSUMS_BLOCK_N = 1024
+MAX_N = 1 << 18  # largest supported row (chunked kernels above FUSED_MAX_N)
+
+# Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
+# grid of one program per tile leaves SMs idle or short of bytes in flight, and launch and tail costs
+# weigh more, so the two regimes have different fastest tiles. A kernel compiles at most once per
+# (N, dtype, regime): the row count is never specialised on.
+MANY_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one pass of the layer norm is launched: tile, warps, grid and the kernel variant."""
+
+    block_m: int  # rows per tile
+    block_n: int  # columns per tile (the whole row when N <= FUSED_MAX_N)
+    num_warps: int
+    # persistent programs per SM; 0 = one program per row tile (forward only)
+    programs_per_sm: int = 1
+    _: KW_ONLY
+    unroll: int = 1  # tiles (or chunks, chunked forward) per loop iteration: tl.range's loop_unroll_factor
+    # persistent loops: each iteration loads the next row tile before it reduces its own, so a program
+    # keeps two tiles' loads in flight (costing the next tile's registers, in the input's dtype)
+    prefetch: bool = False
+    # forward: weight and bias loaded with the first tile, before the row statistics (and kept in
+    # registers by persistent grids), instead of after the statistics of every tile (fewer registers,
+    # but an L1/L2 round trip between each tile's statistics and its store)
+    keep_params: bool = False
+    # forward: the row statistics summed about each row's first element, then a second time only where
+    # that lies far from the mean (shifted_max_ratio). Chunked forward: two passes over the row instead
+    # of three (_ln_fwd_shifted_kernel); whole rows of 16-bit inputs through pointers: one block
+    # reduction instead of two (_ln_fwd_tile); float32, float64 and the descriptor (tma_stages) forward
+    # of whole rows ignore it
+    shifted: bool = False
+    # whole-row kernels on a persistent grid: 0 = x (and dy) loaded through pointers; k >= 2 = through
+    # tensor descriptors (the copy engine, TMA) into k shared-memory buffers, where the rows allow
+    tma_stages: int = 0
+    # backward: column slabs of block_n whose programs exchange their shares of each row tile's two row
+    # sums and wait for each other, so that x and dy are read once (the split backward reads them twice);
+    # with block_n >= N, one slab that waits for nobody
+    coop: bool = False
+    # backward: the Gluon kernel that brings each whole row into shared memory and reads it from there
+    # twice (.gluon_bwd), launched with num_warps, tma_stages row buffers and programs_per_sm; where it
+    # cannot run, the entry of SMEM_ROWS_FALLBACK
+    smem_rows: bool = False
+    # with smem_rows: each row split between a group of `slices` programs (the grouped Gluon kernel),
+    # each streaming its slice of the rows through tma_stages buffers and finishing a row `lag` rows
+    # after posting its shares of the row's sums; 1 = whole rows
+    slices: int = 1
+    lag: int = 1
+    # with slices > 1: groups 2k and 2k + 1 add their dw and db partials into one row (the second of the
+    # two programs to end adds the first's), halving the partials and the scratch rows of dx finished
+    # after them
+    paired: bool = False
+
+    def replace(self, **changes) -> LaunchConfig:
+        """This configuration with ``changes`` (field name: value)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class FinishConfig:
+    """How the grouped backward's scratch rows get their dx from the row sums the grouped kernel posted
+    (``_ln_bwd_finish_kernel``)."""
+
+    tile_bytes: int = 8192  # of x (and dy, dx) per program
+    hot_rows: int = 4  # a power of 2: at most this many rows of tiles for the last program (else two-pass)
+
+
+FINISH = FinishConfig()
+
+# Measured on the H200 by bench/tune.py: the fastest by median GPU time, "few rows" at M=4096 and "many
+# rows" at M*N=128M elements (M >= 16384); where a later sweep kept an earlier entry, the entry stayed.
+# (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
+# the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
+# to the entry of the other regime, then to the rule in launch_config. The GB/s figures are those of the
+# sweep that chose the entry.
+_C = LaunchConfig
+TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
+    ("bwd", 2, 1024, False): _C(2, 1024, 4, 1, prefetch=True),  # 1120 GB/s
+    ("bwd", 2, 1024, True): _C(2, 1024, 4, 4, tma_stages=3),  # 3562 GB/s
+    ("bwd", 2, 2048, False): _C(2, 2048, 8, 1, prefetch=True),  # 1785 GB/s
+    ("bwd", 2, 2048, True): _C(2, 2048, 8, 2, tma_stages=3),  # 3676 GB/s
+    ("bwd", 2, 4096, False): _C(2, 4096, 16, 4, tma_stages=3),  # 2056 GB/s
+    # the Gluon kernel that reads each row once (smem_rows; the Triton entry it replaced in brackets); the
+    # many-rows entry of 16384 is the few-rows winner (timed at 8192 rows there)
+    ("bwd", 2, 4096, True): _C(1, 4096, 8, 2, tma_stages=3, smem_rows=True),  # 3973 GB/s (3806)
+    ("bwd", 2, 8192, False): _C(1, 8192, 8, 1, tma_stages=3, smem_rows=True),  # 3054 GB/s (2732)
+    ("bwd", 2, 8192, True): _C(1, 8192, 8, 1, tma_stages=3, smem_rows=True),  # 4001 GB/s (3600)
+    # each row split between the eight programs of a group (the grouped Gluon kernel), six programs of 2
+    # warps an SM (the shares spread over the lanes: 168 registers a thread instead of 255, so six fit:
+    # 1.035x four at bf16 4096x16384 and 1.074x at 8192x16384, alternated), 4 buffers each, a row finished
+    # 2 rows after its sums; groups paired (half the partials and scratch rows) and launched after the
+    # memset as a dependent launch: 1.039x unpaired at 4096x16384, 1.019x at 8192x16384; 3451 GB/s at
+    # 4096x16384, 81.2% of copy
+    ("bwd", 2, 16384, False): _C(1, 16384, 2, 6, tma_stages=4, smem_rows=True, slices=8, lag=2, paired=True),
+    ("bwd", 2, 16384, True): _C(1, 16384, 2, 6, tma_stages=4, smem_rows=True, slices=8, lag=2, paired=True),
+    ("bwd", 4, 1024, False): _C(4, 1024, 8, 1, tma_stages=3),  # 2111 GB/s
+    ("bwd", 4, 1024, True): _C(4, 1024, 8, 1, tma_stages=3),  # 4044 GB/s
+    ("bwd", 4, 2048, False): _C(4, 2048, 16, 1, prefetch=True),  # 2314 GB/s
+    ("bwd", 4, 2048, True): _C(2, 2048, 8, 1, tma_stages=3),  # 4049 GB/s
+    ("bwd", 4, 4096, False): _C(1, 4096, 8, 1, tma_stages=3),  # 3256 GB/s
+    ("bwd", 4, 4096, True): _C(1, 4096, 8, 1, tma_stages=3),  # 4057 GB/s
+    ("bwd", 4, 8192, False): _C(1, 8192, 16, 1),  # 3361 GB/s
+    ("bwd", 4, 8192, True): _C(1, 8192, 16, 1),  # 3941 GB/s
+    # the grouped Gluon kernel, two programs a row, 3 buffers: 3831 GB/s against the cooperative entry's
+    # 3286 at 4096x16384, 4033 against 3406 at 8192x16384 (alternated in one process); paired: 1.003x,
+    # 1.001x
+    ("bwd", 4, 16384, False): _C(1, 16384, 8, 1, tma_stages=3, smem_rows=True, slices=2, lag=1),
+    ("bwd", 4, 16384, True): _C(1, 16384, 8, 1, tma_stages=3, smem_rows=True, slices=2, lag=1),
+    # statistics about each row's first element: 1.026x the same launch without
+    ("fwd", 2, 1024, False): _C(2, 1024, 2, 0, keep_params=True, shifted=True),  # 1824 GB/s
+    ("fwd", 2, 1024, True): _C(2, 1024, 2, 0, keep_params=True),  # 4004 GB/s
+    ("fwd", 2, 2048, False): _C(1, 2048, 4, 8, prefetch=True),  # 2416 GB/s
+    ("fwd", 2, 2048, True): _C(1, 2048, 2, 0),  # 4019 GB/s
+    # the shifted chunked kernel: 3178 GB/s against the whole-row entry's 3015, 1.054x alternated
+    ("fwd", 2, 4096, False): _C(1, 2048, 4, 0, unroll=2, shifted=True),
+    ("fwd", 2, 4096, True): _C(1, 2048, 4, 0, unroll=2),  # 4135 GB/s
+    # the shifted kernel summing about the row's first element: 1.026x the three-pass entry (3487 GB/s)
+    ("fwd", 2, 8192, False): _C(1, 2048, 8, 0, unroll=2, shifted=True),  # 3551 GB/s
+    ("fwd", 2, 8192, True): _C(1, 4096, 4, 0, unroll=2),  # 4101 GB/s
+    # unrolled twice: 3893 and 4238 GB/s against 3855 and 4194, 1.007-1.008x alternated
+    ("fwd", 2, 16384, False): _C(1, 4096, 16, 0, unroll=2, shifted=True),
+    ("fwd", 2, 16384, True): _C(1, 4096, 16, 0, unroll=2, shifted=True),
+    ("fwd", 4, 1024, False): _C(4, 1024, 4, 4, prefetch=True, keep_params=True),  # 2589 GB/s
+    ("fwd", 4, 1024, True): _C(1, 1024, 4, 0, keep_params=True),  # 4163 GB/s
+    ("fwd", 4, 2048, False): _C(2, 2048, 4, 4, prefetch=True, keep_params=True),  # 3062 GB/s
+    ("fwd", 4, 2048, True): _C(2, 2048, 16, 0),  # 4119 GB/s
+    # the chunked kernel, as with many rows: 3628 GB/s against the whole-row (2, 4096, 8, 0, keep_params)'s
+    # 3539, alternated under the timer that resets persisting L2 lines (the timer before it had flattered
+    # whole-row kernels measured after the chunked one)
+    ("fwd", 4, 4096, False): _C(1, 2048, 8, 0, unroll=2),
+    ("fwd", 4, 4096, True): _C(1, 2048, 8, 0, unroll=2),  # 4210 GB/s
+    ("fwd", 4, 8192, False): _C(1, 4096, 16, 0, unroll=2),  # 3897 GB/s
+    ("fwd", 4, 8192, True): _C(1, 4096, 16, 0, unroll=2),  # 4227 GB/s
+    ("fwd", 4, 16384, False): _C(1, 8192, 8, 0, unroll=2),  # 4048 GB/s
+    # the shifted kernel: 1.043x the three-pass entry (4061 GB/s)
+    ("fwd", 4, 16384, True): _C(1, 4096, 32, 0, unroll=2, shifted=True),  # 4260 GB/s
+}
+
+TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
+
+# Where the Gluon kernels of the smem_rows entries cannot run (a GPU before compute capability 9, a
+# Triton without Gluon, rows that are not contiguous): the Triton kernels' entries they replaced.
+SMEM_ROWS_FALLBACK: dict[tuple[str, int, int, bool], LaunchConfig] = {
+    ("bwd", 2, 4096, True): _C(2, 4096, 16, 1, tma_stages=3),  # 3680 GB/s
+    ("bwd", 2, 8192, False): _C(1, 8192, 16, 4, prefetch=True),  # 2521 GB/s
+    ("bwd", 2, 8192, True): _C(1, 8192, 16, 1, tma_stages=3),  # 3522 GB/s
+    ("bwd", 2, 16384, False): _C(2, 2048, 8, 2, prefetch=True),  # 2159 GB/s
+    ("bwd", 2, 16384, True): _C(2, 2048, 8, 2, prefetch=True),  # 2477 GB/s
+    ("bwd", 4, 16384, False): _C(2, 4096, 16, 1, prefetch=True, coop=True),  # 3153 GB/s
+    ("bwd", 4, 16384, True): _C(2, 4096, 16, 1, prefetch=True, coop=True),  # 3437 GB/s
+}
+del _C
+
+
+def smem_rows_fallback(cfg: LaunchConfig, n: int, esize: int, m: int) -> LaunchConfig:
+    """The Triton kernels' configuration that takes the place of the Gluon entry ``cfg`` (``smem_rows``)
+    where that kernel cannot run: SMEM_ROWS_FALLBACK's entry for its key, else the rule."""
+    return SMEM_ROWS_FALLBACK.get(("bwd", esize, cfg.block_n, m > MANY_ROWS)) or rule_config(n, "bwd")
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in ("fwd", "bwd"):
+        raise ValueError(f"kind must be 'fwd' or 'bwd', got {kind!r}")
+
+
+def launch_config(n: int, dtype: torch.dtype, kind: str, m: int | None = None) -> LaunchConfig:
+    """Tile shape, warps and grid for rows of length ``n`` (``m`` rows, when known) on a GPU; ``kind`` is
+    ``"fwd"`` or ``"bwd"``.
+
+    Rule of thumb where nothing was measured: a tile of about 4096 elements per program (several rows
+    when rows are short), one warp per 256 elements of the tile, 1 to 16 warps.
+    """
+    _check_kind(kind)
+    block_n = triton.next_power_of_2(min(n, FUSED_MAX_N)) if n <= FUSED_MAX_N else 4096
+    esize = dtype.itemsize
+    many = m is not None and m > MANY_ROWS
+    tuned = TUNED.get((kind, esize, block_n, many), TUNED.get((kind, esize, block_n, not many)))
+    if tuned is not None and n <= FUSED_MAX_N:
+        return tuned
+    return rule_config(n, kind)
+
+
+def rule_config(n: int, kind: str) -> LaunchConfig:
+    """The rule of :func:`launch_config`, without the tables."""
+    block_n = triton.next_power_of_2(min(n, FUSED_MAX_N)) if n <= FUSED_MAX_N else 4096
+    if n > FUSED_MAX_N:
+        return LaunchConfig(
+            1 if kind == "fwd" else 4, block_n, 8 if kind == "fwd" else 4, 0 if kind == "fwd" else 2
+        )
+    target = 4096 if kind == "fwd" else 2048
+    block_m = max(1, min(64, target // block_n))
+    num_warps = max(1, min(16, block_m * block_n // 256))
+    return LaunchConfig(block_m, block_n, num_warps, 0 if kind == "fwd" else 2)
+
+
+# Under Triton's interpreter each program runs serially, every tile operation a numpy call on the whole
+# tile: the cost is a fixed overhead per operation, nearly independent of the tile's size up to a few
+# hundred thousand elements. So the GPU's launch shapes (many programs, tiles of a row or two, loops
+# over row tiles) are the worst choice there; a tile of about INTERPRETER_TILE elements, one program per
+# tile, is the best (1024x1024 float32 forward and backward: seconds instead of a minute).
+INTERPRETER_TILE = 1 << 17
+
+
+def interpreter_config(n: int, kind: str, m: int) -> LaunchConfig:
+    """The launch of ``kind`` for ``m`` rows of ``n`` when the kernels run under Triton's interpreter: whole
+    rows in tiles of about INTERPRETER_TILE elements, a program per tile (the forward), or one persistent
+    program per interpreter "SM" (the backward: few partial rows of dw and db); long rows as on a GPU
+    (their chunk loops already move large tiles)."""
+    _check_kind(kind)
+    if n > FUSED_MAX_N:
+        return rule_config(n, kind)
+    block_n = triton.next_power_of_2(n)
+    block_m = max(1, min(triton.next_power_of_2(max(m, 1)), INTERPRETER_TILE // block_n))
+    return LaunchConfig(block_m, block_n, 4, 0 if kind == "fwd" else 1)
+
+
+def backward_programs(cfg: LaunchConfig, m: int, esize: int, sms: int) -> int:
+    """Persistent programs of the backward: ``programs_per_sm`` per SM, no more than there are tiles, and
+    few enough that the float32 dw/db partials (written once, read once: 16 bytes per program and column)
+    stay under an eighth of the 3·M·N·esize bytes the backward must move; a whole number of programs per
+    SM, at least one (an SM with one program more than the others would set the time)."""
+    tiles = triton.cdiv(m, cfg.block_m)
+    per_sm = max(1, min(cfg.programs_per_sm, (3 * m * esize) // (8 * 16 * sms)))
+    return max(1, min(tiles, per_sm * sms))
+
+
+def reduce_tile(n: int, acc_size: int, max_p: int, interpreted: bool = False) -> tuple[int, int, int]:
+    """``(BLOCK_P, BLOCK_N, num_warps)`` of the dw/db reduction of at most ``max_p`` partial rows of
+    ``n`` columns (``acc_size``-byte values). BLOCK_N: a power of 2 from 4 to 16 giving about 128
+    programs up to n = 2048, more beyond (1024 at n = 16384: 1.01-1.02x the 256 of 64 columns at 4096
+    rows). BLOCK_P: enough for two blocks to cover ``max_p`` rows, at most 16 KB of partials per block and
+    tensor. Warps: 16 values per thread and tensor. The partials are a few MB at most, just written, so
+    read from L2: what costs is each program's chain of round trips (one per 2 * BLOCK_P rows), so many
+    programs, each with few trips. ``max_p`` depends on the configuration, not on the row count, so the
+    kernel does not recompile as M changes. ``interpreted``: under Triton's interpreter, one program for
+    up to INTERPRETER_TILE partials (see interpreter_config)."""
+    if interpreted:
+        block_p = max(1, triton.next_power_of_2(max_p) // 2)
+        block_n = max(1, min(triton.next_power_of_2(n), INTERPRETER_TILE // (2 * block_p)))
+        return block_p, block_n, 4
+    per = max(1, n // 128)
+    block_n = max(4, min(16, 1 << (per.bit_length() - 1)))
+    block_p = max(8, min(16384 // acc_size // block_n, triton.next_power_of_2(max_p) // 2))
+    return block_p, block_n, max(1, min(8, block_p * block_n * acc_size // 2048))
+
+
+def shifted_max_ratio(dtype: torch.dtype) -> float:
+    """The shifted forward's largest accepted (mean - shift)^2 / var (``_ln_fwd_shifted_kernel``, and
+    ``_ln_fwd_tile`` for 16-bit inputs): its variance loses up to about 1 + R roundings of the float32
+    (float64) sums. 16 for 16-bit inputs, whose output rounding (2^-8 or 2^-11) is far above that; 1 for
+    float32 and float64, which keep about their three-pass accuracy (the second sums then serve about
+    one Gaussian row in three, at no cost measured: float32 16384×16384, 4240 GB/s with 1, 4255 with 4,
+    4064 three-pass; y within 6.5e-8 of float64 with 1, 1.3e-7 with 4, 5e-8 three-pass, against a
+    tolerance of 2e-6)."""
+    return 16.0 if dtype in (torch.bfloat16, torch.float16) else 1.0
