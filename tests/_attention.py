@@ -59,7 +59,7 @@ def run_and_compare(q, k, v, causal, squared, gen, layout="bhld", choices=None):
     # every gradient row is compared; a row that a score within float32 rounding of 0 reaches may stand
     # as far from float64 as those scores on the other side of relu's kink would move it, and no farther
     # (such scores are rare in short rows, but each row holds L of them: 16% of the rows at bf16 L=2048
-    # on the H200 meet one, run 171, where leaving those rows out would have hidden a wrong gradient)
+    # on the H200 meet one, where leaving those rows out would have hidden a wrong gradient)
     slack = kink_slack(*(to_bhld(t) for t in refs), to_bhld(dout), causal, squared)
     for name, got, ref in zip("qkv", leaves, refs, strict=True):
         err = relerr_with_slack(to_bhld(got.grad), to_bhld(ref.grad), slack["d" + name])

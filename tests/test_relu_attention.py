@@ -129,7 +129,7 @@ def test_custom_scales(causal, squared, device, gen):
     dout = randn(out.shape, torch.float32, device, gen)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     # on GPUs the reference takes the inputs truncated to tf32, as the kernels' products do: a score
-    # within tf32's rounding of 0 falls on the same side of relu's kink in both (run 300: one score of
+    # within tf32's rounding of 0 falls on the same side of relu's kink in both (one score of
     # 3.3e-4 on the other side moved dq by 0.114 of its norm)
     tf32 = q.is_cuda
     refs = [(tf32_truncate(t) if tf32 else t).detach().double().requires_grad_(True) for t in (q, k, v)]
