@@ -194,6 +194,6 @@ def test_a_plan_keeps_literal_arguments_and_refuses_foreign_tensors(monkeypatch)
     monkeypatch.setattr(_direct, "remembered", lambda slot: True)
     t = torch.zeros(2)
     plan = ra._make_plan([(("slot",), (1, 1), (t, None, 3, 0.5))], (t,))
-    assert plan == ((("slot",), (1, 1), (ra._Tensor(0), None, 3, 0.5)),)
+    assert plan == ((("slot",), (1, 1), (ra._Tensor(0), None, 3, 0.5), ((0, ra._Tensor(0)),)),)
     assert ra._make_plan([(("slot",), (1, 1), (torch.zeros(2),))], (t,)) is None
     assert ra._make_plan([(None, (1, 1), (t,))], (t,)) is None  # a launch without a compiled kernel's key

@@ -110,7 +110,7 @@ if gluon is not None:
         CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
         WAIT_END: gl.constexpr,  # a dependent launch after the dK/dV kernel: complete after it
         ASYNC: gl.constexpr,  # the scores' relu taken while dp's product runs
-        TRANS: gl.constexpr,  # k's tiles transposed in shared memory (attention v32): no copy (KTd unused)
+        TRANS: gl.constexpr,  # k's tiles transposed in shared memory: no copy (KTd unused)
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -251,7 +251,7 @@ if gluon is not None:
         CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
         CHAIN: gl.constexpr,  # a dependent launch after the copies (wait for them), before the dQ kernel
         ASYNC: gl.constexpr,  # each product running while the elementwise work of the one before is done
-        TRANS: gl.constexpr,  # q's and dout's tiles transposed in shared memory (attention v32): no copies
+        TRANS: gl.constexpr,  # q's and dout's tiles transposed in shared memory: no copies
         # (QTd, DOTd unused)
         SIGNAL: gl.constexpr,  # not a dependent launch, but the dQ kernel after it is (ops._runtime.pdl)
     ):  # fmt: skip

@@ -132,7 +132,7 @@ if gluon is not None:
     @gluon.jit
     def _sigma(x, DIM: gl.constexpr):
         """``x`` with its indices along DIM (0 or 1 of a 2-D tensor) permuted by sigma within each group of 8:
-        index ``8g + 4b2 + 2b1 + b0`` moves to ``8g + 4b0 + 2b2 + b1`` (attention v34). A relabelling: no
+        index ``8g + 4b2 + 2b1 + b0`` moves to ``8g + 4b0 + 2b2 + b1``. A relabelling: no
         data moves where the layout allows (see :func:`_left`)."""
         R: gl.constexpr = x.shape[0]
         C: gl.constexpr = x.shape[1]
@@ -175,12 +175,12 @@ if gluon is not None:
     @gluon.jit
     def _transpose(buf, xt_buf, WARPS: gl.constexpr):
         """The tile [ROWS, HEAD_D] in ``buf`` (v's, or q's, dout's or k's in the backward) stored transposed
-        into ``xt_buf`` (attention v31): each thread takes 4 consecutive rows of one column and stores them
-        as one 16-byte vector along the rows of xt. Consecutive lanes take consecutive columns (v33): the 8
+        into ``xt_buf``: each thread takes 4 consecutive rows of one column and stores them
+        as one 16-byte vector along the rows of xt. Consecutive lanes take consecutive columns: the 8
         lanes of each quarter of a warp's store write 8 rows of xt, which the 128-byte swizzle puts in
-        distinct banks (with the rows of a column on consecutive lanes, v31, two lanes shared each bank),
+        distinct banks (with the rows of a column on consecutive lanes, two lanes shared each bank),
         and Triton 3.6 reads the tile with ``ldmatrix`` (16 scalar loads a thread before). xt's columns are
-        in sigma's order (attention v34: :func:`_sigma`; the product's left operand from :func:`_left` with
+        in sigma's order (:func:`_sigma`; the product's left operand from :func:`_left` with
         PERM): the tile is read in the layout whose sigma is the store's. The caller fences
         (``fence_async_shared``) and waits for every warp before a product reads xt."""
         layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[2, 16],

@@ -55,7 +55,7 @@ if gluon is not None:
         """Key block j: its scores, p (keys after the query masked where MASKED), ``acc += p @ v``; then its
         buffers take key block j + STAGES. Where TRANS, v's tile is stored transposed into ``xt`` (one of two
         buffers, by j's parity) while the scores run, and the buffers are refilled before the relu. (A mask
-        chosen per block by a run-time ``if`` came out wrong from Triton 3.6 on the GPU, run 287: the
+        chosen per block by a run-time ``if`` came out wrong from Triton 3.6 on the GPU: the
         diagonal blocks have a loop of their own instead.)"""
         descs, bars, bufs, k_row, k_col, v_row, v_col, steps, xt = ring
         slot = j % STAGES
@@ -86,7 +86,7 @@ if gluon is not None:
                     p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                     SQUARED: gl.constexpr, MASKED: gl.constexpr, NEXT: gl.constexpr,
                     TRANS: gl.constexpr, PERM: gl.constexpr):  # fmt: skip
-        """Key block j with the products in flight (attention v30): ``sc`` holds its scores on entry; where
+        """Key block j with the products in flight: ``sc`` holds its scores on entry; where
         NEXT, block j + 1's scores are issued first and taken while the relu of these and the product
         ``acc += p @ v`` of this block run. On entry ``acc += p_prev @ v`` of block j - 1 may be in flight;
         once it is done, k's buffer of block j and v's of block j - 1 take the blocks STAGES later (k and v
@@ -106,8 +106,8 @@ if gluon is not None:
         # block j - 1's product done (block j + 1's scores may run on) before p is computed: the tensor
         # cores read that product's left operand from registers until then, and p's registers may be
         # those (the deps name the loop's copies of p_prev, not the registers the product reads). With a
-        # relabelled p (PERM, attention v34) the relu's results are p itself, and computing them before
-        # this wait overwrote the operand in flight (run 311: wrong outputs at L >= 1024); sc passes
+        # relabelled p (PERM) the relu's results are p itself, and computing them before
+        # this wait overwrote the operand in flight (wrong outputs at L >= 1024); sc passes
         # through the wait so that the relu comes after it
         if NEXT:
             acc, p_prev, sc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_prev, sc))
@@ -166,9 +166,9 @@ if gluon is not None:
         CAUSAL: gl.constexpr, SQUARED: gl.constexpr,
         WAIT: gl.constexpr,  # a dependent launch after v's copy: wait for it first (ops._runtime.pdl)
         ASYNC: gl.constexpr,  # each block's scores issued before the relu and product of the one before
-        TRANS: gl.constexpr,  # v read as it is and transposed in shared memory (attention v31): no copy
-        PERM: gl.constexpr,  # p @ v's keys in sigma's order in v's copy (attention v34; TRANS: always)
-        FOLD: gl.constexpr,  # scale > 0 folded into relu_scale by the launcher (attention v35): the scores
+        TRANS: gl.constexpr,  # v read as it is and transposed in shared memory: no copy
+        PERM: gl.constexpr,  # p @ v's keys in sigma's order in v's copy (TRANS: always)
+        FOLD: gl.constexpr,  # scale > 0 folded into relu_scale by the launcher: the scores
         # are not scaled (relu(s * scale) = scale * relu(s))
     ):  # fmt: skip
         WARPS: gl.constexpr = gl.num_warps()

@@ -100,23 +100,29 @@ def _plan_key(kind: str, tensors: tuple, *decided) -> tuple | None:
 
 def _replay(plan: tuple, tensors: tuple) -> bool:
     """Make the launches of ``plan`` on ``tensors``; False, launching nothing, where a kernel it names is
-    no longer kept (``_direct``'s table started afresh)."""
-    if not all(_direct.remembered(slot) for slot, _, _ in plan):
-        return False
+    no longer kept (``_direct``'s table started afresh). Each launch's arguments are its template with the
+    call's tensors (and descriptors over them) at the places the plan names: a few items, not every
+    argument, are looked at."""
+    remembered = _direct.remembered
+    for launch in plan:
+        if not remembered(launch[0]):
+            return False
     bind_cuda_context(tensors[0])  # before descriptors are filled (see bind_cuda_context)
-    for slot, grid, template in plan:
+    for slot, grid, template, places in plan:
         args = list(template)
-        for i, a in enumerate(template):
-            if type(a) is _Desc:
-                args[i] = _direct.descriptor(tensors[a.index], a.shape, a.strides, a.block)
-            elif type(a) is _Tensor:
+        for i, a in places:
+            if type(a) is _Tensor:
                 args[i] = tensors[a.index]
+            else:
+                args[i] = _direct.descriptor(tensors[a.index], a.shape, a.strides, a.block)
         _direct.launch(slot, grid, tuple(args))
     return True
 
 
 def _make_plan(launches: list, tensors: tuple) -> tuple | None:
-    """A plan from the recorded ``launches`` of a call on ``tensors``, or ``None`` where one of them had no
+    """A plan from the recorded ``launches`` of a call on ``tensors``: per launch ``(slot, grid, template,
+    places)``, the template's arguments with the call's tensors as :class:`_Tensor` and :class:`_Desc`
+    items, whose places ``(position, item)`` are listed; or ``None`` where one of them had no
     key or took a tensor that is not one of ``tensors`` (float32's copies, say), or where one tensor was
     given twice (its places could not be told apart: another call may pass two tensors there)."""
     if len({id(t) for t in tensors}) < len(tensors):
@@ -138,7 +144,8 @@ def _make_plan(launches: list, tensors: tuple) -> tuple | None:
                     return None
                 a = _Desc(index, a.shape, a.strides, a.block_shape)
             template.append(a)
-        plan.append((slot, grid, tuple(template)))
+        places = tuple((i, a) for i, a in enumerate(template) if type(a) in (_Tensor, _Desc))
+        plan.append((slot, grid, tuple(template), places))
     return tuple(plan) if plan else None
 
 
