@@ -49,11 +49,14 @@ def gen():
 
 
 @pytest.fixture(autouse=True)
-def _no_launch_plans(monkeypatch):
-    """The attention's launch plans (``crossfuse.ops.relu_attention._planned``) replay a call's launches
-    for a later call with the same key, past the decisions tests steer by monkeypatching: off in every
-    test but those that turn them on (tests/test_launch_plans.py)."""
+def _fresh_attention_caches():
+    """Each test starts without the attention's launch plans and eager entries of earlier tests, so that
+    the launches it counts are its own (``crossfuse.ops.relu_attention``: ``clear_plans``,
+    ``clear_eager``)."""
     from crossfuse.ops import relu_attention as ra
 
-    monkeypatch.setattr(ra, "PLANNING", False)
-    monkeypatch.setattr(ra, "_PLANS", {})
+    ra.clear_plans()
+    ra.clear_eager()
+    yield
+    ra.clear_plans()
+    ra.clear_eager()

@@ -8,6 +8,7 @@ import torch
 from crossfuse._backend import triton_version
 from crossfuse.ops import relu_attention as ra
 from crossfuse.ops._runtime import direct as _direct
+from crossfuse.ops.relu_attention import launch as launch_module
 from crossfuse.reference import relu_attention_ref
 from crossfuse.tolerances import relerr, tolerance
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -207,7 +208,7 @@ def test_every_attention_launch_has_a_key(dtype, causal, device, gen, monkeypatc
     # whatever the attention's launchers pass (pointers, strides, descriptors, scales, constexprs, options)
     # is of a type the keys know, so that no launch falls back to Triton's dispatch for want of a key
     seen = []
-    launch, run = ra._launch, _direct.run
+    launch, run = launch_module._launch, _direct.run
 
     def spy_launch(kernel, grid, key, *args, **options):
         seen.append((args, dict(options)))
@@ -217,7 +218,7 @@ def test_every_attention_launch_has_a_key(dtype, causal, device, gen, monkeypatc
         seen.append((args, dict(options)))
         return run(kernel, grid, args, options)
 
-    monkeypatch.setattr(ra, "_launch", spy_launch)
+    monkeypatch.setattr(launch_module, "_launch", spy_launch)
     monkeypatch.setattr(_direct, "run", spy_run)
     if device == "cpu" and dtype == torch.bfloat16:
         dtype = torch.float64  # the interpreter's bf16 path is the float32 one; float64 for variety

@@ -1,9 +1,9 @@
-"""The attention's launch plans (crossfuse.ops.relu_attention._planned): a call with the key of an earlier
-one makes that call's launches on its own tensors, and gets what deciding afresh gets, bit for bit.
+"""The attention's launch plans (crossfuse.ops.relu_attention.plans._planned): a call with the key of an
+earlier one makes that call's launches on its own tensors, and gets what deciding afresh gets, bit for bit.
 
-On a GPU the plans replay compiled kernels (crossfuse.ops._runtime.direct); under the CPU's interpreter, where
-nothing is compiled, a stand-in for ``_direct`` runs the kernels through the interpreter and the launchers
-decide as they would on a GPU (``is_interpreted`` False: the GPU's tiles, pointer kernels)."""
+On a GPU the plans replay compiled kernels (crossfuse.ops._runtime.direct); under the CPU's interpreter,
+where nothing is compiled, a stand-in for ``_direct`` runs the kernels through the interpreter and the
+launchers decide as they would on a GPU (``is_interpreted`` False: the GPU's tiles, pointer kernels)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 import torch
 from crossfuse.ops import relu_attention as ra
 from crossfuse.ops._runtime import direct as _direct
+from crossfuse.ops.relu_attention import launch as launch_module
+from crossfuse.ops.relu_attention import plans as plans_module
 from crossfuse.reference import relu_attention_ref
 from crossfuse.tolerances import relerr, tolerance
 
@@ -25,20 +27,19 @@ class Planning:
     def __init__(self, monkeypatch, device):
         self.decided = []
         self.table = {}  # the CPU's stand-in for _direct's compiled kernels: slot -> (kernel, options)
-        monkeypatch.setattr(ra, "PLANNING", True)
         for name in ("_fwd_launches", "_bwd_launches"):
-            monkeypatch.setattr(ra, name, self._counted(name, getattr(ra, name)))
+            monkeypatch.setattr(launch_module, name, self._counted(name, getattr(launch_module, name)))
         self.replays = []
-        replay = ra._replay
+        replay = plans_module._replay
 
         def counted_replay(plan, tensors):
             done = replay(plan, tensors)
             self.replays.append(done)
             return done
 
-        monkeypatch.setattr(ra, "_replay", counted_replay)
+        monkeypatch.setattr(plans_module, "_replay", counted_replay)
         if device == "cpu":
-            monkeypatch.setattr(ra, "is_interpreted", lambda kernel: False)
+            monkeypatch.setattr(launch_module, "is_interpreted", lambda kernel: False)
             for name in ("state", "key", "remember", "remembered", "launch"):
                 monkeypatch.setattr(_direct, name, getattr(self, name))
         else:
@@ -80,10 +81,12 @@ def planning(monkeypatch, device):
     _direct.clear()
 
 
-def _run(q, k, v, do, causal, squared, scale=0.2, relu_scale=0.01, configs=(None, None)):
-    out = ra.relu_attention_fwd(q, k, v, causal, squared, scale, relu_scale, config=configs[0])
-    grads = ra.relu_attention_bwd(q, k, v, do, causal, squared, scale, relu_scale,
-                                  configs=None if configs[1] is None else configs[1])  # fmt: skip
+def _run(q, k, v, do, causal, squared, scale=0.2, relu_scale=0.01, configs=(None, None),
+         choices=ra.DEFAULT):  # fmt: skip
+    out = ra.relu_attention_fwd(q, k, v, causal, squared, scale, relu_scale, config=configs[0],
+                                choices=choices)  # fmt: skip
+    grads = ra.relu_attention_bwd(q, k, v, do, causal, squared, scale, relu_scale, configs=configs[1],
+                                  choices=choices)  # fmt: skip
     return out, *grads
 
 
@@ -118,8 +121,7 @@ def test_plans_replay_what_deciding_afresh_launches(d, length, causal, squared, 
     second = _run(q2, k2, v2, do2, causal, squared)
     assert not planning.decided and planning.replays == [True, True]
     _check_against_float64(second, q2, k2, v2, do2, causal, squared)
-    ra.PLANNING = False  # (monkeypatched: restored after the test) deciding afresh, for comparison
-    fresh = _run(q2, k2, v2, do2, causal, squared)
+    fresh = _run(q2, k2, v2, do2, causal, squared, choices=ra.Choices(planning=False))  # deciding afresh
     for name, a, b in zip(("out", "dq", "dk", "dv"), second, fresh, strict=True):
         assert torch.equal(a, b), name
 
@@ -192,6 +194,6 @@ def test_a_plan_keeps_literal_arguments_and_refuses_foreign_tensors(monkeypatch)
     monkeypatch.setattr(_direct, "remembered", lambda slot: True)
     t = torch.zeros(2)
     plan = ra._make_plan([(("slot",), (1, 1), (t, None, 3, 0.5))], (t,))
-    assert plan == ((("slot",), (1, 1), (ra._Tensor(0), None, 3, 0.5)),)
+    assert plan == ((("slot",), (1, 1), (ra._Tensor(0), None, 3, 0.5), ((0, ra._Tensor(0)),)),)
     assert ra._make_plan([(("slot",), (1, 1), (torch.zeros(2),))], (t,)) is None
     assert ra._make_plan([(None, (1, 1), (t,))], (t,)) is None  # a launch without a compiled kernel's key

@@ -142,12 +142,13 @@ def attention_overrides(config_type, entries: dict | None = None) -> dict:
     origin = _origin() if entries is None else ""
     for key, c in (_entries() if entries is None else entries).items():
         if key.startswith("attn/"):
-            if isinstance(c, dict) and c.get("ws"):  # Triton's warp-specialized loops gave wrong results
+            if isinstance(c, dict) and c.get("ws"):  # warp-specialized loops gave wrong results: ignored
                 continue
             _checked(key, c, origin, _ATTN_FIELDS)
             _check_attention_tiles(key, c, origin)
             tma = bool(c.get("tma", False))
-            cfg = config_type(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"], tma)
+            cfg = config_type(block_m=c["block_m"], block_n=c["block_n"], num_warps=c["num_warps"],
+                              num_stages=c["num_stages"], tma=tma)  # fmt: skip
             esize = _ESIZE[c.get("dtype", "bfloat16")]
             for long in (c["length"] == "long",) if "length" in c else (False, True):
                 out[(c["kind"], c["d"], esize, c["causal"], long)] = cfg

@@ -96,12 +96,12 @@ LAYER_NORM_BWD = _operator(
 _FLAGS = "bool causal, bool squared, float scale, float? relu_scale, str layout"
 RELU_ATTENTION_FWD = _operator(
     "relu_attention_fwd", f"(Tensor q, Tensor k, Tensor v, {_FLAGS}) -> Tensor",
-    _calls("relu_attention", "_operator_fwd"), _attn_fwd_fake,
+    _calls("relu_attention.api", "_operator_fwd"), _attn_fwd_fake,
 )  # fmt: skip
 RELU_ATTENTION_BWD = _operator(
     "relu_attention_bwd",
     f"(Tensor q, Tensor k, Tensor v, Tensor dout, {_FLAGS}) -> (Tensor, Tensor, Tensor)",
-    _calls("relu_attention", "_operator_bwd"), _attn_bwd_fake,
+    _calls("relu_attention.api", "_operator_bwd"), _attn_bwd_fake,
 )  # fmt: skip
 
 

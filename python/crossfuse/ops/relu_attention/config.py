@@ -1,0 +1,267 @@
+"""Typed launch configurations of the ReLU attention and the rules that choose them.
+
+Every choice of tiles, warps, stages and kernel variant the launchers make is made here, from the
+tensors' shapes and dtypes and the flags: :func:`attention_config` (Triton kernels, tuned table
+``TUNED``), ``TF32_FWD`` and ``TF32_BWD`` (the float32 Gluon kernels), and the small rules ``_fold``,
+``_peel``, ``_causal_order``, ``_relu_cvt`` and ``_tf32_copies``. :class:`Choices` lets a caller (tests,
+probes, ``bench/tune.py``) fix any of them explicitly instead of the rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+
+from ... import _tuning
+
+HEAD_DIMS = (16, 32, 64, 128, 256)
+LAYOUTS = ("bhld", "blhd")
+
+# CUDA's limit on a grid's second axis, where every attention kernel puts the (batch, head) pairs
+MAX_GRID_1 = 65535
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """Tiles of one Triton attention kernel (``tuned.json``'s ``attn/`` entries spell the same fields)."""
+
+    block_m: int  # query rows per tile
+    block_n: int  # key rows per tile
+    num_warps: int
+    num_stages: int
+    tma: bool = False  # tensor descriptors (the *_tma_kernel's) where _tma_usable allows, else pointers
+
+
+# the interpreter runs tiles as numpy arrays: few, large programs are fastest
+INTERPRETER_CONFIG = AttnConfig(32, 32, 4, 1)
+
+# Sequences up to SHORT_L use the "short" entries of TUNED where there are any: with 16k tokens a
+# short sequence has many (batch, head) pairs and few blocks per pair, so its fastest tiles can differ.
+SHORT_L = 2048
+
+# Measured on the H200 by bench/tune.py: bf16 at 16k tokens (D=64 and D=128 at L=4096, "long", and
+# L=1024, "short"; each backward kernel scored as the whole backward, 2.5x the forward's FLOPs, with the
+# other kernel at its default); float32 (tf32 dots, reading the copies of _tf32_copies) at B=4, H=16,
+# L=4096 (long) and L=1024 (short), the non-causal ones once _peel had removed their serialized
+# products, the short causal dK/dV once _fold gave its programs two blocks each. (kind, D, element bytes,
+# causal, long sequence) -> config (float16 shares the 2-byte rows). A missing entry falls back to the
+# other length's entry, then to the rule in attention_config.
+TUNED: dict[tuple[str, int, int, bool, bool], AttnConfig] = {
+    # bf16 kernels reading through tensor descriptors (tma=True) won these keys (the pointer kernel's best
+    # in the same sweep in brackets); the others keep the pointer kernels
+    ("dkdv", 64, 2, False, True): AttnConfig(64, 64, 4, 3, tma=True),  # 471 TFLOP/s (451)
+    ("dkdv", 64, 2, False, False): AttnConfig(64, 64, 4, 3, tma=True),  # 407 TFLOP/s (388)
+    ("dkdv", 64, 2, True, True): AttnConfig(64, 64, 4, 3, tma=True),  # 443 TFLOP/s (387)
+    ("dkdv", 64, 2, True, False): AttnConfig(32, 64, 4, 3, tma=True),  # 315 TFLOP/s (296)
+    ("dq", 64, 2, False, True): AttnConfig(128, 64, 8, 3, tma=True),  # 484 TFLOP/s (441)
+    ("dq", 64, 2, False, False): AttnConfig(128, 64, 8, 3, tma=True),  # 428 TFLOP/s (387)
+    ("dq", 64, 2, True, True): AttnConfig(128, 64, 4, 3, tma=True),  # 421 TFLOP/s (416)
+    ("dq", 64, 2, True, False): AttnConfig(64, 64, 4, 3, tma=True),  # 309 TFLOP/s (297)
+    # the forwards re-swept once the bf16 relu took one instruction a pair (the entry before, in brackets)
+    ("fwd", 64, 2, False, True): AttnConfig(128, 64, 8, 4),  # 802 TFLOP/s (705)
+    ("fwd", 64, 2, False, False): AttnConfig(128, 64, 4, 3, tma=True),  # 638 TFLOP/s (L=1024)
+    ("fwd", 64, 2, True, True): AttnConfig(128, 64, 4, 3, tma=True),  # 699 TFLOP/s (682)
+    ("fwd", 64, 2, True, False): AttnConfig(128, 64, 4, 3, tma=True),  # 435 TFLOP/s (423)
+    # the descriptor kernel with 4 stages (192 KB of shared memory, still one program per SM): the whole
+    # backward 1.014x, 1.016x, 1.036x the pointer kernel at L=1024, 4096, 16384
+    ("dkdv", 128, 2, False, True): AttnConfig(64, 128, 8, 4, tma=True),  # 537 TFLOP/s bwd, L=16384
+    ("dkdv", 128, 2, True, True): AttnConfig(64, 128, 8, 3, tma=True),  # 476 TFLOP/s (468)
+    ("dkdv", 128, 2, True, False): AttnConfig(64, 64, 4, 2, tma=True),  # 340 TFLOP/s (332)
+    ("dq", 128, 2, False, True): AttnConfig(128, 64, 8, 3, tma=True),  # 537 TFLOP/s (526)
+    ("dq", 128, 2, False, False): AttnConfig(128, 64, 8, 3, tma=True),  # 439 TFLOP/s (429)
+    ("dq", 128, 2, True, True): AttnConfig(128, 64, 8, 3, tma=True),  # 477 TFLOP/s (467)
+    ("dq", 128, 2, True, False): AttnConfig(128, 32, 8, 3, tma=True),  # 337 TFLOP/s (330)
+    # full D=128: the sweep's winner (128x64, 4 warps, 2 stages: 777 and 617 TFLOP/s) spills 324 bytes per
+    # thread (sm_90 compile here) for 1-2% over these: kept out
+    ("fwd", 128, 2, False, True): AttnConfig(64, 64, 4, 3),  # 765 TFLOP/s
+    ("fwd", 128, 2, True, True): AttnConfig(64, 64, 4, 3, tma=True),  # 656 TFLOP/s (642)
+    ("fwd", 128, 2, False, False): AttnConfig(64, 64, 4, 3),  # 610 TFLOP/s
+    ("fwd", 128, 2, True, False): AttnConfig(64, 64, 4, 3, tma=True),  # 449 TFLOP/s (the same)
+    ("dkdv", 64, 4, False, True): AttnConfig(32, 128, 8, 3),  # 173 TFLOP/s (with PEEL; 16x128: 162)
+    ("dkdv", 64, 4, False, False): AttnConfig(32, 128, 8, 3),  # 113 TFLOP/s (with PEEL; 16x128: 110)
+    ("dkdv", 64, 4, True, True): AttnConfig(64, 128, 8, 2),  # 149 TFLOP/s
+    ("dkdv", 64, 4, True, False): AttnConfig(32, 128, 8, 3),  # 99 TFLOP/s (with FOLD; 32x64: 94)
+    ("dq", 64, 4, False, True): AttnConfig(128, 64, 8, 3),  # 147 TFLOP/s
+    ("dq", 64, 4, False, False): AttnConfig(128, 64, 8, 3),  # 104 TFLOP/s
+    ("dq", 64, 4, True, True): AttnConfig(128, 64, 8, 3),  # 149 TFLOP/s
+    ("dq", 64, 4, True, False): AttnConfig(128, 64, 8, 3),  # 69 TFLOP/s
+    ("fwd", 64, 4, False, True): AttnConfig(64, 64, 4, 3),  # 270 TFLOP/s (with PEEL; 128x32: 255)
+    ("fwd", 64, 4, False, False): AttnConfig(128, 32, 8, 4),  # 153 TFLOP/s
+    ("fwd", 64, 4, True, True): AttnConfig(64, 64, 4, 3),  # 214 TFLOP/s
+    ("fwd", 64, 4, True, False): AttnConfig(64, 64, 4, 3),  # 97 TFLOP/s
+}
+
+TUNED.update(_tuning.attention_overrides(AttnConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
+
+
+def attention_config(
+    kind: str, d: int, dtype: torch.dtype, causal: bool, interpreted: bool = False, length: int | None = None
+) -> AttnConfig:
+    """Tiles for ``kind`` in ``("fwd", "dkdv", "dq")``; ``length`` is max(Lq, Lk) when known. Causal
+    kernels need BLOCK_M and BLOCK_N to divide each other (fwd/dq: BLOCK_N | BLOCK_M; dkdv: BLOCK_M |
+    BLOCK_N)."""
+    if interpreted:  # the interpreter runs tiles as numpy arrays: few, large programs are fastest
+        return INTERPRETER_CONFIG
+    esize = dtype.itemsize
+    long = length is None or length > SHORT_L
+    tuned = TUNED.get((kind, d, esize, causal, long), TUNED.get((kind, d, esize, causal, not long)))
+    if tuned is not None:
+        return tuned
+    big = d * esize >= 256  # D=128 in 16 bits, D=64 in fp32, or larger
+    if kind == "fwd":
+        if d * esize >= 512:
+            return AttnConfig(64, 32, 4, 2)
+        return AttnConfig(128, 64, 8 if big else 4, 3)
+    if kind == "dkdv":
+        if d * esize >= 1024:  # D=256 in float32: its copies of q and dout (see _tf32_copies) need room
+            return AttnConfig(16, 32, 4, 2)
+        if d * esize >= 512:
+            return AttnConfig(16, 64, 4, 2)
+        return AttnConfig(32, 128 if not big else 64, 8 if big else 4, 3)
+    if kind == "dq":
+        if d * esize >= 1024:
+            return AttnConfig(32, 16, 4, 2)
+        if d * esize >= 512:
+            return AttnConfig(64, 16, 4, 2)
+        return AttnConfig(128 if not big else 64, 32, 8 if big else 4, 3)
+    raise ValueError(f"kind must be 'fwd', 'dkdv' or 'dq', got {kind!r}")
+
+
+@dataclass(frozen=True)
+class Tf32Tiles:
+    """Tiles of one float32 Gluon kernel (:mod:`.gluon_launch`)."""
+
+    block_m: int  # query rows per tile (the forward's and the dQ kernel's warps: block_m // 16)
+    block_n: int  # key rows per tile (the dK/dV kernel's warps: block_n // 16)
+    stages: int  # shared-memory buffers of the ring the copy engine fills
+    is_async: bool  # each product issued asynchronously, overlapping the elementwise work before the next
+    trans: bool = False  # the kernel transposes its tiles of the operands summed over L itself: no copies
+
+
+@dataclass(frozen=True)
+class Tf32BwdTiles:
+    """Tiles of the float32 Gluon backward's two kernels."""
+
+    dkdv: Tf32Tiles
+    dq: Tf32Tiles
+
+
+# The float32 forward in Gluon: (causal, long sequence) -> tiles; where they do not divide the lengths (or
+# the table has no entry), Triton's kernel runs. Measured on the H200 against Triton's float32 forward at
+# B=4, H=16 (bench/probe_attn_tf32.py in the history, each with v's copy): 128x64 tiles on 8 warps with 2
+# buffers, with v's tiles transposed in the kernel (trans), 1.447x at L=1024 full, 1.455x causal, 1.386x at
+# L=2048 causal, 1.325x at L=4096 causal; at L=4096 full v's copy ran faster (1.359 against 1.269x), so
+# the long full entry reads it. 64x64 tiles transposing on 4 warps ran 0.82-0.97x of the 128x64 ones; the
+# asynchronous products 0.96-1.02x at 64x64 with 3 buffers and 0.75-0.81x at 128x64 with 2 (one program an
+# SM at 180 registers).
+TF32_FWD: Mapping[tuple[bool, bool], Tf32Tiles] = MappingProxyType({
+    (False, False): Tf32Tiles(128, 64, 2, False, True),
+    (False, True): Tf32Tiles(128, 64, 2, False, False),
+    (True, False): Tf32Tiles(128, 64, 2, False, True),
+    (True, True): Tf32Tiles(128, 64, 2, False, True),
+})  # fmt: skip
+
+
+# The float32 backward in Gluon: (causal, long sequence) -> the dK/dV kernel's and the dQ kernel's tiles;
+# where they do not divide the lengths (or the table has no entry), Triton's kernels run. Measured on the
+# H200 against Triton's float32 backward at B=4, H=16: the full rows' 32x64 dK/dV and 64x64 dQ tiles,
+# asynchronous, reading copies in sigma's order, 1.368, 1.413, 1.403x (L = 1024, 2048, 4096); the
+# causal rows with 128-key dK/dV tiles on 8 warps and both kernels transposing their tiles themselves
+# 1.439, 1.366, 1.274x (the dK/dV kernel transposes two tiles a step: at the full rows, on 4 warps, it ran
+# below the copies' 1.20-1.25x).
+TF32_BWD: Mapping[tuple[bool, bool], Tf32BwdTiles] = MappingProxyType({
+    (False, False): Tf32BwdTiles(Tf32Tiles(32, 64, 2, True), Tf32Tiles(64, 64, 2, True)),
+    (False, True): Tf32BwdTiles(Tf32Tiles(32, 64, 2, True), Tf32Tiles(64, 64, 2, True)),
+    (True, False): Tf32BwdTiles(Tf32Tiles(64, 128, 2, True, True), Tf32Tiles(64, 64, 2, True, True)),
+    (True, True): Tf32BwdTiles(Tf32Tiles(64, 128, 2, True, True), Tf32Tiles(64, 64, 2, True, True)),
+})  # fmt: skip
+
+# The fewest programs one group of heads of the Gluon kernels' causal launch order should have
+# (gluon_launch.head_group): about a wave of them on an H200 (132 SMs, two programs each), so that the
+# last group's blocks, heaviest first, keep every SM busy to the end.
+GROUP_PROGRAMS = 256
+
+L_MAJOR_TILE = (64, 64, 4)  # BLOCK_L, BLOCK_D, warps of the copy kernel with unit stride on L
+
+
+@dataclass(frozen=True, eq=False)
+class Choices:
+    """What the launchers would otherwise decide by rule, fixed by the caller (tests, probes, tuning).
+
+    The defaults are the rules (``None``) and the module's tables. An instance is part of the launch
+    plans' keys by identity (``eq=False``): calls with another instance never replay the default's plans.
+    """
+
+    # (causal, long sequence) -> the Gluon forward's tiles, and the same for the Gluon backward
+    tf32_fwd: Mapping[tuple[bool, bool], Tf32Tiles] = field(default_factory=lambda: TF32_FWD)
+    tf32_bwd: Mapping[tuple[bool, bool], Tf32BwdTiles] = field(default_factory=lambda: TF32_BWD)
+    peel: bool | None = None  # the pointer kernels' PEEL (None: _peel)
+    fold: bool | None = None  # the causal pointer kernels' FOLD (None: _fold)
+    causal_order: tuple[int, int] | None = None  # the descriptor forward's (GROUP, FIRST) (_causal_order)
+    gdc: bool | None = None  # chain the kernels by dependent launches (None: where the GPU allows)
+    head_group: int | None = None  # the Gluon kernels' heads per group (None: gluon_launch.head_group)
+    group_programs: int = GROUP_PROGRAMS  # the rule's programs per group of heads
+    max_grid_1: int = MAX_GRID_1  # (batch, head) pairs per launch; more run as batch slices
+    copy_tile: tuple[int, int, int] = L_MAJOR_TILE  # the copy kernel's BLOCK_L, BLOCK_D, warps
+    planning: bool = True  # replay the launches of an earlier call with the same key (launch plans)
+
+
+DEFAULT = Choices()
+
+
+def _relu_cvt(interp: bool, squared: bool, dtype: torch.dtype) -> bool:
+    """Whether the kernels take relu's bf16 operands from ``_relu_to_bf16`` and apply ``scale`` to their
+    outputs: compiled bfloat16 relu (not squared: relu(s)^2 has no one-instruction form)."""
+    return not interp and not squared and dtype == torch.bfloat16
+
+
+# The causal forward's last (batch, head) pairs, as many as hold this many bytes of keys and values, are
+# ordered as one group (_block_order): the heaviest query blocks of all of them first, so that the kernel
+# ends on light blocks instead of on the last pair's heavy ones. 16-bit D=64 sequences longer than
+# SHORT_L only (on the H200 the D=64 forward 1.00-1.06x; D=128 0.95-1.01x, not used).
+CAUSAL_TAIL_BYTES = 16 << 20
+
+
+def _causal_order(k: torch.Tensor, causal: bool) -> tuple[int, int]:
+    """``(GROUP, FIRST)`` of the descriptor forward's program order (see CAUSAL_TAIL_BYTES): the first
+    FIRST pairs one after another, the last GROUP pairs as one group; ``(1, 0)`` is one pair after
+    another."""
+    B, H, Lk, D = k.shape
+    if not causal or D != 64 or k.element_size() != 2 or Lk <= SHORT_L:
+        return 1, 0
+    group = max(1, min(B * H, CAUSAL_TAIL_BYTES // (2 * Lk * D * k.element_size())))
+    return group, B * H - group
+
+
+def _fold(dtype: torch.dtype, causal: bool) -> bool:
+    """Whether the causal pointer kernels' programs each take two blocks (``FOLD``): the forward's and the
+    dQ kernel's query blocks ``n-1-x`` and ``x``, the dK/dV kernel's key blocks ``x`` and ``n-1-x``, so
+    that every program does the same work (n + 1 blocks' steps; the middle block of an odd n alone) where
+    one block per program does 1 to n and the kernel ends on the heavy blocks that started last. float32
+    only: on the H200 the float32 forward took 1.02-1.11x; the bf16 forward moved 0.95-1.02x, within its
+    spread."""
+    return causal and dtype == torch.float32
+
+
+def _peel(dtype: torch.dtype, causal: bool) -> bool:
+    """Whether a kernel's non-causal loop takes its first block in a loop of its own (``PEEL``): float32
+    only. Compiled for sm_90 (Triton 3.6), the float32 kernels' non-causal loops, whose accumulators start
+    at zero before the loop, make ptxas serialize their tf32 ``wgmma`` instructions (warning C7515:
+    "non wgmma instructions defining accumulator registers of a wgmma between start and end of the
+    pipeline stage"); with the first block in a loop of its own, the main loop starts from that loop's
+    result and every float32 kernel compiles without it, as the causal ones (two loops) already did.
+    The 16-bit kernels compile without the warning either way. Correct for any length (either loop may
+    run no step)."""
+    return dtype == torch.float32 and not causal
+
+
+def _tf32_copies(dtype: torch.dtype, interp: bool) -> bool:
+    """float32 dots run on tf32 tensor cores, which read both operands of a product K-major (summed
+    dimension contiguous in memory). Products summed over L (``p @ v``; ``p^T @ dout``, ``ds^T @ q``,
+    ``ds @ k`` in the backward) then need copies with unit stride on L: without them Triton transposes
+    every tile with 4-byte copies into shared memory, at about half the speed. 16-bit types have
+    transposing tensor-core loads and need none."""
+    return dtype == torch.float32 and not interp

@@ -1,0 +1,179 @@
+"""Launching the attention's kernels: stages that fit the GPU, and launch plans replayed by later calls.
+
+``_launch`` is the one place a kernel is launched: through Triton's dispatch the first time, straight
+into the compiled kernel afterwards (:mod:`.._runtime.direct`). A launcher's call records its launches
+(``record``); :func:`_planned` keeps them as a plan under everything the launcher's decisions read, and a
+later call with the same key replays the plan on its own tensors (:func:`_replay`) without deciding again.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import torch
+from triton.runtime.errors import OutOfResources
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before 3.4: the pointer kernels only
+    TensorDescriptor = None
+
+from .._runtime import direct as _direct
+from .._runtime.device import bind_cuda_context
+
+# (kernel, device, dtype, D, config) -> the pipeline stages that fit that GPU's shared memory, where fewer
+# than the config's (see _launch)
+_STAGES_THAT_FIT: dict[tuple, int] = {}
+
+
+def _launch(kernel, grid, key: tuple, *args, **options) -> None:
+    """``kernel[grid](*args, **options)``. The tables were tuned on an H200 (227 KB of shared memory per
+    program; a D=128 backward step takes up to 192 KB); on a GPU with less, Triton refuses a launch whose
+    stages do not fit (``OutOfResources``, before anything runs), so the launch is retried with one stage
+    fewer, down to one, and the stages that fit are remembered under ``(kernel, *key)``. A launch Triton
+    has compiled before goes straight to the compiled kernel (:mod:`._runtime.direct`)."""
+    direct = _direct.key(kernel, args, options)  # the compiled kernel, launched again without dispatch
+    record(direct, grid, args)
+    if direct is not None and _direct.launch(direct, grid, args):
+        return
+    slot = (kernel, *key)
+    asked = dict(options)
+    stages = _STAGES_THAT_FIT.get(slot, options.pop("num_stages"))
+    while True:
+        try:
+            compiled = kernel[grid](*args, num_stages=stages, **options)
+            _direct.remember(direct, kernel, args, asked, compiled)
+            return
+        except OutOfResources as exc:
+            if exc.name != "shared memory" or stages <= 1:
+                raise
+            stages -= 1
+            _STAGES_THAT_FIT[slot] = stages
+
+
+# Launch plans. A call of a launcher decides its kernels, tiles, grids and arguments from
+# its tensors' shapes, strides, dtypes and alignment, its flags and tiles; at the shapes where the host
+# sets the pace (16x32x1024x64 causal: about 0.65 ms of GPU work for a forward+backward) those decisions
+# and the launch keys cost as much host time as the launches. A call records its launches (_launch);
+# where they went straight into compiled kernels (:mod:`.._runtime.direct`) and took no tensor but the
+# call's own, they are kept under everything the decisions read, and a later call with the same key
+# builds the descriptors over its own tensors and makes the same launches.
+MAX_PLANS = 1024  # plans kept at most (ints and floats are part of their keys: a table that starts afresh)
+_PLANS: dict[tuple, tuple] = {}
+_RECORDING = threading.local()
+
+
+class _Desc(NamedTuple):
+    """In a plan's arguments: a descriptor over the call's tensor ``index`` (see _desc)."""
+
+    index: int
+    shape: list
+    strides: list
+    block: list
+
+
+class _Tensor(NamedTuple):
+    """In a plan's arguments: the call's tensor ``index`` itself (the pointer kernels)."""
+
+    index: int
+
+
+def record(slot: tuple | None, grid, args: tuple) -> None:
+    """Where a launch plan is in the making on this thread (_planned), note a launch: its compiled kernel's
+    slot (``None`` for one that cannot be replayed), grid and arguments."""
+    launches = getattr(_RECORDING, "launches", None)
+    if launches is not None:
+        launches.append((slot, grid, args))
+
+
+def _plan_key(kind: str, tensors: tuple, *decided) -> tuple | None:
+    """The key of a launcher's call on ``tensors``: ``kind``, what else decides it (flags, scales, tiles,
+    the caller's :class:`.config.Choices`), each tensor's shape, strides, dtype and 16-byte alignment, and
+    what selects the compiled kernels (``_direct.state``); ``None`` where launches go through Triton's
+    dispatch."""
+    now = _direct.state()
+    if now is None:
+        return None
+    return (kind, now, *decided, *[(t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+
+
+def _replay(plan: tuple, tensors: tuple) -> bool:
+    """Make the launches of ``plan`` on ``tensors``; False, launching nothing, where a kernel it names is
+    no longer kept (``_direct``'s table started afresh). Each launch's arguments are its template with the
+    call's tensors (and descriptors over them) at the places the plan names: a few items, not every
+    argument, are looked at."""
+    remembered = _direct.remembered
+    for launch in plan:
+        if not remembered(launch[0]):
+            return False
+    bind_cuda_context(tensors[0])  # before descriptors are filled (see bind_cuda_context)
+    for slot, grid, template, places in plan:
+        args = list(template)
+        for i, a in places:
+            if type(a) is _Tensor:
+                args[i] = tensors[a.index]
+            else:
+                args[i] = _direct.descriptor(tensors[a.index], a.shape, a.strides, a.block)
+        _direct.launch(slot, grid, tuple(args))
+    return True
+
+
+def _make_plan(launches: list, tensors: tuple) -> tuple | None:
+    """A plan from the recorded ``launches`` of a call on ``tensors``: per launch ``(slot, grid, template,
+    places)``, the template's arguments with the call's tensors as :class:`_Tensor` and :class:`_Desc`
+    items, whose places ``(position, item)`` are listed; or ``None`` where one of them had no
+    key or took a tensor that is not one of ``tensors`` (float32's copies, say), or where one tensor was
+    given twice (its places could not be told apart: another call may pass two tensors there)."""
+    if len({id(t) for t in tensors}) < len(tensors):
+        return None
+    plan = []
+    for slot, grid, args in launches:
+        if slot is None or not _direct.remembered(slot):
+            return None
+        template = []
+        for a in args:  # (a None argument is a value like any other: only a tensor not found is refused)
+            if isinstance(a, torch.Tensor):
+                index = next((i for i, t in enumerate(tensors) if t is a), None)
+                if index is None:
+                    return None
+                a = _Tensor(index)
+            elif type(a) is TensorDescriptor:
+                index = next((i for i, t in enumerate(tensors) if t is a.base), None)
+                if index is None:
+                    return None
+                a = _Desc(index, a.shape, a.strides, a.block_shape)
+            template.append(a)
+        places = tuple((i, a) for i, a in enumerate(template) if type(a) in (_Tensor, _Desc))
+        plan.append((slot, grid, tuple(template), places))
+    return tuple(plan) if plan else None
+
+
+def _planned(key: tuple | None, tensors: tuple, launch, *args) -> tuple | None:
+    """``launch(*tensors, *args)``, or the plan kept under ``key`` from an earlier call; returns the plan
+    that now stands for such calls (``None`` where there is none)."""
+    if key is None:
+        launch(*tensors, *args)
+        return None
+    plan = _PLANS.get(key)
+    if plan is not None and _replay(plan, tensors):
+        return plan
+    _RECORDING.launches = launches = []
+    try:
+        launch(*tensors, *args)
+    finally:
+        _RECORDING.launches = None
+    plan = _make_plan(launches, tensors)
+    if plan is not None:
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def clear_plans() -> None:
+    """Forget every launch plan (tests that count the launches a call decides)."""
+    _PLANS.clear()
+
+
+# CUDA's limit on a grid's second axis, where every attention kernel puts the (batch, head) pairs

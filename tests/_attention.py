@@ -1,0 +1,95 @@
+"""Helpers shared by the ReLU attention's tests (tests/test_relu_attention*.py)."""
+
+from __future__ import annotations
+
+import crossfuse
+import pytest
+import torch
+from crossfuse.ops import relu_attention as ra
+from crossfuse.ops.relu_attention import copies as copies_module
+from crossfuse.ops.relu_attention import launch as launch_module
+from crossfuse.reference import kink_slack as reference_kink_slack
+from crossfuse.reference import relu_attention_ref, tf32_truncate
+from crossfuse.tolerances import relerr, relerr_with_slack, tolerance
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def randn(shape, dtype, device, gen):
+    return torch.randn(shape, dtype=torch.float64, generator=gen).to(device=device, dtype=dtype)
+
+
+def qkv(b, h, lq, lk, d, dtype, device, gen):
+    return (
+        randn((b, h, lq, d), dtype, device, gen),
+        randn((b, h, lk, d), dtype, device, gen),
+        randn((b, h, lk, d), dtype, device, gen),
+    )
+
+
+def kink_slack(q, k, v, dout, causal, squared, **scales):
+    """Each dq, dk, dv row's slack: how far its scores at relu's kink may move it (see
+    crossfuse.reference.kink_slack; none for dv, relu being continuous)."""
+    slack = reference_kink_slack(q, k, v, dout, causal, squared, **scales)
+    return {"dq": slack["q"], "dk": slack["k"], "dv": torch.zeros(v.shape[:-1], dtype=torch.float64,
+                                                                  device=v.device)}  # fmt: skip
+
+
+
+def run_and_compare(q, k, v, causal, squared, gen, layout="bhld", choices=None):
+    """Kernel forward + backward vs the float64 reference; returns the errors (asserted here). With
+    ``choices`` (:class:`crossfuse.ops.relu_attention.Choices`), through the full path that takes them."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    if choices is None:
+        out = crossfuse.relu_attention(*leaves, causal=causal, squared=squared, layout=layout)
+    else:
+        out = ra.relu_attention_with(*leaves, causal=causal, squared=squared, layout=layout, choices=choices)
+    dout = randn(out.shape, out.dtype, out.device, gen)
+    out.backward(dout)
+    dtype, tf32 = q.dtype, q.is_cuda and q.dtype == torch.float32  # float32 dots run on tf32 on GPUs
+    # with tf32 the kernel multiplies operands truncated to 10 mantissa bits: the reference gets the same
+    # truncated inputs, so that a score within rounding of 0 falls on the same side of relu's kink in
+    # both (otherwise one flipped score among a few hundred decides the error of a short sequence)
+    refs = [(tf32_truncate(t) if tf32 else t).detach().double().requires_grad_(True) for t in (q, k, v)]
+    to_bhld = (lambda t: t) if layout == "bhld" else (lambda t: t.transpose(1, 2))
+    out_ref = relu_attention_ref(*(to_bhld(t) for t in refs), causal=causal, squared=squared)
+    out_ref = to_bhld(out_ref)
+    out_ref.backward(dout.double())
+    errs = {"out": (relerr(out, out_ref), tolerance("relu_attention", dtype, "fwd", tf32=tf32))}
+    # every gradient row is compared; a row that a score within float32 rounding of 0 reaches may stand
+    # as far from float64 as those scores on the other side of relu's kink would move it, and no farther
+    # (such scores are rare in short rows, but each row holds L of them: 16% of the rows at bf16 L=2048
+    # on the H200 meet one, where leaving those rows out would have hidden a wrong gradient)
+    slack = kink_slack(*(to_bhld(t) for t in refs), to_bhld(dout), causal, squared)
+    for name, got, ref in zip("qkv", leaves, refs, strict=True):
+        err = relerr_with_slack(to_bhld(got.grad), to_bhld(ref.grad), slack["d" + name])
+        errs["d" + name] = (err, tolerance("relu_attention", dtype, "bwd", tf32=tf32))
+    bad = {k: v for k, v in errs.items() if not v[0] <= v[1]}
+    assert not bad, f"relative error over tolerance (error, tolerance): {bad}"
+    return errs, out, leaves
+
+
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The kernels the launchers launch through ``_launch`` during the test, in order (a spy)."""
+    kernels = []
+    launch = launch_module._launch
+
+    def spy(kernel, grid, key, *args, **options):
+        kernels.append(kernel)
+        return launch(kernel, grid, key, *args, **options)
+
+    monkeypatch.setattr(launch_module, "_launch", spy)
+    return kernels
+
+
+@pytest.fixture
+def copies(monkeypatch):
+    """How many tensors each launch of float32's copies with unit stride on L (``_l_major_copies``, not
+    launched through ``_launch``) copied during the test, in order (a spy)."""
+    counts, copy = [], copies_module._l_major_copies
+    monkeypatch.setattr(copies_module, "_l_major_copies",
+                        lambda ts, *a: counts.append(len(ts)) or copy(ts, *a))  # fmt: skip
+    return counts
