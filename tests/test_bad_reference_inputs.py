@@ -58,13 +58,6 @@ REFERENCE = [
     ),
     Case(
         "reference.relu_attention_ref",
-        "no keys",
-        lambda: ref.relu_attention_ref(t(*_A), t(1, 2, 0, 8), t(1, 2, 0, 8)),
-        ValueError,
-        "at least one key",
-    ),
-    Case(
-        "reference.relu_attention_ref",
         "scale 0",
         lambda: ref.relu_attention_ref(t(*_A), t(*_A), t(*_A), scale=0),
         ValueError,

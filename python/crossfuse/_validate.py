@@ -105,9 +105,9 @@ def check_norm_args(x, params: dict, eps, dtypes=REFERENCE_DTYPES, eps_may_be_no
 
 def check_attention_args(q, k, v, causal, squared, scale, relu_scale, dtypes=REFERENCE_DTYPES) -> None:
     """Attention inputs [B, H, L, D]: q, k, v tensors of one of ``dtypes``, one dtype and one device; k's
-    batch, heads and head dim those of q, v's shape k's; at least one key (``relu_scale`` defaults to
-    1/Lk); causal only with as many queries as keys; bool flags; ``scale`` finite > 0, ``relu_scale``
-    finite >= 0 (None: the defaults)."""
+    batch, heads and head dim those of q, v's shape k's; causal only with as many queries as keys; bool
+    flags; ``scale`` finite > 0, ``relu_scale`` finite >= 0 (None: the defaults). No key (Lk = 0) is valid:
+    the output is zeros, as torch's attention gives."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(t, name, dtypes)
         if t.dim() != 4:
@@ -128,8 +128,6 @@ def check_attention_args(q, k, v, causal, squared, scale, relu_scale, dtypes=REF
         raise ValueError(f"v's shape {list(v.shape)} must equal k's {list(k.shape)}")
     if d < 1:
         raise ValueError(f"head dim D must be at least 1, got shape {list(q.shape)}")
-    if lk < 1:
-        raise ValueError(f"k and v need at least one key (Lk={lk})")
     check_bool(causal, "causal")
     check_bool(squared, "squared")
     if causal and lq != lk:

@@ -19,10 +19,11 @@ from .._validate import REFERENCE_DTYPES, check_attention_args, check_bool, chec
 
 
 def attention_scales(d: int, lk: int, scale: float | None, relu_scale: float | None) -> tuple[float, float]:
-    """Defaults: ``scale = 1/sqrt(D)``, ``relu_scale = 1/Lk``."""
+    """Defaults: ``scale = 1/sqrt(D)``, ``relu_scale = 1/Lk`` (no key: 1, nothing is summed; the output is
+    zeros, as torch's attention gives)."""
     return (
         1.0 / math.sqrt(d) if scale is None else float(scale),
-        1.0 / lk if relu_scale is None else float(relu_scale),
+        1.0 / max(lk, 1) if relu_scale is None else float(relu_scale),
     )
 
 
