@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import crossfuse
-import pytest
 import torch
 from crossfuse.ops import relu_attention as ra
-from crossfuse.ops.relu_attention import copies as copies_module
-from crossfuse.ops.relu_attention import launch as launch_module
 from crossfuse.reference import kink_slack as reference_kink_slack
 from crossfuse.reference import relu_attention_ref, tf32_truncate
 from crossfuse.tolerances import relerr, relerr_with_slack, tolerance
@@ -67,29 +64,3 @@ def run_and_compare(q, k, v, causal, squared, gen, layout="bhld", choices=None):
     bad = {k: v for k, v in errs.items() if not v[0] <= v[1]}
     assert not bad, f"relative error over tolerance (error, tolerance): {bad}"
     return errs, out, leaves
-
-
-
-
-@pytest.fixture
-def launched(monkeypatch):
-    """The kernels the launchers launch through ``_launch`` during the test, in order (a spy)."""
-    kernels = []
-    launch = launch_module._launch
-
-    def spy(kernel, grid, key, *args, **options):
-        kernels.append(kernel)
-        return launch(kernel, grid, key, *args, **options)
-
-    monkeypatch.setattr(launch_module, "_launch", spy)
-    return kernels
-
-
-@pytest.fixture
-def copies(monkeypatch):
-    """How many tensors each launch of float32's copies with unit stride on L (``_l_major_copies``, not
-    launched through ``_launch``) copied during the test, in order (a spy)."""
-    counts, copy = [], copies_module._l_major_copies
-    monkeypatch.setattr(copies_module, "_l_major_copies",
-                        lambda ts, *a: counts.append(len(ts)) or copy(ts, *a))  # fmt: skip
-    return counts

@@ -60,3 +60,31 @@ def _fresh_attention_caches():
     yield
     ra.clear_plans()
     ra.clear_eager()
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The kernels the attention launchers launch through ``_launch`` during the test, in order (a spy)."""
+    from crossfuse.ops.relu_attention import launch as launch_module
+
+    kernels = []
+    launch = launch_module._launch
+
+    def spy(kernel, grid, key, *args, **options):
+        kernels.append(kernel)
+        return launch(kernel, grid, key, *args, **options)
+
+    monkeypatch.setattr(launch_module, "_launch", spy)
+    return kernels
+
+
+@pytest.fixture
+def copies(monkeypatch):
+    """How many tensors each launch of float32's copies with unit stride on L (``_l_major_copies``, not
+    launched through ``_launch``) copied during the test, in order (a spy)."""
+    from crossfuse.ops.relu_attention import copies as copies_module
+
+    counts, copy = [], copies_module._l_major_copies
+    monkeypatch.setattr(copies_module, "_l_major_copies",
+                        lambda ts, *a: counts.append(len(ts)) or copy(ts, *a))  # fmt: skip
+    return counts
