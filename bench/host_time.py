@@ -1,0 +1,146 @@
+"""Host time per call of every public entry point, beside torch's own op, measured in one process.
+
+    python bench/host_time.py [--out DIR] [--against OTHER_PYTHON_DIR] [--calls N]
+
+Host time is what the CPU spends to issue one call: ``N`` calls back to back with no synchronisation,
+wall clock divided by ``N``, after a warm-up (so the first call, which compiles and plans, is excluded).
+Inputs require grad, as in training. Forward rows time the call; backward rows time
+``torch.autograd.grad`` of a retained graph (the backward's own host path, autograd's engine included).
+A model whose step issues many small calls is held back by this number, whatever its kernels cost.
+
+Peers: ``F.layer_norm`` and ``torch.nn.LayerNorm`` for the layer norm, ``F.scaled_dot_product_attention``
+for the op and ``torch.nn.MultiheadAttention`` for the module. ``--against`` also measures another
+checkout's crossfuse (its ``python/`` folder) in a subprocess on the same GPU, for a before/after table.
+Needs a CUDA GPU; writes ``host_time.csv`` and ``host_time.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _host_us(fn, calls: int) -> float:
+    import torch
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt / calls * 1e6
+
+
+def measure(calls: int) -> list[dict]:
+    """``[{entry, mode, shape, impl, host_us}]`` for crossfuse and its peers, bf16 on the current GPU."""
+    import crossfuse
+    import torch
+    import torch.nn.functional as F
+
+    dev, dt = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    rows = []
+
+    def add(entry, shape, impl, fwd, out_and_inputs):
+        rows.append(dict(entry=entry, mode="fwd", shape=shape, impl=impl, host_us=_host_us(fwd, calls)))
+        out, inputs = out_and_inputs()
+        dout = torch.randn_like(out)
+        bwd = lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)  # noqa: E731
+        rows.append(dict(entry=entry, mode="bwd", shape=shape, impl=impl, host_us=_host_us(bwd, calls)))
+
+    m, n = 4096, 1024
+    x = torch.randn(m, n, device=dev, dtype=dt, requires_grad=True)
+    w = torch.ones(n, device=dev, dtype=dt, requires_grad=True)
+    b = torch.zeros(n, device=dev, dtype=dt, requires_grad=True)
+    ln_shape = f"{m}x{n}"
+    add("layer_norm", ln_shape, "crossfuse.layer_norm", lambda: crossfuse.layer_norm(x, (n,), w, b),
+        lambda: (crossfuse.layer_norm(x, (n,), w, b), (x, w, b)))  # fmt: skip
+    add("layer_norm", ln_shape, "F.layer_norm", lambda: F.layer_norm(x, (n,), w, b),
+        lambda: (F.layer_norm(x, (n,), w, b), (x, w, b)))  # fmt: skip
+    for impl, mod in (("crossfuse.nn.LayerNorm", crossfuse.nn.LayerNorm(n, device=dev, dtype=dt)),
+                      ("torch.nn.LayerNorm", torch.nn.LayerNorm(n, device=dev, dtype=dt))):  # fmt: skip
+        add("nn.LayerNorm", ln_shape, impl, lambda mod=mod: mod(x),
+            lambda mod=mod: (mod(x), (x, mod.weight, mod.bias)))  # fmt: skip
+
+    bb, h, length, d = 1, 8, 128, 64
+    q, k, v = (torch.randn(bb, h, length, d, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
+    a_shape = f"{bb}x{h}x{length}x{d}"
+    add("relu_attention", a_shape, "crossfuse.relu_attention", lambda: crossfuse.relu_attention(q, k, v),
+        lambda: (crossfuse.relu_attention(q, k, v), (q, k, v)))  # fmt: skip
+    add("relu_attention", a_shape, "F.scaled_dot_product_attention",
+        lambda: F.scaled_dot_product_attention(q, k, v),
+        lambda: (F.scaled_dot_product_attention(q, k, v), (q, k, v)))  # fmt: skip
+    e = h * d
+    xs = torch.randn(bb, length, e, device=dev, dtype=dt, requires_grad=True)
+    ours = crossfuse.nn.ReLUAttention(e, h, device=dev, dtype=dt)
+    theirs = torch.nn.MultiheadAttention(e, h, batch_first=True, device=dev, dtype=dt)
+    add("nn.ReLUAttention", f"{bb}x{length}x{e}", "crossfuse.nn.ReLUAttention", lambda: ours(xs),
+        lambda: (ours(xs), (xs,)))  # fmt: skip
+    add("nn.ReLUAttention", f"{bb}x{length}x{e}", "torch.nn.MultiheadAttention",
+        lambda: theirs(xs, xs, xs, need_weights=False)[0],
+        lambda: (theirs(xs, xs, xs, need_weights=False)[0], (xs,)))  # fmt: skip
+    return rows
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    """Markdown: one line per (entry, mode), crossfuse against the peer, in µs per call."""
+    lines = ["| entry | mode | shape | " + " | ".join(columns) + " |", "|" + " --- |" * (3 + len(columns))]
+    keyed: dict = {}
+    for r in rows:
+        keyed.setdefault((r["entry"], r["mode"], r["shape"]), {})[r["label"]] = r["host_us"]
+    for (entry, mode, shape), got in keyed.items():
+        cells = [f"{got[c]:.1f}" if c in got else "" for c in columns]
+        lines.append(f"| {entry} | {mode} | {shape} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("out/host_time"))
+    p.add_argument("--against", type=Path, help="another checkout's python/ folder, measured too")
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/host_time.py: needs a CUDA GPU (host time with nothing to launch is moot)")
+    rows = measure(a.calls)
+    if a.json:
+        print(json.dumps(rows))
+        return 0
+    for r in rows:
+        r["label"] = "crossfuse" if r["impl"].startswith("crossfuse") else "torch"
+    columns = ["crossfuse", "torch"]
+    if a.against is not None:
+        env = dict(os.environ, PYTHONPATH=str(a.against))
+        cmd = [sys.executable, __file__, "--json", "--calls", str(a.calls)]
+        other = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
+        rows += [dict(r, label="crossfuse before") for r in other if r["impl"].startswith("crossfuse")]
+        columns.insert(0, "crossfuse before")
+    a.out.mkdir(parents=True, exist_ok=True)
+    with open(a.out / "host_time.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["entry", "mode", "shape", "impl", "label", "host_us"])
+        writer.writeheader()
+        writer.writerows(rows)
+    device = torch.cuda.get_device_name(0)
+    md = (f"# Host time per call (µs), bf16, {device}, torch {torch.__version__}\n\n"
+          f"`python bench/host_time.py{' --against ...' if a.against else ''}`: {a.calls} calls back to "
+          "back, no synchronisation, after a warm-up; inputs require grad; backward = autograd.grad of a "
+          "retained graph.\n\n" + _table(rows, columns) + "\n")  # fmt: skip
+    (a.out / "host_time.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
