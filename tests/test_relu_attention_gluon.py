@@ -164,7 +164,9 @@ def test_float32_gluon_forward_folds_the_scale(scale, squared, gen, tables, laun
     tables.fwd = {}
     triton_kernel = tables.relu_attention_fwd(qb, kb, vb, *call)
     refs = [tf32_truncate(t).double() for t in (qb, kb, vb)]
-    want = relu_attention_ref(*refs, causal=True, squared=squared, scale=scale, relu_scale=1 / 256)
+    if scale < 0:  # the reference takes positive scales, as the public op: q k^T * s = (-q) k^T * |s|
+        refs[0] = -refs[0]
+    want = relu_attention_ref(*refs, causal=True, squared=squared, scale=abs(scale), relu_scale=1 / 256)
     tol = tolerance("relu_attention", torch.float32, "fwd", tf32=True)
     assert relerr(got, want) <= tol, relerr(got, want)
     between = 1e-5 if math.log2(abs(scale)).is_integer() else 2 * tol
