@@ -30,7 +30,7 @@ def test_persistent_forward_equals_one_program_per_tile(prefetch, keep_params, d
     cfg = ln_mod.LaunchConfig(4, 256, 4, 1, prefetch=prefetch, keep_params=keep_params)
     if prefetch:
         # the same sums, but a tile from shared memory may be spread over the threads differently, so
-        # the reductions may add in another order: the statistics within float32 rounding (run 38: 1 ulp
+        # the reductions may add in another order: the statistics within float32 rounding (seen: 1 ulp
         # of the mean in 2 of 103 rows), y within bfloat16's
         tma = ln_mod.LaunchConfig(4, 256, 4, 1, keep_params=keep_params, tma_stages=2)
         for a, c in zip(one, ln_mod.layer_norm_fwd(x, w, b, 1e-5, config=tma), strict=True):

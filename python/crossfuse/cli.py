@@ -179,8 +179,10 @@ def cmd_check(args) -> int:
 def cmd_bench(args) -> int:
     from .harness import runner, suite, toolchain
 
-    if args.suite == MODELS:  # real models rather than a suite of ops (crossfuse.harness.models)
-        return _bench_models(args)
+    if args.suite == "models":  # real models rather than a suite of ops (crossfuse.harness.models)
+        from ._cli_models import bench_models
+
+        return bench_models(args)
     try:
         suites = suite.load_suites(args.suites)
     except (FileNotFoundError, ValueError) as exc:
@@ -216,38 +218,6 @@ def cmd_bench(args) -> int:
             return _run_bench(args, s, device, dtypes, ops, impls, out, csv_path)
     finally:
         torch.set_num_threads(threads)  # as it was: main() may be called in a process that goes on
-
-
-# `crossfuse bench models`: the one bench name that is not a suite of bench/suites.py
-MODELS = "models"
-
-
-def _bench_models(args) -> int:
-    """``crossfuse bench models``: see :mod:`crossfuse.harness.models`. ``--rounds`` above 1 sets the
-    rounds (default 5, 2 with --quick); --op, --impl, --suites, --append and --replace do not apply."""
-    from .harness import models
-
-    given = [f for f, v in (("--op", args.op), ("--impl", args.impl), ("--suites", args.suites),
-                            ("--append", args.append), ("--replace", args.replace)) if v]  # fmt: skip
-    if given:
-        raise UsageError(f"{', '.join(given)} do not apply to `crossfuse bench models`")
-    dtypes = _dtypes(args.dtype) or [torch.bfloat16]
-    if len(dtypes) != 1:
-        raise UsageError(f"`crossfuse bench models` takes one --dtype, got {len(dtypes)}")
-    if args.rounds < 1:
-        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
-    rounds = args.rounds if args.rounds > 1 else (2 if args.quick else 5)
-    cfg = models.ModelsConfig(device=_device(args.device), dtype=dtypes[0], quick=args.quick, rounds=rounds)
-    out = _out_folder(args.out)
-    try:
-        rows, csv_path, md_path = models.bench_models(cfg, out)
-    except KeyboardInterrupt:
-        print("\ninterrupted: `bench models` writes its files at the end, none written", file=sys.stderr)
-        return 130
-    print(md_path.read_text())
-    errors = sum(r.status == "error" for r in rows)
-    print(f"{len(rows)} rows ({errors} error rows) -> {csv_path}, {md_path}", file=sys.stderr)
-    return 0
 
 
 def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -> int:
@@ -538,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.set_defaults(func=cmd_check)
 
-    b = sub.add_parser("bench", help="run a benchmark suite from bench/suites.py")
+    b = sub.add_parser("bench", help="run a benchmark suite (crossfuse.harness.suites), or `models`")
     b.add_argument(
         "suite", help="suite name (layer_norm, attention, memory, ...), or 'models' (real models, see docs)"
     )
@@ -552,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--out", default="out/bench", help="output folder (default out/bench); see --append, --replace"
     )
-    b.add_argument("--suites", help="suite file (default: bench/suites.py of this checkout)")
+    b.add_argument("--suites", help="suite file (default: the suites shipped in crossfuse.harness.suites)")
     b.add_argument("--budget-s", type=float, help="stop measuring after this many seconds (skip rows after)")
     b.add_argument(
         "--rounds",

@@ -33,7 +33,7 @@ With ``rounds`` > 1 a point's implementations are measured that many times, each
 (:func:`round_orders`), and each row is the round with the median ``ms_p50`` (its note says so and gives
 the rounds' range). A single measurement depended on what ran just before it until the timer reset
 persisting L2 lines before each repeat (:mod:`.timing`; on the H200, a whole-row layer norm measured after a
-kernel that loaded its input with evict_last ran 5-9% faster: bench/results/h200/NOTES.md, runs 209-222),
+kernel that loaded its input with evict_last ran 5-9% faster),
 and a session measures each point's implementations in one fixed order: rounds guard against what is left
 (drifts of the card between measurements). Rows are then written once all rounds of their point are
 done (interrupted, from the rounds done), so ``on_row`` fires for a point's rows together. Every round
@@ -522,8 +522,8 @@ class Runner:
 def round_orders(n: int, rounds: int) -> list[list[int]]:
     """The orders in which :meth:`Runner.run` measures a point's ``n`` implementations in each of ``rounds``
     rounds: as listed; reversed, but with the last one kept last (so that the second round does not begin
-    with the implementation that ended the first: a state one measurement leaves can outlast the next one,
-    NOTES runs 197 and 212); the even positions then the odd ones; then seeded shuffles. For n >= 3 no two
+    with the implementation that ended the first: a state one measurement leaves can outlast the next one);
+    the even positions then the odd ones; then seeded shuffles. For n >= 3 no two
     implementations adjacent in the first order are adjacent, in that order, in the second or third, nor
     across the rounds' boundaries, so an implementation does not keep the predecessor that may have sped it
     up or slowed it down. With n = 2 the second order is the reversed one and the third the first again."""

@@ -14,7 +14,7 @@
   normal (the driver's ``cuCtxResetPersistingL2Cache``, after a synchronisation: the call acts when made,
   not in stream order): the zeroing's normal-priority writes never evict them, so without the reset a
   call reads for free whatever part of its inputs an earlier kernel (its own earlier repeat included)
-  kept that way, 5-9% of a float32 4096×2048 layer norm's time on the H200 (bench/results/h200/NOTES.md).
+  kept that way, 5-9% of a float32 4096×2048 layer norm's time on the H200.
   A GPU spin longer than the call's CPU enqueue time precedes each start event, so the time is the GPU's
   (kernels and the gaps between them), not Python or launch overhead: what the kernels cost, and what a
   CUDA graph or ``torch.compile`` would leave of the call.
@@ -75,7 +75,7 @@ class TimingConfig:
     reset_persisting_l2: bool = True
     # with flush_l2: the GPU synchronised before every repeat's flush, whether or not the reset runs (a
     # driver that refuses it then changes what the timer is blind to, not its level: on the H200 the
-    # synchronisation alone measures 4096-row layer norms 1-5% faster than back-to-back repeats, run 224)
+    # synchronisation alone measures 4096-row layer norms 1-5% faster than back-to-back repeats)
     sync_each_repeat: bool = True
     # eager: a batch of back-to-back calls lasts about this long (at most eager_max_batch calls)
     eager_batch_ms: float = 1.0

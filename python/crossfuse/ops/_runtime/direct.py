@@ -4,7 +4,7 @@
 cache key of the compiled kernel, looks it up and checks the kernel's globals before it calls the
 compiled kernel's launcher. On the H200 machine's host that dispatch cost 22-28 µs per launch of the
 attention kernels, more than the launch that follows it (19-25 µs, the tensor descriptors' encoding
-included; bench/results/h200/NOTES.md, run 266): at shapes where the host sets the pace, half the
+included): at shapes where the host sets the pace, half the
 attention's host time.
 
 :func:`key` names a launch by the kernel, its keyword arguments (constexprs and options, each by type
@@ -181,7 +181,7 @@ def remember(slot: tuple | None, kernel, args: tuple, options: dict, compiled) -
 
 def _descriptor_factory():
     """A maker of ``TensorDescriptor(base, shape, strides, block_shape)`` that skips the dataclass's checks
-    (6.2 µs against 1.5 on the H200 machine's host, run 266), or ``None`` where its fields are not the
+    (6.2 µs against 1.5 on the H200 machine's host), or ``None`` where its fields are not the
     ones this was written for. The caller has made those checks (16-byte aligned base and strides, unit
     last stride, positive shape, power-of-two block)."""
     import dataclasses

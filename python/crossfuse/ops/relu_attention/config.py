@@ -151,7 +151,7 @@ class Tf32BwdTiles:
 
 # The float32 forward in Gluon: (causal, long sequence) -> tiles; where they do not divide the lengths (or
 # the table has no entry), Triton's kernel runs. Measured on the H200 against Triton's float32 forward at
-# B=4, H=16 (bench/probe_attn_tf32.py in the history, each with v's copy): 128x64 tiles on 8 warps with 2
+# B=4, H=16 (each with v's copy): 128x64 tiles on 8 warps with 2
 # buffers, with v's tiles transposed in the kernel (trans), 1.447x at L=1024 full, 1.455x causal, 1.386x at
 # L=2048 causal, 1.325x at L=4096 causal; at L=4096 full v's copy ran faster (1.359 against 1.269x), so
 # the long full entry reads it. 64x64 tiles transposing on 4 warps ran 0.82-0.97x of the 128x64 ones; the
