@@ -351,3 +351,16 @@ def test_cuda_timer_is_blind_to_persisting_l2_lines():
 # ----------------------------------------------------------------------------------------------------
 # the runner
 # ----------------------------------------------------------------------------------------------------
+
+
+def test_cpu_tables_hold_only_what_was_timed_and_say_so():
+    rows = [row(impl="torch", gbps=10.0, ms_p50=1.0),
+            row(impl="fused", peer=False, status="not timed", note="runs only under the Triton interpreter"),
+            row(impl="liger", status="skip", note="runs on cuda only")]  # fmt: skip
+    md = report.render(schema.rows_frame(rows))
+    table = md.split("### layer_norm · cpu · float32 · fwd")[1].split("\n\n")[1]
+    assert table.splitlines()[0].split("|")[1:-1] == [" shape ", " torch "], table
+    assert "checked, not timed" in md and "| fused | cpu | not timed |" in md
+    gpu = schema.rows_frame([row(device="cuda", impl="torch", gbps=10.0), row(device="cuda", impl="fused",
+                                                                             peer=False, status="skip")])
+    assert "| fused |" in report.render(gpu).split("### layer_norm · cuda")[1].split("\n\n")[1]

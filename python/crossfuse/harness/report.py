@@ -170,7 +170,7 @@ def throughput_section(df: pd.DataFrame) -> str:
     if df.empty:
         return ""
     peers = peers_of(df)
-    out, any_flagged = [], False
+    out, any_flagged, cpu_pruned = [], False, False
     keys = ["suite", "op", "device", "dtype", "mode", "causal"]
     # tables in the order the rows were measured, the modes of one table group as fwd, bwd, fwd+bwd
     order = df[keys].drop_duplicates()
@@ -185,6 +185,10 @@ def throughput_section(df: pd.DataFrame) -> str:
             continue
         metric = metric_for(k["op"])
         table = pivot(g, metric)
+        if k["device"] == "cpu":  # only what was timed: the interpreter's and CUDA-only columns mean nothing
+            pruned = table.dropna(axis=1, how="all")
+            cpu_pruned = cpu_pruned or pruned.shape[1] < table.shape[1]
+            table = pruned
         if table.empty:
             continue
         ratio = peer_ratio(table, peers)
@@ -215,6 +219,12 @@ def throughput_section(df: pd.DataFrame) -> str:
             title += f"; copy ceiling {ceiling:.0f} GB/s"
         any_flagged = any_flagged or flagged
         out.append(title + "\n\n" + markdown_table(header, rows))
+    if cpu_pruned:  # said once, after the tables
+        out.append(
+            "On the CPU the tables hold only what was timed there (torch's implementations and Julia's): the "
+            "Triton kernels run under Triton's interpreter and are checked, not timed (see the accuracy "
+            "table), and what runs on CUDA only or was excluded is listed under what was not measured."
+        )
     if any_flagged:  # said once, after the tables
         out.append(
             "⚠ above the copy ceiling: no kernel moves bytes faster than a copy, so one of the two timings "
