@@ -4,28 +4,29 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
 
-def bench_models(args) -> int:
+def bench_models(args, device: str, dtypes: list | None, out: Path) -> int:
     """``crossfuse bench models``: see :mod:`crossfuse.harness.models`. ``--rounds`` above 1 sets the
-    rounds (default 5, 2 with --quick); --op, --impl, --suites, --append and --replace do not apply."""
-    from .cli import UsageError, _device, _dtypes, _out_folder
+    rounds (default 5, 2 with --quick); --op, --impl, --suites, --append and --replace do not apply (a
+    ``ValueError`` the command line reports as a usage error). ``device``, ``dtypes`` and ``out``: the
+    command line's reading of --device, --dtype and --out."""
     from .harness import models
 
     given = [f for f, v in (("--op", args.op), ("--impl", args.impl), ("--suites", args.suites),
                             ("--append", args.append), ("--replace", args.replace)) if v]  # fmt: skip
     if given:
-        raise UsageError(f"{', '.join(given)} do not apply to `crossfuse bench models`")
-    dtypes = _dtypes(args.dtype) or [torch.bfloat16]
+        raise ValueError(f"{', '.join(given)} do not apply to `crossfuse bench models`")
+    dtypes = dtypes or [torch.bfloat16]
     if len(dtypes) != 1:
-        raise UsageError(f"`crossfuse bench models` takes one --dtype, got {len(dtypes)}")
+        raise ValueError(f"`crossfuse bench models` takes one --dtype, got {len(dtypes)}")
     if args.rounds < 1:
-        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     rounds = args.rounds if args.rounds > 1 else (2 if args.quick else 5)
-    cfg = models.ModelsConfig(device=_device(args.device), dtype=dtypes[0], quick=args.quick, rounds=rounds)
-    out = _out_folder(args.out)
+    cfg = models.ModelsConfig(device=device, dtype=dtypes[0], quick=args.quick, rounds=rounds)
     try:
         rows, csv_path, md_path = models.bench_models(cfg, out)
     except KeyboardInterrupt:

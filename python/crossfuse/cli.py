@@ -182,7 +182,10 @@ def cmd_bench(args) -> int:
     if args.suite == "models":  # real models rather than a suite of ops (crossfuse.harness.models)
         from ._cli_models import bench_models
 
-        return bench_models(args)
+        try:
+            return bench_models(args, _device(args.device), _dtypes(args.dtype), _out_folder(args.out))
+        except ValueError as exc:  # a flag that does not apply to it
+            raise UsageError(str(exc)) from None
     try:
         suites = suite.load_suites(args.suites)
     except (FileNotFoundError, ValueError) as exc:
