@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from crossfuse import reference as ref
-from crossfuse.harness import csv_check, schema
+from crossfuse.harness import schema
 from crossfuse.tolerances import relerr, tolerance
 
 hypothesis = pytest.importorskip(
@@ -180,7 +180,7 @@ def test_any_row_the_harness_writes_reads_back(tmp_path_factory, rows):
         for r in rows:
             w.write(schema.Row(op="layer_norm", impl="torch", side="python", peer=False, device="cpu",
                                device_name="cpu", dtype="float32", causal=False, suite="s", **r))  # fmt: skip
-    assert csv_check.check_csv(path) == len(rows)
+    assert schema.check_csv(path) == len(rows)
     df = schema.read_csv(path)
     for (_, got), r in zip(df.iterrows(), rows, strict=True):
         for c in ("ms_p50", "gbps", "relerr", "peak_bytes"):

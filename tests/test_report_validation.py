@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from crossfuse import cli
-from crossfuse.harness import csv_check, schema
+from crossfuse.harness import schema
 from crossfuse.harness.schema import COLUMNS, CsvWriter, Row
 
 
@@ -47,7 +47,7 @@ def _refused(path, capsys, line: int, *words: str) -> str:
 
 
 def test_the_harness_csv_reads_back_and_reports(good, capsys):
-    assert csv_check.check_csv(good) == 3
+    assert schema.check_csv(good) == 3
     assert len(schema.read_csv(good)) == 3
     assert cli.main(["report", str(good), "--no-plots"]) == 0
     assert "a note, with a comma" in (good.parent / "report.md").read_text()
@@ -188,7 +188,7 @@ def test_rows_are_not_appended_to_a_truncated_csv(good, tmp_path, capsys):
 def test_a_partial_run_is_shown_by_the_report(good, capsys):
     with CsvWriter(good) as w:
         w.write(schema.stopped_row("layer_norm", "cpu", "interrupted (Ctrl-C) after 3 of 9 rows"))
-    assert csv_check.check_csv(good) == 4
+    assert schema.check_csv(good) == 4
     assert cli.main(["report", str(good), "--no-plots"]) == 0
     md = (good.parent / "report.md").read_text()
     assert "**Partial run**: suite layer_norm: interrupted (Ctrl-C) after 3 of 9 rows" in md

@@ -322,7 +322,7 @@ def _make_room(csv_path: Path, suite_name: str, append: bool, replace: bool) -> 
         csv_path.rename(kept)
         print(f"crossfuse bench: the earlier {csv_path} is kept as {kept}", file=sys.stderr)
         return
-    from .harness.csv_check import MalformedCsv
+    from .harness.schema import MalformedCsv
 
     try:
         earlier = int((read_csv(csv_path)["suite"] == suite_name).sum())

@@ -22,7 +22,7 @@ without ``torch.`` (``bfloat16``). Empty cells mean "not measured", never zero.
 Rows are appended to the CSV and flushed one at a time (:class:`CsvWriter`), so an interrupted run keeps
 everything measured so far. Non-finite numbers are never written (an empty cell, the note says what
 it was), and :func:`read_csv` refuses a CSV that is truncated, joined with another or holds a cell
-that is not what its column takes (:mod:`crossfuse.harness.csv_check`).
+that is not what its column takes (:func:`check_csv`: the file, the line and the problem).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import dataclasses
 import datetime
 import functools
 import importlib.metadata
+import io
 import math
 import os
 import platform
@@ -126,7 +127,7 @@ class Row:
 
     def to_csv(self) -> dict[str, str]:
         """The row as CSV cells: ``None`` and NaN become empty cells; an infinity too, the note saying
-        which (a CSV holds finite numbers only: :mod:`crossfuse.harness.csv_check`)."""
+        which (a CSV holds finite numbers only: :func:`check_csv`)."""
         out, infinite = {}, []
         for name in COLUMNS:
             v = getattr(self, name)
@@ -323,11 +324,9 @@ class CsvWriter:
 
 def read_csv(path: str | os.PathLike):
     """A result CSV as a pandas DataFrame with the schema's column types (rows of a :data:`COLUMNS_V1`
-    file get empty new columns); a :class:`~crossfuse.harness.csv_check.MalformedCsv` (a ``ValueError``)
+    file get empty new columns); a :class:`MalformedCsv` (a ``ValueError``)
     naming the file, the line and the problem where it is not a whole, well-formed result CSV."""
     import pandas as pd
-
-    from .csv_check import check_csv
 
     path = Path(path)
     check_csv(path)
@@ -388,3 +387,178 @@ def stopped_row(suite: str, device: str, why: str) -> Row:
     return Row(op="run", impl="crossfuse bench", side="python", peer=False, device=device,
                device_name=device_name(device), dtype="", shape="", causal=False, mode="fwd",
                status=STOPPED, note=f"partial run: {why}", suite=suite)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------
+# strict reading: every problem of a result CSV named with the file, the line and what is wrong
+# ----------------------------------------------------------------------------------------------------
+#
+# Strict reading of a result CSV: every problem named with the file, the line and what is wrong.
+#
+# A report drawn from a damaged CSV would look like a real one: a run cut short while writing a row (a
+# truncated last line), two CSVs joined with ``cat`` (a second header in the middle), a CSV of another
+# program (other columns), or a number that is not one (``inf``, ``nan``, ``1.2.3``). :func:`check_csv`
+# reads the file once, row by row, and raises :class:`MalformedCsv` at the first such problem; the CSVs
+# that :class:`crossfuse.harness.schema.CsvWriter` writes always pass.
+#
+# What each cell may hold (the schema's column groups, so columns added to them are checked too):
+#
+# * numbers (times, throughputs, relerr, bytes): empty ("not measured") or a finite number >= 0; bytes
+#   are whole numbers;
+# * ``peer``, ``causal``: ``True`` or ``False``;
+# * ``mode``, ``status``: one of the schema's values; ``dtype`` a dtype name, ``shape`` positive integers
+#   joined by ``x`` (both may be empty in a run's ``stopped`` marker row, which names no measurement);
+# * ``op``, ``impl``, ``side``, ``device``: not empty.
+
+#: Columns that every row must fill.
+REQUIRED = ("op", "impl", "side", "device", "mode", "status")
+
+
+class MalformedCsv(ValueError):
+    """A result CSV that cannot be trusted; the message is ``PATH:LINE: problem``."""
+
+    def __init__(self, path: str | os.PathLike, line: int, problem: str):
+        self.path, self.line, self.problem = str(path), line, problem
+        super().__init__(f"{path}:{line}: {problem}")
+
+
+def _text(path: Path) -> str:
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise MalformedCsv(path, 1, "the file is empty (not even a header): not a crossfuse result CSV")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise MalformedCsv(
+            path, line, f"not UTF-8 text (byte {raw[exc.start]:#04x}): not a result CSV"
+        ) from None
+    if "\0" in text:
+        line = text[: text.index("\0")].count("\n") + 1
+        raise MalformedCsv(path, line, "holds a NUL byte: a binary file, or one damaged on disk")
+    if not text.endswith(("\n", "\r")):
+        line = text.count("\n") + 1
+        raise MalformedCsv(
+            path,
+            line,
+            "the last row ends without a line break: it was cut short (a run stopped while writing it, "
+            "or a partial copy); delete that line to keep the rows before it",
+        )
+    return text
+
+
+def _header_problem(header: list[str], columns: tuple[str, ...]) -> str:
+    missing = [c for c in columns if c not in header]
+    unknown = [c for c in header if c not in columns]
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    parts = []
+    if missing:
+        parts.append(f"missing columns {', '.join(missing)}")
+    if unknown:
+        parts.append(f"unknown columns {', '.join(unknown)}")
+    if repeated:
+        parts.append(f"repeated columns {', '.join(repeated)}")
+    if not parts:
+        parts.append("the columns are in another order")
+    return (
+        "not a crossfuse result header: " + "; ".join(parts)
+        + f" (expected the {len(columns)} columns {', '.join(columns)})"
+    )  # fmt: skip
+
+
+def _number(column: str, value: str, whole: bool) -> str | None:
+    """The problem with a numeric cell, or None (empty cells are "not measured")."""
+    if value == "":
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        return f"column {column}: {value!r} is not a number"
+    if not math.isfinite(v):
+        return (
+            f"column {column}: {value!r} is not a finite number (a measurement is finite; an empty cell "
+            "says 'not measured')"
+        )
+    if v < 0:
+        return f"column {column}: {value} is negative; it must be >= 0"
+    if whole and v != int(v):
+        return f"column {column}: {value} is not a whole number of bytes"
+    return None
+
+
+def _cell_problem(cells: dict[str, str]) -> str | None:
+    """The first problem of one row's cells, or None."""
+    for c in REQUIRED:
+        if cells[c].strip() == "":
+            return f"column {c} is empty"
+    if cells["mode"] not in MODES:
+        return f"column mode: {cells['mode']!r} is not one of {', '.join(MODES)}"
+    if cells["status"] not in STATUSES:
+        return f"column status: {cells['status']!r} is not one of {', '.join(STATUSES)}"
+    for c in _BOOL_COLUMNS:
+        if cells[c].strip().lower() not in ("true", "false"):
+            return f"column {c}: {cells[c]!r} is not True or False"
+    for c in _FLOAT_COLUMNS + _INT_COLUMNS:
+        problem = _number(c, cells[c].strip(), whole=c in _INT_COLUMNS)
+        if problem:
+            return problem
+    marker = cells["status"] == STOPPED
+    if cells["dtype"] or not marker:
+        try:
+            parse_dtype(cells["dtype"])
+        except ValueError as exc:
+            return f"column dtype: {exc}"
+    if cells["shape"] or not marker:
+        try:
+            parse_shape(cells["shape"])
+        except ValueError as exc:
+            return f"column shape: {exc}"
+    if cells["timestamp"]:
+        try:
+            datetime.datetime.fromisoformat(cells["timestamp"])
+        except ValueError:
+            return f"column timestamp: {cells['timestamp']!r} is not an ISO-8601 time"
+    return None
+
+
+def check_csv(path: str | os.PathLike, columns: tuple[str, ...] | None = None) -> int:
+    """Raise :class:`MalformedCsv` at the first problem of the result CSV at ``path`` (``columns``: the
+    expected header, the schema's by default); return how many rows it holds. ``FileNotFoundError`` where
+    there is no file."""
+    accepted = (COLUMNS, COLUMNS_V1) if columns is None else (tuple(columns),)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no result CSV at {path}")
+    reader = csv.reader(io.StringIO(_text(path), newline=""))
+    try:
+        header = tuple(next(reader))
+        if header not in accepted:
+            raise MalformedCsv(path, 1, _header_problem(list(header), accepted[0]))
+        columns = header  # a file of the first schema lacks the newer columns: their cells read as empty
+        blank = dict.fromkeys(COLUMNS, "")
+        rows = 0
+        for record in reader:
+            line = reader.line_num
+            if not record:
+                raise MalformedCsv(path, line, "an empty line: a row was lost, or two files were joined")
+            if tuple(record) == columns:
+                raise MalformedCsv(
+                    path,
+                    line,
+                    "the header again: two result CSVs were joined into one (keep one header; `crossfuse "
+                    "bench --append` adds a run's rows to a CSV)",
+                )
+            if len(record) != len(columns):
+                raise MalformedCsv(
+                    path,
+                    line,
+                    f"{len(record)} fields where the header has {len(columns)}: a row cut short or run "
+                    "into another (a truncated or joined file)",
+                )
+            problem = _cell_problem(blank | dict(zip(columns, record, strict=True)))
+            if problem:
+                raise MalformedCsv(path, line, problem)
+            rows += 1
+    except csv.Error as exc:
+        raise MalformedCsv(path, reader.line_num, f"not CSV: {exc}") from None
+    return rows
