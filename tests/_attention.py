@@ -5,6 +5,7 @@ from __future__ import annotations
 import crossfuse
 import torch
 from crossfuse.ops import relu_attention as ra
+from crossfuse.ops._runtime import direct as _direct
 from crossfuse.reference import kink_slack as reference_kink_slack
 from crossfuse.reference import relu_attention_ref, tf32_truncate
 from crossfuse.tolerances import relerr, relerr_with_slack, tolerance
@@ -64,3 +65,39 @@ def run_and_compare(q, k, v, causal, squared, gen, layout="bhld", choices=None):
     bad = {k: v for k, v in errs.items() if not v[0] <= v[1]}
     assert not bad, f"relative error over tolerance (error, tolerance): {bad}"
     return errs, out, leaves
+
+
+class CompiledStandIn:
+    """The CPU's stand-in for ``ops._runtime.direct``, where the interpreter compiles nothing: the same
+    keys, a slot per launch key whose "compiled kernel" is the interpreter's kernel with its options
+    (what ``CompiledKernel.run`` does on a GPU); ``launches`` counts the launches made from slots."""
+
+    def __init__(self):
+        self.table = {}
+        self.launches = 0
+
+    def install(self, monkeypatch) -> None:
+        for name in ("state", "key", "remember", "remembered", "launch"):
+            monkeypatch.setattr(_direct, name, getattr(self, name))
+
+    def state(self):
+        return ("cpu",)
+
+    def key(self, kernel, args, options):
+        keys, opts = _direct.arg_keys(args), _direct.option_keys(options)
+        return None if keys is None or opts is None else (kernel, keys, opts)
+
+    def remember(self, slot, kernel, args, options, compiled):
+        if slot is not None:
+            self.table[slot] = (kernel, options)
+
+    def remembered(self, slot):
+        return slot in self.table
+
+    def launch(self, slot, grid, args):
+        if slot not in self.table:
+            return False
+        self.launches += 1
+        kernel, options = self.table[slot]
+        kernel[grid](*args, **options)
+        return True

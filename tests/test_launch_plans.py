@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _attention import CompiledStandIn, randn
 from crossfuse.ops import relu_attention as ra
 from crossfuse.ops._runtime import direct as _direct
 from crossfuse.ops.relu_attention import launch as launch_module
@@ -17,16 +18,13 @@ from crossfuse.reference import relu_attention_ref
 from crossfuse.tolerances import relerr, tolerance
 
 
-def randn(shape, dtype, device, gen):
-    return torch.randn(shape, dtype=torch.float64, generator=gen).to(device=device, dtype=dtype)
-
-
 class Planning:
     """Plans on; counts the calls that decided their launches afresh and the launches made from plans."""
 
     def __init__(self, monkeypatch, device):
         self.decided = []
-        self.table = {}  # the CPU's stand-in for _direct's compiled kernels: slot -> (kernel, options)
+        self.compiled = CompiledStandIn()
+        self.table = self.compiled.table  # slot -> (kernel, options)
         for name in ("_fwd_launches", "_bwd_launches"):
             monkeypatch.setattr(launch_module, name, self._counted(name, getattr(launch_module, name)))
         self.replays = []
@@ -40,8 +38,7 @@ class Planning:
         monkeypatch.setattr(plans_module, "_replay", counted_replay)
         if device == "cpu":
             monkeypatch.setattr(launch_module, "is_interpreted", lambda kernel: False)
-            for name in ("state", "key", "remember", "remembered", "launch"):
-                monkeypatch.setattr(_direct, name, getattr(self, name))
+            self.compiled.install(monkeypatch)
         else:
             _direct.clear()
 
@@ -51,28 +48,6 @@ class Planning:
             return fn(*args)
 
         return counted
-
-    # the stand-in for _direct on the CPU: the same keys, kernels run by the interpreter
-    def state(self):
-        return ("cpu",)
-
-    def key(self, kernel, args, options):
-        keys, opts = _direct.arg_keys(args), _direct.option_keys(options)
-        return None if keys is None or opts is None else (kernel, keys, opts)
-
-    def remember(self, slot, kernel, args, options, compiled):
-        if slot is not None:
-            self.table[slot] = (kernel, options)
-
-    def remembered(self, slot):
-        return slot in self.table
-
-    def launch(self, slot, grid, args):
-        if slot not in self.table:
-            return False
-        kernel, options = self.table[slot]
-        kernel[grid](*args, **options)
-        return True
 
 
 @pytest.fixture

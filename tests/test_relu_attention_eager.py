@@ -10,10 +10,9 @@ from __future__ import annotations
 import crossfuse
 import pytest
 import torch
-from _attention import randn
+from _attention import CompiledStandIn, randn
 from crossfuse.ops import _library
 from crossfuse.ops import relu_attention as ra
-from crossfuse.ops._runtime import direct as _direct
 from crossfuse.ops.relu_attention import api as api_module
 from crossfuse.ops.relu_attention import launch as launch_module
 from crossfuse.reference import relu_attention_ref
@@ -36,13 +35,11 @@ class Counts:
 
     def __init__(self, monkeypatch):
         self.calls = dict.fromkeys(_WATCHED, 0)
-        self.compiled_launches = 0
         for name, (module, attr) in _WATCHED.items():
             monkeypatch.setattr(module, attr, self._spy(name, getattr(module, attr)))
-        self.table = {}
+        self.compiled = CompiledStandIn()
+        self.compiled.install(monkeypatch)
         monkeypatch.setattr(launch_module, "is_interpreted", lambda kernel: False)  # the GPU's decisions
-        for attr in ("state", "key", "remember", "remembered", "launch"):
-            monkeypatch.setattr(_direct, attr, getattr(self, attr))
 
     def _spy(self, name, fn):
         def spy(*args, **kwargs):
@@ -53,30 +50,7 @@ class Counts:
 
     def reset(self):
         self.calls = dict.fromkeys(self.calls, 0)
-        self.compiled_launches = 0
-
-    # the stand-in for _direct: a slot per launch key; its "compiled kernel" is the interpreter's kernel
-    def state(self):
-        return ("cpu",)
-
-    def key(self, kernel, args, options):
-        keys, opts = _direct.arg_keys(args), _direct.option_keys(options)
-        return None if keys is None or opts is None else (kernel, keys, opts)
-
-    def remember(self, slot, kernel, args, options, compiled):
-        if slot is not None:
-            self.table[slot] = (kernel, options)
-
-    def remembered(self, slot):
-        return slot in self.table
-
-    def launch(self, slot, grid, args):
-        if slot not in self.table:
-            return False
-        self.compiled_launches += 1
-        kernel, options = self.table[slot]
-        kernel[grid](*args, **options)  # what CompiledKernel.run does on a GPU
-        return True
+        self.compiled.launches = 0
 
 
 @pytest.mark.parametrize("layout", ra.LAYOUTS)
@@ -99,7 +73,7 @@ def test_a_repeated_call_decides_nothing(layout, gen, monkeypatch):
     counts.reset()
     second = call()
     assert all(n == 0 for n in counts.calls.values()), counts.calls
-    assert counts.compiled_launches >= 3  # the forward's kernel and the backward's two, replayed
+    assert counts.compiled.launches >= 3  # the forward's kernel and the backward's two, replayed
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
     qb, kb, vb = (ra._to_bhld(t.double(), layout) for t in base[:3])
@@ -109,7 +83,7 @@ def test_a_repeated_call_decides_nothing(layout, gen, monkeypatch):
     counts.reset()
     with torch.no_grad():
         out = crossfuse.relu_attention(*base[:3], causal=True, layout=layout)
-    assert all(n == 0 for n in counts.calls.values()) and counts.compiled_launches == 1, counts.calls
+    assert all(n == 0 for n in counts.calls.values()) and counts.compiled.launches == 1, counts.calls
     assert torch.equal(out, first[0])
 
 
