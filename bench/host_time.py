@@ -27,6 +27,9 @@ from pathlib import Path
 
 
 def _host_us(fn, calls: int) -> float:
+    """Microseconds of CPU per call, as ``crossfuse.harness.timing.host_time_us`` counts them, after a
+    warm-up long enough for the first calls' compiles and plans. Written here rather than imported: with
+    ``--against`` this runs on another checkout's crossfuse, whose harness may not have that function."""
     import torch
 
     for _ in range(20):

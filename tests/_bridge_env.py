@@ -1,5 +1,6 @@
-"""Shared by the bridge's tests: an environment with no Julia in it (``isolate``, behind each test
-file's fixture ``isolated``) and shell scripts standing in for a Julia executable (``fake_julia``)."""
+"""Shared by the bridge's tests: the checkout's paths, an environment with no Julia in it (``isolate``,
+behind the fixture ``isolated`` of tests/conftest.py) and shell scripts standing in for a Julia
+executable (``fake_julia``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from pathlib import Path
 
 from crossfuse_julia import _detect, session
 
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+BRIDGE = ROOT / "bridge" / "crossfuse_julia"
+DETECTION_LIMIT_S = 5.0  # the promise: available() answers within 5 seconds
+
 
 def isolate(monkeypatch, tmp_path) -> Path:
-    """Make an environment with no Julia anywhere (for the fixture ``isolated`` of each test file);
+    """Make an environment with no Julia anywhere (for the fixture ``isolated``);
     returns the folder that is the whole PATH."""
     for var in ("CROSSFUSE_JULIA", "CROSSFUSE_JULIA_CUDA", "PYTHON_JULIAPKG_EXE", "PYTHON_JULIACALL_EXE",
                 "PYTHON_JULIAPKG_OFFLINE"):

@@ -88,3 +88,12 @@ def copies(monkeypatch):
     monkeypatch.setattr(copies_module, "_l_major_copies",
                         lambda ts, *a: counts.append(len(ts)) or copy(ts, *a))  # fmt: skip
     return counts
+
+
+@pytest.fixture
+def isolated(monkeypatch, tmp_path):
+    """An environment with no Julia anywhere (the bridge's tests); returns the folder that is the whole
+    PATH."""
+    from _bridge_env import isolate
+
+    return isolate(monkeypatch, tmp_path)

@@ -22,24 +22,12 @@ from pathlib import Path
 
 import crossfuse_julia
 import pytest
-from _bridge_env import fake_julia, isolate
+from _bridge_env import DETECTION_LIMIT_S, ROOT, fake_julia
 from crossfuse import registry
 from crossfuse_julia import _detect, session
 
-ROOT = Path(__file__).resolve().parents[1]
-BRIDGE = ROOT / "bridge" / "crossfuse_julia"
-DETECTION_LIMIT_S = 5.0  # the promise: available() answers within 5 seconds
+# the environment with no Julia: the fixture ``isolated`` (tests/conftest.py, tests/_bridge_env.py)
 
-
-# ----------------------------------------------------------------------------------------------------
-# fixtures (the environment: tests/_bridge_env.py)
-# ----------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def isolated(monkeypatch, tmp_path):
-    """An environment with no Julia anywhere; returns the folder that is the whole PATH."""
-    return isolate(monkeypatch, tmp_path)
 
 def timed_detect():
     t0 = time.monotonic()

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from _bridge_env import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SELECTED = [
     "tests/test_cross_language.py::test_julia_and_python_agree[normalise/normal_new-random-float32-cpu]",
     "tests/test_cross_language.py::test_julia_entry_passes_the_registry_check[normalise/normal_new]",

@@ -21,22 +21,12 @@ import crossfuse_julia
 import numpy as np
 import pytest
 import torch
-from _bridge_env import isolate
+from _bridge_env import BRIDGE, DETECTION_LIMIT_S, ROOT
 from crossfuse import registry
 from crossfuse.check import run_case
 from crossfuse_julia import _detect, arrays, session
 from crossfuse_julia.ops import JuliaVariant
 from crossfuse_julia.registry import VARIANTS, variants
-
-ROOT = Path(__file__).resolve().parents[1]
-BRIDGE = ROOT / "bridge" / "crossfuse_julia"
-DETECTION_LIMIT_S = 5.0  # the promise: available() answers within 5 seconds
-
-
-@pytest.fixture
-def isolated(monkeypatch, tmp_path):
-    """An environment with no Julia anywhere; returns the folder that is the whole PATH."""
-    return isolate(monkeypatch, tmp_path)
 
 # ----------------------------------------------------------------------------------------------------
 # the Julia entries when Julia is off

@@ -139,15 +139,13 @@ def clear_plans() -> None:
 
 def _call_key(x, normalized_shape, weight, bias, eps):
     """The key of a call's :class:`Call`, or None where the arguments give none (the call then checks
-    them and raises, or takes a plan it builds afresh)."""
+    them and raises, or takes a plan it builds afresh). Whether it hashes is found by the look-up."""
     if type(normalized_shape) is list:
         normalized_shape = tuple(normalized_shape)
     try:
-        key = (tensor_key(x), normalized_shape, tensor_key(weight), tensor_key(bias), eps)
-        hash(key)
-    except (AttributeError, RuntimeError, TypeError):  # not a tensor, sparse, unhashable
+        return (tensor_key(x), normalized_shape, tensor_key(weight), tensor_key(bias), eps)
+    except (AttributeError, RuntimeError, TypeError):  # not a tensor, sparse
         return None
-    return key
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -261,7 +259,10 @@ def layer_norm(
         x, weight, bias = _library.distinct(x, weight, bias)  # one tensor as weight and bias: see distinct
         return LayerNormFunction.apply(x, n, weight, bias, float(eps), None)
     key = _call_key(x, normalized_shape, weight, bias, eps)
-    call = CALLS.plans.get(key) if key is not None else None
+    try:
+        call = CALLS.plans.get(key) if key is not None else None
+    except TypeError:  # an unhashable argument (eps, a dim of normalized_shape): no key
+        key = call = None
     if call is None:
         call = CALLS.get(key, x, normalized_shape, weight, bias, eps) if key is not None else (
             _new_call(x, normalized_shape, weight, bias, eps)
