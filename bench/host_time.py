@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -43,22 +44,34 @@ def _host_us(fn, calls: int) -> float:
     return dt / calls * 1e6
 
 
-def measure(calls: int) -> list[dict]:
-    """``[{entry, mode, shape, impl, host_us}]`` for crossfuse and its peers, bf16 on the current GPU."""
+def _fused_module(crossfuse, n: int, dev, dt):
+    """crossfuse's LayerNorm module with its fused kernels at every size (this shape is below its
+    ``native_below`` default, where it runs torch's own layer norm); an older checkout's has no such
+    argument."""
+    try:
+        return crossfuse.nn.LayerNorm(n, device=dev, dtype=dt, native_below=0)
+    except TypeError:
+        return crossfuse.nn.LayerNorm(n, device=dev, dtype=dt)
+
+
+def measure(calls: int, rounds: int) -> list[dict]:
+    """``[{entry, mode, shape, impl, host_us}]`` for crossfuse and its peers, bf16 on the current GPU: the
+    median of ``rounds`` measurements, every case measured once a round (so that a slow spell of the host
+    falls on all of them)."""
     import crossfuse
     import torch
     import torch.nn.functional as F
 
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
-    rows = []
+    cases = []
 
     def add(entry, shape, impl, fwd, out_and_inputs):
-        rows.append(dict(entry=entry, mode="fwd", shape=shape, impl=impl, host_us=_host_us(fwd, calls)))
+        cases.append((dict(entry=entry, mode="fwd", shape=shape, impl=impl), fwd))
         out, inputs = out_and_inputs()
         dout = torch.randn_like(out)
         bwd = lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)  # noqa: E731
-        rows.append(dict(entry=entry, mode="bwd", shape=shape, impl=impl, host_us=_host_us(bwd, calls)))
+        cases.append((dict(entry=entry, mode="bwd", shape=shape, impl=impl), bwd))
 
     m, n = 4096, 1024
     x = torch.randn(m, n, device=dev, dtype=dt, requires_grad=True)
@@ -69,7 +82,7 @@ def measure(calls: int) -> list[dict]:
         lambda: (crossfuse.layer_norm(x, (n,), w, b), (x, w, b)))  # fmt: skip
     add("layer_norm", ln_shape, "F.layer_norm", lambda: F.layer_norm(x, (n,), w, b),
         lambda: (F.layer_norm(x, (n,), w, b), (x, w, b)))  # fmt: skip
-    for impl, mod in (("crossfuse.nn.LayerNorm", crossfuse.nn.LayerNorm(n, device=dev, dtype=dt)),
+    for impl, mod in (("crossfuse.nn.LayerNorm", _fused_module(crossfuse, n, dev, dt)),
                       ("torch.nn.LayerNorm", torch.nn.LayerNorm(n, device=dev, dtype=dt))):  # fmt: skip
         add("nn.LayerNorm", ln_shape, impl, lambda mod=mod: mod(x),
             lambda mod=mod: (mod(x), (x, mod.weight, mod.bias)))  # fmt: skip
@@ -91,7 +104,12 @@ def measure(calls: int) -> list[dict]:
     add("nn.ReLUAttention", f"{bb}x{length}x{e}", "torch.nn.MultiheadAttention",
         lambda: theirs(xs, xs, xs, need_weights=False)[0],
         lambda: (theirs(xs, xs, xs, need_weights=False)[0], (xs,)))  # fmt: skip
-    return rows
+    times = [[] for _ in cases]
+    for _ in range(rounds):
+        for spent, (_, fn) in zip(times, cases, strict=True):
+            spent.append(_host_us(fn, calls))
+    medians = [statistics.median(spent) for spent in times]
+    return [dict(case, host_us=us) for us, (case, _) in zip(medians, cases, strict=True)]
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
@@ -111,13 +129,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("out/host_time"))
     p.add_argument("--against", type=Path, help="another checkout's python/ folder, measured too")
     p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=5, help="measurements per case (the median is kept)")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("bench/host_time.py: needs a CUDA GPU (host time with nothing to launch is moot)")
-    rows = measure(a.calls)
+    rows = measure(a.calls, a.rounds)
     if a.json:
         print(json.dumps(rows))
         return 0
@@ -126,7 +145,7 @@ def main(argv=None) -> int:
     columns = ["crossfuse", "torch"]
     if a.against is not None:
         env = dict(os.environ, PYTHONPATH=str(a.against))
-        cmd = [sys.executable, __file__, "--json", "--calls", str(a.calls)]
+        cmd = [sys.executable, __file__, "--json", "--calls", str(a.calls), "--rounds", str(a.rounds)]
         other = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
         rows += [dict(r, label="crossfuse before") for r in other if r["impl"].startswith("crossfuse")]
         columns.insert(0, "crossfuse before")
@@ -138,7 +157,8 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name(0)
     md = (f"# Host time per call (µs), bf16, {device}, torch {torch.__version__}\n\n"
           f"`python bench/host_time.py{' --against ...' if a.against else ''}`: {a.calls} calls back to "
-          "back, no synchronisation, after a warm-up; inputs require grad; backward = autograd.grad of a "
+          f"back, no synchronisation, after a warm-up, median of {a.rounds} rounds; inputs require grad; "
+          "backward = autograd.grad of a "
           "retained graph.\n\n" + _table(rows, columns) + "\n")  # fmt: skip
     (a.out / "host_time.md").write_text(md)
     print(md)

@@ -77,7 +77,7 @@ class CompiledStandIn:
         self.launches = 0
 
     def install(self, monkeypatch) -> None:
-        for name in ("state", "key", "remember", "remembered", "launch"):
+        for name in ("state", "key", "remember", "launch", "kept", "launcher"):
             monkeypatch.setattr(_direct, name, getattr(self, name))
 
     def state(self):
@@ -91,13 +91,20 @@ class CompiledStandIn:
         if slot is not None:
             self.table[slot] = (kernel, options)
 
-    def remembered(self, slot):
-        return slot in self.table
-
     def launch(self, slot, grid, args):
         if slot not in self.table:
             return False
-        self.launches += 1
-        kernel, options = self.table[slot]
-        kernel[grid](*args, **options)
+        self.launcher(slot, grid, (), None)(*args)
         return True
+
+    def kept(self, slot):
+        return (slot, ()) if slot in self.table else None
+
+    def launcher(self, slot, grid, tail, device):
+        kernel, options = self.table[slot]
+
+        def go(*args):
+            self.launches += 1
+            kernel[grid](*args, **options)
+
+        return go

@@ -94,19 +94,34 @@ def _fwd_bwd(q, k, v, do, causal, squared):
 
 @pytest.fixture
 def direct_hits(monkeypatch):
-    """Counts the launches made straight into a compiled kernel; starts with nothing remembered."""
+    """Counts the launches made straight into a compiled kernel (``_direct.launch``, and the launchers that
+    plans keep); starts with nothing remembered and no plans."""
     _direct.clear()
+    ra.clear_plans()
+    ra.clear_eager()
     hits = []
-    launch = _direct.launch
+    launch, launcher = _direct.launch, _direct.launcher
 
     def counted(slot, grid, args):
         done = launch(slot, grid, args)
         hits.append(done)
         return done
 
+    def counted_launcher(*args):
+        go = launcher(*args)
+
+        def counted_go(*a):
+            go(*a)
+            hits.append(True)
+
+        return counted_go
+
     monkeypatch.setattr(_direct, "launch", counted)
+    monkeypatch.setattr(_direct, "launcher", counted_launcher)
     yield hits
     _direct.clear()
+    ra.clear_plans()
+    ra.clear_eager()
 
 
 @pytest.mark.gpu
@@ -190,7 +205,7 @@ def test_remember_keeps_the_bound_constexprs_and_a_bounded_table(monkeypatch):
     _direct.clear()
     compiled = CompiledKernel()
     _direct.remember(("a",), Kernel, ("x", 7), {"BLOCK": 64, "MODE": 1, "num_warps": 4}, compiled)
-    assert _direct._COMPILED[("a",)] == (compiled, (64, False, 1))
+    assert _direct.kept(("a",)) == (compiled, (64, False, 1))
     _direct.remember(("b",), Kernel, ("x", 7), {"MODE": 1}, compiled)  # BLOCK missing
     _direct.remember(("c",), Kernel, ("x", 7), {"BLOCK": 64}, object())  # not a compiled kernel
     _direct.remember(None, Kernel, ("x", 7), {"BLOCK": 64}, compiled)  # no key: dispatch each time

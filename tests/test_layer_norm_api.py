@@ -212,7 +212,7 @@ def test_empty_batch(device):
 
 
 def test_module_is_a_drop_in_for_torch(device, gen):
-    ours = crossfuse.nn.LayerNorm(96, device=device)
+    ours = crossfuse.nn.LayerNorm(96, device=device, native_below=0)
     theirs = torch.nn.LayerNorm(96, device=device)
     with torch.no_grad():
         theirs.weight.copy_(randn((96,), torch.float32, device, gen, mean=1.0))
@@ -223,10 +223,10 @@ def test_module_is_a_drop_in_for_torch(device, gen):
     assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
     x = randn((8, 96), torch.float32, device, gen)
     assert relerr(ours(x), theirs(x)) <= 1e-5
-    no_bias = crossfuse.nn.LayerNorm(96, bias=False, elementwise_affine=True, device=device)
+    no_bias = crossfuse.nn.LayerNorm(96, bias=False, elementwise_affine=True, device=device, native_below=0)
     assert no_bias.bias is None and no_bias(x).shape == x.shape
     # eps reaches the op (rows with a variance of eps's size)
-    ours = crossfuse.nn.LayerNorm(96, eps=0.3, device=device)
+    ours = crossfuse.nn.LayerNorm(96, eps=0.3, device=device, native_below=0)
     theirs = torch.nn.LayerNorm(96, eps=0.3, device=device)
     small = randn((8, 96), torch.float32, device, gen, std=0.5)
     assert relerr(ours(small), theirs(small)) <= 1e-5

@@ -4,6 +4,7 @@ dispatched path; empty inputs; one feature; the interpreter's launch shapes."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import crossfuse
@@ -32,21 +33,45 @@ class CompiledStandIn:
         self.run = run  # the interpreter's own kernel.run, captured before the spies
         self.table = {}
         self.launched = 0
+        self.addresses = 0  # pointer arguments given as addresses
 
     def key(self, kernel, args, options):
         return (kernel, tuple(sorted(options.items())))
 
     def remember(self, slot, kernel, args, options, compiled):
-        self.table[slot] = (kernel, options)
+        # each tensor argument's dtype and size: a later launch may pass its address instead (a plan's
+        # scratch parts and statistics), which the interpreter reads as a tensor over that memory
+        places = [(a.dtype, a.numel()) if isinstance(a, torch.Tensor) else None for a in args]
+        self.table[slot] = (kernel, options, places)
 
-    def remembered(self, slot):
-        return slot in self.table
+    def kept(self, slot):
+        return (slot, ()) if slot in self.table else None
+
+    def launcher(self, slot, grid, tail, device):
+        kernel, options, places = self.table[slot]
+
+        def go(*args):
+            addressed = [type(a) is int and p is not None for a, p in zip(args, places, strict=True)]
+            self.addresses += sum(addressed)
+            args = [_at_address(a, p) if at else a for a, p, at in zip(args, places, addressed, strict=True)]
+            self.run(kernel, *args, grid=grid, warmup=False, **options)
+            self.launched += 1
+
+        return go
 
     def launch(self, slot, grid, args):
-        kernel, options = self.table[slot]
+        kernel, options, _ = self.table[slot]
         self.run(kernel, *args, grid=grid, warmup=False, **options)
         self.launched += 1
         return True
+
+
+def _at_address(address: int, place: tuple) -> torch.Tensor:
+    """A CPU tensor over ``numel`` elements of ``dtype`` at ``address`` (what a pointer argument given as an
+    address points to)."""
+    dtype, numel = place
+    nbytes = numel * dtype.itemsize
+    return torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=dtype, count=numel)
 
 
 class Counts:
@@ -102,6 +127,8 @@ def test_a_second_call_builds_nothing_and_launches_the_cached_kernels(shape, n, 
     second = step()
     assert counts.total() == 0, counts.calls  # no plan, no table, no dispatcher, no kernel[grid]
     assert stand_in.launched - launched >= 2  # forward and backward: the cached launches
+    # the statistics and the backward's scratch as addresses, not views
+    assert stand_in.addresses >= 4, stand_in.addresses
     for a, c in zip(first, second, strict=True):
         assert torch.equal(a, c)
     # the module takes the same path

@@ -1,4 +1,4 @@
-"""``crossfuse.nn.swap_layer_norms``: what it swaps, what it keeps, what it refuses, and the swapped model's
+"""``cnn.swap_layer_norms``: what it swaps, what it keeps, what it refuses, and the swapped model's
 numbers against the unswapped one (a plain torch model here; tiny transformers and timm models where those
 libraries are installed)."""
 
@@ -147,7 +147,7 @@ def test_subclasses_with_their_own_forward_are_left_alone_unless_accepted(device
 
 
 def test_known_subclass_by_name_is_swapped_without_accept():
-    # a class named as timm's LayerNorm (crossfuse.nn.swap.KNOWN_LAYER_NORMS), whose forward is F.layer_norm
+    # a class named as timm's LayerNorm (cnn.swap.KNOWN_LAYER_NORMS), whose forward is F.layer_norm
     known = type("LayerNorm", (Upcast,), {"__module__": "timm.layers.norm", "forward": Upcast.forward})
     tree = torch.nn.Sequential(known(8))
     with warnings.catch_warnings():
@@ -236,3 +236,64 @@ def test_tiny_timm_vision_transformer(device):
                             depth=1, num_heads=2, num_classes=4).to(device)  # fmt: skip
     lns = sum(isinstance(m, torch.nn.LayerNorm) for m in vit.modules())
     _check_model(vit, {"x": torch.randn(2, 3, 16, 16, device=device)}, lns)
+
+
+def test_native_below_is_a_checked_module_setting_that_swap_passes_on():
+    # the size under which a CUDA input runs torch's own layer norm: a constructor argument (the class
+    # default otherwise), refused when not an int >= 0, shown in repr, not part of the state_dict
+    ln = cnn.LayerNorm(8)
+    assert ln.native_below == cnn.layer_norm.NATIVE_BELOW > 0
+    assert cnn.LayerNorm(8, native_below=0).native_below == 0
+    assert "native_below=0" in repr(cnn.LayerNorm(8, native_below=0))
+    assert list(cnn.LayerNorm(8, native_below=0).state_dict()) == ["weight", "bias"]
+    for bad in (-1, 1.5, True, "10"):
+        with pytest.raises(ValueError, match="native_below"):
+            cnn.LayerNorm(8, native_below=bad)
+    model = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    assert cnn.swap_layer_norms(model, native_below=123) == ["0", "2"]
+    assert model[0].native_below == model[2].native_below == 123
+    plain = torch.nn.Sequential(torch.nn.LayerNorm(8))
+    cnn.swap_layer_norms(plain)
+    assert plain[0].native_below == cnn.layer_norm.NATIVE_BELOW
+    with pytest.raises(ValueError, match="native_below"):
+        cnn.swap_layer_norms(torch.nn.Sequential(torch.nn.LayerNorm(8)), native_below=-5)
+
+
+def test_native_below_runs_the_fused_kernels_on_the_cpu_at_every_size(monkeypatch):
+    # torch's own layer norm is chosen for small CUDA inputs only: on the CPU (the interpreter) every
+    # input goes to crossfuse.layer_norm
+    from crossfuse.nn import layer_norm as module
+
+    calls = []
+    real = module.layer_norm
+    monkeypatch.setattr(module, "layer_norm", lambda *a: calls.append(1) or real(*a))
+    ln = cnn.LayerNorm(8, native_below=1 << 30)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(ln(x), torch.nn.functional.layer_norm(x, (8,), ln.weight, ln.bias))
+    assert calls == [1]
+
+
+@pytest.mark.gpu
+def test_small_cuda_inputs_run_torchs_layer_norm_and_large_ones_the_fused_kernels(monkeypatch):
+    from crossfuse.nn import layer_norm as module
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    calls = []
+    real = module.layer_norm
+    monkeypatch.setattr(module, "layer_norm", lambda *a: calls.append(a[0].numel()) or real(*a))
+    ln = cnn.LayerNorm(256, device="cuda", dtype=torch.bfloat16, native_below=4096)
+    small, large = (torch.randn(m, 256, device="cuda", dtype=torch.bfloat16) for m in (8, 64))
+    want = F.layer_norm(small, (256,), ln.weight, ln.bias)
+    assert torch.equal(ln(small), want) and calls == []  # torch's own, bit for bit
+    ln(large)
+    assert calls == [64 * 256]
+    # another dtype than the weights', or autocast: the fused kernels (the output dtype never depends on
+    # the size)
+    ln(small.float())
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ln(small)
+    assert calls == [64 * 256, 8 * 256, 8 * 256]
+    ln.native_below = 0
+    ln(small)
+    assert calls[-1] == 8 * 256

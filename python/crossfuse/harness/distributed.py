@@ -334,7 +334,8 @@ def run_wrapper(wrapper: str, cfg: DistConfig, ctx: Context, say: Callable[[str]
     for impl in IMPLS:
         m = copy.deepcopy(base)
         if impl == "crossfuse":
-            traces[impl].swapped = len(swap_layer_norms(m))
+            # the fused kernels at every size: what runs under DDP and FSDP2 is the point here
+            traces[impl].swapped = len(swap_layer_norms(m, native_below=0))
         models[impl] = wrap(m, wrapper, cfg, ctx)
         opts[impl] = torch.optim.AdamW(models[impl].parameters(), lr=cfg.lr)
     base = None

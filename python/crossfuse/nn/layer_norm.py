@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .._module_checks import check_module_input, named
 from ..ops.layer_norm.api import layer_norm
+
+# Inputs of fewer elements than this run torch's own layer norm (see LayerNorm). Where a call's GPU work is
+# this small, its cost is the host's: the fused kernels finish first on the GPU, but a Python call that
+# launches a Triton kernel through an autograd.Function issues it in about twice torch's host time, so a
+# model whose step is paced by its host (small batches) would run slower. Chosen where the fused module's
+# eager forward+backward, back to back, stops losing to torch's (bench/results: the crossover table).
+NATIVE_BELOW = 1 << 22
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -14,12 +22,45 @@ class LayerNorm(torch.nn.LayerNorm):
     A state_dict saved from either class loads into the other. As torch's, it takes an input of another
     floating dtype than its weights (mixed precision: the output has the input's dtype); an input on
     another device than the weights, or of the wrong shape, is an error that names the module.
+
+    ``native_below``: a CUDA input of fewer elements runs torch's own layer norm (same dtypes as the
+    weights, no autocast), where the host's time per call, not the GPU's, sets the pace (see
+    :data:`NATIVE_BELOW`); 0 runs the fused kernels at every size. A module made by
+    :func:`crossfuse.nn.swap_layer_norms` has the default unless that call says otherwise.
     """
 
+    native_below: int = NATIVE_BELOW
+
+    def __init__(self, *args, native_below: int = NATIVE_BELOW, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.native_below = _check_native_below(native_below)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if _native(input, self.weight, self.bias, self.native_below):
+            return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
         try:
             return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
         except (TypeError, ValueError) as exc:  # the op's argument errors, said of this module
             # checked only once the op has refused the input: a call that succeeds pays for no check
             check_module_input(self, input, self.weight, same_dtype=False)
             raise named(self, exc) from None
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, native_below={self.native_below}"
+
+
+def _native(x, weight, bias, below: int) -> bool:
+    """Whether torch's own layer norm takes this input: a CUDA tensor of fewer than ``below`` elements,
+    of the weights' dtype, outside autocast (whose layer norm gives float32, the fused one the input's
+    dtype: a size must never change the output's dtype)."""
+    if not (isinstance(x, torch.Tensor) and x.is_cuda and x.numel() < below):
+        return False
+    if (weight is not None and weight.dtype != x.dtype) or (bias is not None and bias.dtype != x.dtype):
+        return False
+    return not torch.is_autocast_enabled("cuda")
+
+
+def _check_native_below(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"native_below must be an int >= 0 (elements of an input), got {value!r}")
+    return value

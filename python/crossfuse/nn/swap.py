@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from .._validate import type_name
-from .layer_norm import LayerNorm
+from .layer_norm import LayerNorm, _check_native_below
 
 #: LayerNorm subclasses, by module and qualified name, whose own ``forward`` computes exactly
 #: ``F.layer_norm(x, normalized_shape, weight, bias, eps)`` (timm's, also under its ``fast_norm`` option,
@@ -93,7 +93,8 @@ def _own_forward(cls: type) -> bool:
 
 
 def swap_layer_norms(
-    model: torch.nn.Module, *, include: Include = None, accept: Iterable[type] = ()
+    model: torch.nn.Module, *, include: Include = None, accept: Iterable[type] = (),
+    native_below: int | None = None,
 ) -> list[str]:
     """Swap, in place, every ``torch.nn.LayerNorm`` of ``model`` (``model`` itself included) for
     :class:`crossfuse.nn.LayerNorm`; return the qualified names of the modules swapped (``""`` for the root).
@@ -104,6 +105,8 @@ def swap_layer_norms(
             iterable of str, e.g. ``"encoder.*"``), or a callable ``(name, module) -> bool``.
         accept: LayerNorm subclasses with a ``forward`` of their own that the caller vouches compute layer
             norm (see the module's docstring); any other such subclass is left alone with a warning.
+        native_below: each swapped module's :attr:`LayerNorm.native_below` (None: the class default, the
+            size below which torch's own layer norm is faster in a model).
 
     Parameters are kept as the same objects, so an optimizer made before the call needs no rebuilding; the
     call is idempotent (a second one returns ``[]``). Swapped modules then run crossfuse's kernels: on a
@@ -113,6 +116,8 @@ def swap_layer_norms(
         raise TypeError(f"model must be a torch.nn.Module, got {type_name(model)}")
     keep = _name_filter(include)
     accepted = _accepted(accept)
+    if native_below is not None:
+        native_below = _check_native_below(native_below)
     from ..ops.layer_norm import MAX_N
 
     swapped, refused, too_large = [], [], []
@@ -129,6 +134,8 @@ def swap_layer_norms(
             too_large.append(f"{name or '<root>'} (normalized_shape {list(module.normalized_shape)})")
             continue
         module.__class__ = LayerNorm
+        if native_below is not None:
+            module.native_below = native_below
         swapped.append(name)
     if refused:
         warnings.warn(

@@ -16,7 +16,9 @@ data, tensor descriptors by their base's dtype and block shape (their base, shap
 at run time); anything else gives no key. :func:`remember` keeps the compiled kernel that Triton's
 dispatch returned for that key; :func:`launch` then makes the call ``JITFunction.run`` ends with
 (``launch_metadata``, then the launcher with Triton's launch hooks and every bound argument, constexprs
-included) for the current device and stream. Triton's ``debug`` and ``instrumentation_mode`` knobs (and
+included) for the current device and stream, through a :func:`launcher` kept per key and grid, which a
+caller may also keep itself (the plans do) and which skips what does nothing while no launch hook is
+set. Triton's ``debug`` and ``instrumentation_mode`` knobs (and
 3.9's ``fpsan_homomorphic_casts``), the current device and the key select the compiled kernel, as they
 select it in Triton's cache; with 3.9's ``add_stages_inspection_hook`` set there is no key.
 
@@ -59,7 +61,8 @@ _OPTION_TYPES = (int, float, bool, str, type(None))  # keyword values keyed here
 
 MAX_REMEMBERED = 4096  # keys kept at most (each a few hundred bytes; Triton keeps the kernels themselves)
 
-# key -> (compiled kernel, the bound values of the parameters after the positional ones)
+# key -> (compiled kernel, the bound values of the parameters after the positional ones, {grid: its
+# launcher(...)})
 _COMPILED: dict[tuple, tuple] = {}
 
 
@@ -131,26 +134,22 @@ def state() -> tuple | None:
             getattr(compilation, "fpsan_homomorphic_casts", None))  # fmt: skip
 
 
-def remembered(slot: tuple) -> bool:
-    """Whether a compiled kernel is kept under ``slot`` (see :func:`launch`)."""
-    return slot in _COMPILED
-
-
 def launch(slot: tuple, grid: tuple, args: tuple) -> bool:
     """Launch the kernel remembered under ``slot`` on ``grid`` with ``args``; False when there is none."""
     hit = _COMPILED.get(slot)
     if hit is None or type(grid) is not tuple:  # a callable grid: Triton's dispatch evaluates it
         return False
-    compiled, tail = hit
-    driver = triton.runtime.driver.active
-    stream = driver.get_current_stream(slot[1])
-    values = (*args, *tail)
-    knobs = triton.knobs.runtime
-    n = len(grid)
-    compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, compiled.function,
-                 compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
-                 knobs.launch_enter_hook, knobs.launch_exit_hook, *values)  # fmt: skip
+    go = hit[2].get(grid)
+    if go is None:
+        go = hit[2][grid] = launcher(hit[0], grid, hit[1], slot[1])
+    go(*args)
     return True
+
+
+def kept(slot: tuple) -> tuple | None:
+    """``(compiled kernel, the bound values after the positional arguments)`` kept under ``slot``."""
+    hit = _COMPILED.get(slot)
+    return None if hit is None else hit[:2]
 
 
 def run(kernel, grid, args: tuple, options: dict):
@@ -160,6 +159,61 @@ def run(kernel, grid, args: tuple, options: dict):
     if slot is not None and launch(slot, grid, args):
         return
     remember(slot, kernel, args, options, kernel[grid](*args, **options))
+
+
+try:
+    from triton.knobs import HookChain
+except ImportError:  # Triton before knobs' hook chains: a hook is a function or None
+    HookChain = None
+
+# the Triton versions (major, minor) whose compiled-kernel launcher (CudaLauncher: its ``launch``, the C
+# function, and what its __call__ adds before calling it) was read for :func:`launcher`
+RAW_LAUNCH = ((3, 6),)
+
+
+def _quiet(hook) -> bool:
+    """Whether a launch hook of Triton's knobs calls nothing: unset, or an empty chain (the default)."""
+    return hook is None or (type(hook) is HookChain and not hook.calls)
+
+
+def launcher(compiled, grid: tuple, tail: tuple, device: int):
+    """``go(*args)``: launch ``compiled`` on ``grid`` with ``(*args, *tail)`` on the current stream of CUDA
+    device ``device``, the call :func:`launch` makes, for a caller that keeps it (a plan's launch).
+
+    While Triton's launch hooks call nothing (their default), it passes no hooks and builds no launch
+    metadata (``launch_metadata``: a dictionary per launch that only the hooks read). With the Triton
+    versions of RAW_LAUNCH it calls the C launcher itself where the kernel asks for no scratch memory (all
+    ``CudaLauncher.__call__`` adds is that scratch). Pointer arguments may be tensors or their addresses
+    (ints), as the C launcher takes either; an address skips the launcher's look-up of the pointer's
+    device (``cuPointerGetAttribute``)."""
+    n = len(grid)
+    gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+    run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
+    stream_of = triton.runtime.driver.active.get_current_stream
+    hooks = triton.knobs.runtime
+    raw = None
+    if (
+        triton_version() in RAW_LAUNCH
+        and type(run).__name__ == "CudaLauncher"
+        and getattr(run, "global_scratch_size", 1) == 0
+        and getattr(run, "profile_scratch_size", 1) == 0
+    ):
+        raw, coop, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
+
+    def go(*args):
+        stream = stream_of(device)
+        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        if _quiet(enter) and _quiet(leave):
+            if raw is not None:
+                raw(gx, gy, gz, stream, function, coop, pdl, None, None, meta, None, None, None, *args, *tail)
+            else:
+                run(gx, gy, gz, stream, function, meta, None, None, None, *args, *tail)
+            return
+        values = (*args, *tail)
+        run(gx, gy, gz, stream, function, meta, compiled.launch_metadata(grid, stream, *values), enter, leave,
+            *values)  # fmt: skip
+
+    return go
 
 
 def remember(slot: tuple | None, kernel, args: tuple, options: dict, compiled) -> None:
@@ -176,7 +230,7 @@ def remember(slot: tuple | None, kernel, args: tuple, options: dict, compiled) -
             return
     if len(_COMPILED) >= MAX_REMEMBERED:  # ints are keyed by value: many shapes, many keys; start afresh
         _COMPILED.clear()
-    _COMPILED[slot] = (compiled, tuple(tail))
+    _COMPILED[slot] = (compiled, tuple(tail), {})
 
 
 def _descriptor_factory():

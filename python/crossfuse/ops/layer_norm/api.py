@@ -82,13 +82,16 @@ class Call:
     asked."""
 
     __slots__ = (
-        "bwd", "copy_b", "copy_w", "copy_x", "db_dtype", "eps", "fwd", "n", "param_dtype", "param_shape",
+        "bwd", "copy_b", "copy_w", "copy_x", "db_dtype", "eps", "fwd", "m", "n", "param_dtype", "param_shape",
+        "y_like",
     )  # fmt: skip
 
     def __init__(self, x, n, param_shape, weight, bias, eps):
         self.n, self.eps = n, eps
         self.param_shape = param_shape
         x2 = _rows(x, n)
+        self.m = x2.shape[0]
+        self.y_like = x.is_contiguous()  # y as torch.empty_like(x): contiguous (cheaper to ask torch for)
         self.copy_x = not _same_memory(x, x2)
         w, b = _unit_stride(weight), _unit_stride(bias)
         self.copy_w = weight is not None and not weight.is_contiguous()
@@ -100,19 +103,22 @@ class Call:
         self.bwd: dict = {}
 
     def forward(self, x, weight, bias):
-        """``(y, x, w, mean, rstd)``: y in x's shape, and what the backward reads (x or its rows' copy, the
-        weight as the kernels read it)."""
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        """``(y, x, w, stats)``: y in x's shape, and what the backward reads (x or its rows' copy, the weight
+        as the kernels read it, the mean and rstd in one tensor: see FwdPlan.run)."""
+        if self.y_like:
+            y = torch.empty_like(x)
+        else:
+            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if self.copy_x:
             x = _rows(x, self.n)
         w = _unit_stride(weight) if self.copy_w else weight
         b = _unit_stride(bias) if self.copy_b else bias
-        mean, rstd = self.fwd(x, y, w, b)
-        return y, x, w, mean, rstd
+        stats = self.fwd(x, y, w, b, True)
+        return y, x, w, stats
 
-    def backward(self, dy, x, w, mean, rstd, x_shape, need_dw: bool, need_db: bool):
-        """``(dx, dw, db)`` of the forward that saved ``x``, ``w``, ``mean`` and ``rstd``: dx in ``x_shape``,
-        dw and db in normalized_shape (None where not asked)."""
+    def backward(self, dy, x, w, stats, x_shape, need_dw: bool, need_db: bool):
+        """``(dx, dw, db)`` of the forward that saved ``x``, ``w`` and ``stats``: dx in ``x_shape``, dw and db
+        in normalized_shape (None where not asked)."""
         key = (dy.stride(), dy.dtype, dy.data_ptr() % 16 == 0, need_dw, need_db)  # dy's shape: y's
         entry = self.bwd.get(key)
         if entry is None:
@@ -120,6 +126,12 @@ class Call:
             plan = BwdPlan(dy2, x.reshape(-1, self.n), w, need_dw, need_db, None, x_shape, self.param_shape)
             entry = self.bwd[key] = (not _same_memory(dy, dy2), plan)
         copy_dy, plan = entry
+        m, m_pad = self.m, self.fwd.m_pad  # mean from element 0 of stats, rstd from m_pad (FwdPlan.run)
+        if plan.ready:  # addresses, not views (see BwdPlan.run)
+            mean = stats.data_ptr()
+            rstd = mean + m_pad * stats.element_size()
+        else:
+            mean, rstd = stats[:m], stats[m_pad : m_pad + m]
         dx, dw, db = plan(_rows(dy, self.n) if copy_dy else dy, x, w, mean, rstd)
         if db is not None and self.db_dtype is not None:
             db = db.to(self.db_dtype)
@@ -159,8 +171,8 @@ class LayerNormFunction(torch.autograd.Function):
         ctx.x_shape = x.shape
         ctx.call = call
         if call is not None:  # eager: the call's plan
-            y, x2, w, mean, rstd = call.forward(x, weight, bias)
-            ctx.save_for_backward(x2, w, mean, rstd)
+            y, x2, w, stats = call.forward(x, weight, bias)
+            ctx.save_for_backward(x2, w, stats)
             return y
         ctx.params = [(p.shape, p.dtype) if p is not None else None for p in (weight, bias)]
         x2 = _rows(x, n)
@@ -172,25 +184,42 @@ class LayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable  # no double backward: differentiating the gradients raises, never silently drops
     def backward(ctx, dy):
-        x2, w, mean, rstd = ctx.saved_tensors
-        need_dw, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        call = ctx.call
-        if call is not None:
-            dx, dw, db = call.backward(dy, x2, w, mean, rstd, ctx.x_shape, need_dw, need_db)
-            return dx, None, dw, db, None, None
-        n = x2.shape[1]
-        # while tracing, the operator fixes the strides (torch 2.6 refused .stride() in a traced backward)
-        if _library.tracing():
-            dy2 = dy.reshape(-1, n)
-            dx, dw, db = _library.LAYER_NORM_BWD(dy2, x2, w, mean, rstd, need_dw, need_db)
-        else:
-            dx, dw, db = layer_norm_bwd(_rows(dy, n), x2, w, mean, rstd, need_dw, need_db)
-        grads = []
-        for g, p in zip((dw, db), ctx.params, strict=True):
-            grads.append(None if g is None else g.view(p[0]).to(p[1]))
-        return dx.view(ctx.x_shape), None, grads[0], grads[1], None, None
+        # grad mode is on in a backward only with create_graph: there is no double backward, and
+        # once_differentiable makes differentiating the gradients raise rather than silently give zeros
+        if torch.is_grad_enabled():
+            return _backward_once(ctx, dy)
+        return _backward(ctx, dy)
+
+
+def _backward(ctx, dy):
+    need_dw, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+    call = ctx.call
+    if call is not None:
+        x2, w, stats = ctx.saved_tensors
+        dx, dw, db = call.backward(dy, x2, w, stats, ctx.x_shape, need_dw, need_db)
+        return dx, None, dw, db, None, None
+    x2, w, mean, rstd = ctx.saved_tensors
+    n = x2.shape[1]
+    # while tracing, the operator fixes the strides (torch 2.6 refused .stride() in a traced backward)
+    if _library.tracing():
+        dy2 = dy.reshape(-1, n)
+        dx, dw, db = _library.LAYER_NORM_BWD(dy2, x2, w, mean, rstd, need_dw, need_db)
+    else:
+        dx, dw, db = layer_norm_bwd(_rows(dy, n), x2, w, mean, rstd, need_dw, need_db)
+    grads = []
+    for g, p in zip((dw, db), ctx.params, strict=True):
+        grads.append(None if g is None else g.view(p[0]).to(p[1]))
+    return dx.view(ctx.x_shape), None, grads[0], grads[1], None, None
+
+
+_backward_once = once_differentiable(_backward)
+
+# autograd.Function.apply without its Python layer (functorch's transforms, setup_context's defaults,
+# unwrapping tensors of finished transforms): for eager calls whose arguments gave a key, so real tensors
+# with storage, while no functorch transform is active; the layer cost more host time than the launch
+_APPLY = super(torch.autograd.Function, LayerNormFunction).apply
+_functorch_active = torch._C._are_functorch_transforms_active
 
 
 _INTERPRETER_PROBLEM = interpreter_problem() if INTERPRETED else None
@@ -271,5 +300,7 @@ def layer_norm(
         bias is not None and bias.requires_grad
     )
     if grads and torch.is_grad_enabled():
-        return LayerNormFunction.apply(x, call.n, weight, bias, call.eps, call)
+        if key is None or _functorch_active():
+            return LayerNormFunction.apply(x, call.n, weight, bias, call.eps, call)
+        return _APPLY(x, call.n, weight, bias, call.eps, call)
     return call.forward(x, weight, bias)[0]  # nothing to differentiate: no autograd node

@@ -75,12 +75,16 @@ class FwdPlan(Plan):
     """The forward on (M, N) rows ``x`` into rows of y with row stride ``y_stride``, with or without weight
     and bias, for one eps and configuration: the statistics' allocation and one launch."""
 
-    __slots__ = ("acc", "desc", "device", "launch", "m", "tail")
+    __slots__ = ("acc", "desc", "device", "launch", "m", "m_pad", "tail")
 
     def __init__(self, x: torch.Tensor, y_stride: int, weight, bias, eps: float, config: LaunchConfig | None):
         super().__init__(x.device, INTERPRETED)
         M, N = x.shape
         self.m, self.acc, self.device = M, stats_dtype(x.dtype), x.device
+        # rstd's offset in a joint statistics tensor: 16-byte aligned whatever M, as Triton's kernels
+        # specialise on the alignment of their pointers (one compiled kernel for every row count)
+        per16 = 16 // self.acc.itemsize
+        self.m_pad = -(-M // per16) * per16
         self.launch = self.desc = None
         if M == 0:
             return
@@ -116,17 +120,30 @@ class FwdPlan(Plan):
             self.launch = Launch(kernel, (M,), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, **extra, **common)
             self.tail = (x.stride(0), y_stride, M, N, eps)
 
-    def run(self, x, y, weight, bias):
-        """``(mean, rstd)`` of the rows ``x`` (this plan's layout), ``y`` written."""
-        mean = torch.empty((self.m,), dtype=self.acc, device=self.device)
-        rstd = torch.empty((self.m,), dtype=self.acc, device=self.device)
+    def run(self, x, y, weight, bias, joint: bool = False):
+        """``(mean, rstd)`` of the rows ``x`` (this plan's layout), ``y`` written; with ``joint``, the
+        statistics in one tensor, mean from element 0 and rstd from element ``m_pad`` (one allocation, and
+        addresses instead of views once the launch goes straight to its compiled kernel)."""
+        if joint:
+            stats = torch.empty((2 * self.m_pad,), dtype=self.acc, device=self.device)
+            if self.launch is None:
+                return stats
+            if self.launch.go is not None:
+                mean = stats.data_ptr()
+                rstd = mean + self.m_pad * stats.element_size()
+            else:
+                mean, rstd = stats[: self.m], stats[self.m_pad : self.m_pad + self.m]
+        else:
+            mean = torch.empty((self.m,), dtype=self.acc, device=self.device)
+            rstd = torch.empty((self.m,), dtype=self.acc, device=self.device)
+            stats = (mean, rstd)
         launch = self.launch
         if launch is not None:
             w = weight if weight is not None else x
             b = bias if bias is not None else x
             desc = self.desc
             launch(x if desc is None else desc(x), y, w, b, mean, rstd, *self.tail)
-        return mean, rstd
+        return stats
 
 
 def tensor_key(t) -> tuple | None:

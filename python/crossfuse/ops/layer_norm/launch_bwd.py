@@ -147,7 +147,12 @@ class BwdPlan(Plan):
         self.dtype = x.dtype
         self.param_dtype = weight.dtype if weight is not None else x.dtype
         self.compute_dw, self.compute_db = compute_dw, compute_db
+        # dw and db as torch.empty_like(weight): a contiguous weight of normalized_shape (its own dtype)
+        self.w_like = (weight is not None and weight.is_contiguous()
+                       and tuple(weight.shape) == self.param_shape)  # fmt: skip
         self.path = "empty"
+        self.launches: tuple = ()
+        self.ready = False  # see run
         if M == 0:
             return
         acc = self.acc = stats_dtype(x.dtype)
@@ -209,7 +214,7 @@ class BwdPlan(Plan):
         first = dict(GDC=gdc)
         then = dict(GDC=True, launch_pdl=True) if gdc else first
         self.strides = (dy.stride(0), x.stride(0), N)  # dx: contiguous rows
-        self.launches = []
+        self.rowsums = None  # the split backward's first launch
         self.finish = None
         if grouped:
             self.path = "grouped"
@@ -274,6 +279,10 @@ class BwdPlan(Plan):
                     WRITE_DX=True, UNROLL=4, num_warps=8, **flags, **then,
                 )  # fmt: skip
                 self.last_tail = (M - R, M, N)
+        self.launches = tuple(
+            launch for launch in (self.main, self.rowsums, self.reduce, self.last)
+            if launch is not None
+        )  # fmt: skip
 
     @staticmethod
     def _fused(cfg, grid, compute_dw, compute_db, order, use_tma, flags, N):
@@ -286,27 +295,45 @@ class BwdPlan(Plan):
         return Launch(_ln_bwd_kernel, (grid,), UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, **even, **sums)
 
     def run(self, dy, x, weight, mean, rstd):
-        """``(dx, dw, db)`` from rows ``dy`` and ``x`` (this plan's layout); dw, db None where not asked."""
+        """``(dx, dw, db)`` from rows ``dy`` and ``x`` (this plan's layout); dw, db None where not asked.
+
+        ``ready``: every launch goes straight to its compiled kernel (set after the first call that made
+        them all through Triton's dispatch). Then the scratch memory's parts are passed as addresses
+        instead of views, and ``mean`` and ``rstd`` may be addresses too; before, they must be tensors."""
         dev = self.device
         dx = torch.empty(self.dx_shape, dtype=self.dtype, device=dev)
-        dw = torch.empty(self.param_shape, dtype=self.param_dtype, device=dev) if self.compute_dw else None
-        db = torch.empty(self.param_shape, dtype=self.param_dtype, device=dev) if self.compute_db else None
+        dw = self._param_grad(weight) if self.compute_dw else None
+        db = self._param_grad(weight) if self.compute_db else None
         path = self.path
         if path == "empty":
             for t in (dw, db):
                 if t is not None:
                     t.zero_()
             return dx, dw, db
-        M, total = self.m, self.total
+        M, total, isz = self.m, self.total, self.acc.itemsize
+        own = None  # the scratch's own buffer (few rows), kept alive until every launch is made
         if self.R:
-            start = self.start
-            scratch = dx.view(torch.uint8).view(-1)[start : start + total * self.acc.itemsize].view(self.acc)
-        elif total:  # a buffer of their own (few rows)
-            scratch = torch.empty((total,), dtype=self.acc, device=dev)
+            base = dx
+        elif total:
+            base = own = torch.empty((total,), dtype=self.acc, device=dev)
         else:  # nothing to keep
-            scratch = dx
-        dw_part = scratch if self.compute_dw else dx
-        db_part = scratch[self.at_db :] if self.compute_db else dx
+            base = dx
+        ready = self.ready
+        if ready:  # addresses: the scratch's parts (start: bytes into dx where the last R rows hold it)
+            ptr = base.data_ptr() + (self.start if self.R else 0)
+
+            def at(i, dtype=None):
+                return ptr + i * isz
+        else:
+            scratch = (dx.view(torch.uint8).view(-1)[self.start : self.start + total * isz].view(self.acc)
+                       if self.R else base if total else dx)  # fmt: skip
+
+            def at(i, dtype=None):
+                part = scratch[i:]
+                return part if dtype is None else part.view(dtype)
+
+        dw_part = at(0) if self.compute_dw else dx
+        db_part = at(self.at_db) if self.compute_db else dx
         w = weight if weight is not None else x
         s_dy, s_x, s_dx = self.strides
         at_c1, at_c2 = self.at_c1, self.at_c2
@@ -316,29 +343,31 @@ class BwdPlan(Plan):
             strides = (s_dx, s_dy, s_x) if descs is None else (s_dx,)
             self.main(*rows, w, mean, rstd, dw_part, db_part, *strides, *self.main_tail)
         elif path == "split":
-            c1, c2 = scratch[at_c1:], scratch[at_c2:]  # of the rows below M - R
+            c1, c2 = at(at_c1), at(at_c2)  # of the rows below M - R
             self.rowsums(dy, x, w, mean, rstd, c1, c2, dx, s_dy, s_x, s_dx, 0, M, self.n)
             self.main(dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, s_dx, s_dy, s_x, M, M - self.R,
                       self.n)  # fmt: skip
-        elif path == "coop":
-            count = scratch[at_c2 : at_c2 + self.programs + 1].view(torch.int32)
-            count.zero_()
-            self.main(dx, dy, x, w, mean, rstd, scratch[at_c1:], count, dw_part, db_part, s_dx, s_dy, s_x, M,
-                      M - self.R, self.n)  # fmt: skip
-        else:  # the Gluon kernels: on (M, N) views
-            N = self.n
-            dx2, dy2, x2 = dx.view(M, N), dy.reshape(M, N), x.reshape(M, N)
-            if path == "grouped":
-                scratch[at_c1 : at_c2 + 1].zero_()  # pairs, shares and tickets: one memset
-                pairs = scratch[at_c1 : at_c1 + self.pair_words].view(torch.int32)
-                shares = scratch[at_c1 + self.pair_words : at_c2].view(torch.int64)
-                count = scratch[at_c2 : at_c2 + 1].view(torch.int32)
-                self.main(*gluon_bwd.groups_args(dx2, dy2, x2, weight, mean, rstd, shares, count, pairs,
-                                                 dw_part, db_part, M - self.R, self.slices,
-                                                 self.paired))  # fmt: skip
-            else:
-                args = gluon_bwd.rows_args(dx2, dy2, x2, weight, mean, rstd, dw_part, db_part, M - self.R)
-                self.main(*args)
+        else:
+            zero = self._scratch(dx, own)  # the scratch as a tensor: the parts zeroed before the launch
+            if path == "coop":
+                zero[at_c2 : at_c2 + self.programs + 1].zero_()
+                count = at(at_c2, torch.int32)
+                self.main(dx, dy, x, w, mean, rstd, at(at_c1), count, dw_part, db_part, s_dx, s_dy, s_x, M,
+                          M - self.R, self.n)  # fmt: skip
+            else:  # the Gluon kernels: on (M, N) views
+                N = self.n
+                dx2, dy2, x2 = dx.view(M, N), dy.reshape(M, N), x.reshape(M, N)
+                if path == "grouped":
+                    zero[at_c1 : at_c2 + 1].zero_()  # pairs, shares and tickets: one memset
+                    pairs = at(at_c1, torch.int32)
+                    shares = at(at_c1 + self.pair_words, torch.int64)
+                    count = at(at_c2, torch.int32)
+                    self.main(*gluon_bwd.groups_args(dx2, dy2, x2, weight, mean, rstd, shares, count, pairs,
+                                                     dw_part, db_part, M - self.R, self.slices,
+                                                     self.paired))  # fmt: skip
+                else:
+                    args = gluon_bwd.rows_args(dx2, dy2, x2, weight, mean, rstd, dw_part, db_part, M - self.R)
+                    self.main(*args)
         if self.reduce is not None:  # a skipped sum's pointers: placeholders the kernel does not touch
             cdw, cdb = self.compute_dw, self.compute_db
             self.reduce(dw_part if cdw else db_part, db_part if cdb else dw_part, dw if cdw else db,
@@ -346,7 +375,7 @@ class BwdPlan(Plan):
         last = self.last
         if last is not None:
             if self.finish is not None:  # from the row sums the grouped kernel posted
-                self.last(dy, x, w, mean, rstd, shares, count, dx, s_dy, s_x, s_dx, *self.finish)
+                last(dy, x, w, mean, rstd, shares, count, dx, s_dy, s_x, s_dx, *self.finish)
             elif path == "whole_rows":
                 descs = self.descs
                 rows = (dx, dy, x) if descs is None else (dx, descs[0](dy), descs[1](x))
@@ -354,7 +383,25 @@ class BwdPlan(Plan):
                 last(*rows, w, mean, rstd, dw_part, db_part, *strides, *self.last_tail)
             else:
                 last(dy, x, w, mean, rstd, dx, dx, dx, s_dy, s_x, s_dx, *self.last_tail)
+        del own
+        if not ready:
+            self.ready = all(launch.go is not None for launch in self.launches)
         return dx, dw, db
+
+    def _param_grad(self, weight):
+        """A new tensor for dw or db: like the weight where that is one (cheaper to ask torch for)."""
+        if self.w_like:
+            return torch.empty_like(weight)
+        return torch.empty(self.param_shape, dtype=self.param_dtype, device=self.device)
+
+    def _scratch(self, dx, own):
+        """The scratch memory as a tensor of the accumulator dtype (the last R rows' bytes of dx, or its own
+        buffer)."""
+        if own is not None:
+            return own
+        return dx.view(torch.uint8).view(-1)[self.start : self.start + self.total * self.acc.itemsize].view(
+            self.acc
+        )
 
 
 BWD_PLANS = PlanCache(BwdPlan)

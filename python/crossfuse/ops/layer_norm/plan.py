@@ -17,34 +17,43 @@ import torch
 
 from .._runtime import direct as _direct
 
+# torch.cuda.current_device() without its Python layer (its lazy initialisation: a plan of a CUDA tensor
+# exists only once CUDA is)
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
 MAX_PLANS = 1024  # plans kept at most (a table that starts afresh: every key holds ints by value)
 
 
 class Launch:
     """One kernel launch: the kernel, its grid and keyword arguments (constexprs and launch options) fixed,
-    the positional arguments given per call."""
+    the positional arguments given per call. Once launched through Triton's dispatch, ``go`` launches the
+    compiled kernel (:func:`crossfuse.ops._runtime.direct.launcher`): it also takes pointers as addresses
+    (ints), which a plan passes for the parts of its scratch memory instead of making views."""
 
-    __slots__ = ("grid", "kernel", "options", "slot")
+    __slots__ = ("go", "grid", "kernel", "options")
 
     def __init__(self, kernel, grid: tuple, **options):
         self.kernel = kernel
         self.grid = grid
         self.options = options
-        self.slot = None  # the compiled kernel's key in _direct, once it was launched through the dispatch
+        self.go = None  # the compiled kernel's launcher, once it was launched through the dispatch
 
     def __call__(self, *args) -> None:
-        slot = self.slot
-        if slot is not None and _direct.launch(slot, self.grid, args):
-            return
-        self.dispatch(args)
+        go = self.go
+        if go is not None:
+            go(*args)
+        else:
+            self.dispatch(args)
 
     def dispatch(self, args: tuple) -> None:
-        """``kernel[grid](*args, **options)`` (Triton's dispatch), keeping the compiled kernel for the next
-        call where :mod:`._runtime.direct` can launch it."""
+        """``kernel[grid](*args, **options)`` (Triton's dispatch), keeping the compiled kernel's launcher for
+        the next call where :mod:`._runtime.direct` can launch it."""
         slot = _direct.key(self.kernel, args, self.options)
         compiled = self.kernel[self.grid](*args, **self.options)
         _direct.remember(slot, self.kernel, args, self.options, compiled)
-        self.slot = slot if slot is not None and _direct.remembered(slot) else None
+        hit = _direct.kept(slot) if slot is not None else None
+        if hit is not None:
+            self.go = _direct.launcher(hit[0], self.grid, hit[1], slot[1])
 
 
 class PlanCache:
@@ -83,7 +92,7 @@ class Plan:
 
     def __call__(self, *args):
         index = self.cuda_index
-        if index is not None and index != torch.cuda.current_device():
+        if index is not None and index != _current_device():
             with torch.cuda.device(index):
                 return self.run(*args)
         if self.interpreted:

@@ -166,20 +166,25 @@ class _Entry:
     """What a key of :func:`relu_attention`'s arguments decides once: the checked flags and scales, the
     output's shape, and the launch plans of the forward and (per key of dout) the backward."""
 
-    __slots__ = ("bwd_plans", "causal", "device", "dtype", "fwd_plan", "layout", "out_shape", "relu_scale",
-                 "scale", "squared")  # fmt: skip
+    __slots__ = ("bwd_plans", "causal", "device", "dtype", "fwd_plan", "layout", "like", "out_shape",
+                 "relu_scale", "scale", "squared")  # fmt: skip
 
-    def __init__(self, q, causal, squared, scale, relu_scale, layout):
+    def __init__(self, q, k, v, causal, squared, scale, relu_scale, layout):
         self.causal, self.squared, self.scale, self.layout = causal, squared, scale, layout
         self.relu_scale = relu_scale  # resolved: 1/Lk where not given
         self.out_shape, self.dtype, self.device = tuple(q.shape), q.dtype, q.device
+        # the output and the gradients as torch.empty_like(q, k, v) where those are contiguous (cheaper to
+        # ask torch for; the same tensor as torch.empty in their shape)
+        self.like = tuple(t.is_contiguous() for t in (q, k, v))
         self.fwd_plan = None
         self.bwd_plans: dict[tuple, tuple] = {}
 
     def forward(self, q, k, v):
-        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        out = torch.empty_like(q) if self.like[0] else torch.empty(self.out_shape, dtype=self.dtype,
+                                                                      device=self.device)  # fmt: skip
         plan = self.fwd_plan
-        if plan is not None and _replay(plan, (q, k, v, out)):
+        if plan is not None:
+            _replay(plan, (q, k, v, out))
             return out
         layout = self.layout
         views = [_to_bhld(t, layout) for t in (q, k, v, out)]
@@ -191,9 +196,11 @@ class _Entry:
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
         key = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16)
-        grads = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        grads = tuple(torch.empty_like(t) if like else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                      for t, like in zip((q, k, v), self.like, strict=True))  # fmt: skip
         plan = self.bwd_plans.get(key)
-        if plan is not None and _replay(plan, (q, k, v, dout, *grads)):
+        if plan is not None:
+            _replay(plan, (q, k, v, dout, *grads))
             return grads
         layout = self.layout
         views = [_to_bhld(t, layout) for t in (q, k, v, dout, *grads)]
@@ -216,9 +223,29 @@ class _EagerFunction(torch.autograd.Function):
         return entry.forward(q, k, v)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout):
-        return *ctx.entry.backward(*ctx.saved_tensors, dout), None
+        # grad mode is on in a backward only with create_graph: there is no double backward, and
+        # once_differentiable makes differentiating the gradients raise rather than silently give zeros
+        if torch.is_grad_enabled():
+            return _eager_backward_once(ctx, dout)
+        return _eager_backward(ctx, dout)
+
+
+def _eager_backward(ctx, dout):
+    return *ctx.entry.backward(*ctx.saved_tensors, dout), None
+
+
+_eager_backward_once = once_differentiable(_eager_backward)
+# autograd.Function.apply without its Python layer (functorch's transforms, setup_context's defaults,
+# unwrapping tensors of finished transforms), for plain tensors while no functorch transform is active
+_APPLY = super(torch.autograd.Function, _EagerFunction).apply
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
+def _eager_apply(q, k, v, entry):
+    if _functorch_active():
+        return _EagerFunction.apply(q, k, v, entry)
+    return _APPLY(q, k, v, entry)
 
 
 # key of relu_attention's arguments -> _Entry (see the module docstring)
@@ -252,7 +279,7 @@ def _fast_entry(q, k, v, causal, squared, scale, relu_scale, layout, D) -> _Entr
         return None
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     relu_scale = _relu_scale(None if relu_scale is None else float(relu_scale), _to_bhld(k, layout))
-    return _Entry(q, bool(causal), bool(squared), scale, relu_scale, layout)
+    return _Entry(q, k, v, bool(causal), bool(squared), scale, relu_scale, layout)
 
 
 def relu_attention(
@@ -280,7 +307,7 @@ def relu_attention(
             key = entry = None
         if entry is not None:
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                return _EagerFunction.apply(q, k, v, entry)
+                return _eager_apply(q, k, v, entry)
             return entry.forward(q, k, v)
     else:
         key = None
@@ -292,7 +319,7 @@ def relu_attention(
                 _EAGER.clear()
             _EAGER[key] = entry
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                return _EagerFunction.apply(q, k, v, entry)
+                return _eager_apply(q, k, v, entry)
             return entry.forward(q, k, v)
     return relu_attention_with(q, k, v, causal, squared, scale, relu_scale, layout, checked=D)
 

@@ -98,38 +98,34 @@ def _plan_key(kind: str, tensors: tuple, *decided) -> tuple | None:
     return (kind, now, *decided, *[(t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
 
 
-def _replay(plan: tuple, tensors: tuple) -> bool:
-    """Make the launches of ``plan`` on ``tensors``; False, launching nothing, where a kernel it names is
-    no longer kept (``_direct``'s table started afresh). Each launch's arguments are its template with the
+def _replay(plan: tuple, tensors: tuple) -> None:
+    """Make the launches of ``plan`` on ``tensors``. Each launch's arguments are its template with the
     call's tensors (and descriptors over them) at the places the plan names: a few items, not every
-    argument, are looked at."""
-    remembered = _direct.remembered
-    for launch in plan:
-        if not remembered(launch[0]):
-            return False
+    argument, are looked at; each launch goes to the compiled kernel's launcher the plan keeps."""
     bind_cuda_context(tensors[0])  # before descriptors are filled (see bind_cuda_context)
-    for slot, grid, template, places in plan:
+    for go, template, places in plan:
         args = list(template)
         for i, a in places:
             if type(a) is _Tensor:
                 args[i] = tensors[a.index]
             else:
                 args[i] = _direct.descriptor(tensors[a.index], a.shape, a.strides, a.block)
-        _direct.launch(slot, grid, tuple(args))
-    return True
+        go(*args)
 
 
 def _make_plan(launches: list, tensors: tuple) -> tuple | None:
-    """A plan from the recorded ``launches`` of a call on ``tensors``: per launch ``(slot, grid, template,
-    places)``, the template's arguments with the call's tensors as :class:`_Tensor` and :class:`_Desc`
-    items, whose places ``(position, item)`` are listed; or ``None`` where one of them had no
-    key or took a tensor that is not one of ``tensors`` (float32's copies, say), or where one tensor was
-    given twice (its places could not be told apart: another call may pass two tensors there)."""
+    """A plan from the recorded ``launches`` of a call on ``tensors``: per launch ``(launcher, template,
+    places)`` (the compiled kernel's :func:`.._runtime.direct.launcher`), the template's arguments with
+    the call's tensors as :class:`_Tensor` and :class:`_Desc` items, whose places ``(position, item)``
+    are listed; or ``None`` where one of them had no key or took a tensor that is not one of ``tensors``
+    (float32's copies, say), or where one tensor was given twice (its places could not be told apart:
+    another call may pass two tensors there)."""
     if len({id(t) for t in tensors}) < len(tensors):
         return None
     plan = []
     for slot, grid, args in launches:
-        if slot is None or not _direct.remembered(slot):
+        hit = _direct.kept(slot) if slot is not None else None
+        if hit is None or type(grid) is not tuple:
             return None
         template = []
         for a in args:  # (a None argument is a value like any other: only a tensor not found is refused)
@@ -145,7 +141,7 @@ def _make_plan(launches: list, tensors: tuple) -> tuple | None:
                 a = _Desc(index, a.shape, a.strides, a.block_shape)
             template.append(a)
         places = tuple((i, a) for i, a in enumerate(template) if type(a) in (_Tensor, _Desc))
-        plan.append((slot, grid, tuple(template), places))
+        plan.append((_direct.launcher(hit[0], grid, hit[1], slot[1]), tuple(template), places))
     return tuple(plan) if plan else None
 
 
@@ -156,7 +152,8 @@ def _planned(key: tuple | None, tensors: tuple, launch, *args) -> tuple | None:
         launch(*tensors, *args)
         return None
     plan = _PLANS.get(key)
-    if plan is not None and _replay(plan, tensors):
+    if plan is not None:
+        _replay(plan, tensors)
         return plan
     _RECORDING.launches = launches = []
     try:
