@@ -10,9 +10,11 @@ from ..ops.layer_norm.api import layer_norm
 
 # Inputs of fewer elements than this run torch's own layer norm (see LayerNorm). Where a call's GPU work is
 # this small, its cost is the host's: the fused kernels finish first on the GPU, but a Python call that
-# launches a Triton kernel through an autograd.Function issues it in about twice torch's host time, so a
-# model whose step is paced by its host (small batches) would run slower. Chosen where the fused module's
-# eager forward+backward, back to back, stops losing to torch's (bench/results: the crossover table).
+# launches a Triton kernel through an autograd.Function costs more host time than torch's C++ op, so a
+# model whose step is paced by its host (small batches) would run slower. Back to back with nothing else
+# queued the fused module pays only from about 25M elements (bench/layer_norm_crossover.py); in real models
+# the matmuls keep the GPU busy and hide the host, and at 6-13M elements (GPT2, BERT and ViT at large
+# batches, crossfuse bench models) the fused kernels made the steps faster: 4M sits below those.
 NATIVE_BELOW = 1 << 22
 
 
