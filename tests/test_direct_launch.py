@@ -252,3 +252,66 @@ def test_every_attention_launch_has_a_key(dtype, causal, device, gen, monkeypatc
     for args, options in seen:
         assert _direct.arg_keys(args) is not None, [type(a).__name__ for a in args]
         assert _direct.option_keys(options) is not None, options
+
+
+class _FakeDriver:
+    """``triton.runtime.driver.active`` for the CPU: the current stream of a device is 1000 + its index."""
+
+    def get_current_stream(self, device):
+        return 1000 + device
+
+
+def _fake_compiled(scratch: int):
+    """A compiled kernel whose launcher records its calls: ``CudaLauncher`` by type name, as Triton's,
+    with its C function ``launch`` and its Python ``__call__`` (which adds the scratch memory)."""
+    calls = []
+
+    class CudaLauncher:
+        global_scratch_size, profile_scratch_size = scratch, 0
+        launch_cooperative_grid, launch_pdl = 0, 1
+
+        def launch(self, *args):
+            calls.append(("C", args))
+
+        def __call__(self, *args):
+            calls.append(("call", args))
+
+    class CompiledKernel:
+        run, function, packed_metadata = CudaLauncher(), "function", (4, 1, 0)
+
+        def launch_metadata(self, grid, stream, *args):
+            return ("metadata", grid, stream, args)
+
+    return CompiledKernel(), calls
+
+
+def test_launcher_calls_the_c_launcher_itself_while_the_launch_hooks_call_nothing(monkeypatch):
+    import triton
+    from triton.knobs import HookChain
+
+    monkeypatch.setattr(_direct, "triton_version", lambda: (3, 6))
+    monkeypatch.setattr(triton.runtime.driver, "_active", _FakeDriver())  # (what set_active sets)
+    # hooks empty (Triton's default): the C launcher, no metadata, no hooks, the scratch's None
+    compiled, calls = _fake_compiled(scratch=0)
+    go = _direct.launcher(compiled, (3,), ("TAIL",), 2)
+    go(7, 8)
+    assert calls == [("C", (3, 1, 1, 1002, "function", 0, 1, None, None, (4, 1, 0), None, None, None, 7, 8,
+                            "TAIL"))]  # fmt: skip
+    # a kernel that asks for scratch memory: the launcher's __call__, which allocates it
+    compiled, calls = _fake_compiled(scratch=64)
+    _direct.launcher(compiled, (3, 2), (), 0)(5)
+    assert calls == [("call", (3, 2, 1, 1000, "function", (4, 1, 0), None, None, None, 5))]
+    # a Triton whose C launcher was not read for this: its __call__, still without the hooks' work
+    monkeypatch.setattr(_direct, "triton_version", lambda: (3, 9))
+    compiled, calls = _fake_compiled(scratch=0)
+    _direct.launcher(compiled, (3,), (), 0)(5)
+    assert calls == [("call", (3, 1, 1, 1000, "function", (4, 1, 0), None, None, None, 5))]
+    # a launch hook set (a profiler): the metadata and both hooks, as Triton's dispatch passes them
+    chain = HookChain()
+    chain.add(lambda metadata: None)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", chain)
+    compiled, calls = _fake_compiled(scratch=0)
+    _direct.launcher(compiled, (3,), ("TAIL",), 0)(7)
+    exit_hook = triton.knobs.runtime.launch_exit_hook
+    assert calls == [("call", (3, 1, 1, 1000, "function", (4, 1, 0), ("metadata", (3,), 1000, (7, "TAIL")),
+                               chain, exit_hook, 7, "TAIL"))]  # fmt: skip
