@@ -29,7 +29,10 @@ Each row is one implementation at one case:
   float32 value stored as bfloat16 is truncated, not rounded to nearest as on a GPU: crossfuse's bfloat16
   errors on the CPU are larger than on a GPU for that reason alone.
 
-On the CPU crossfuse runs under Triton's interpreter: its rows are checked (errors, swaps), not timed.
+On CUDA the models table also times the unswapped model a second time (``torch_again``, shown as "torch
+again (A/A control)"): two identical models, so its speed is the run's noise, against which crossfuse's
+speed is read. On the CPU crossfuse runs under Triton's interpreter: its rows are checked (errors, swaps),
+not timed.
 A family whose library is missing gets ``skip`` rows saying so.
 """
 
@@ -361,14 +364,24 @@ def _models_case(built: Built, case: ModelCase, cfg: ModelsConfig, say) -> list[
     impls = {"torch": torch_m, "crossfuse": cf_m}
     errs = compare(impls, "torch", fp32, inputs, inputs32, built.loss)
     fp32 = None
-    timed = ["torch", "crossfuse"] if torch.device(device).type == "cuda" else ["torch"]
+    cuda = torch.device(device).type == "cuda"
+    if cuda:  # the A/A control: the unswapped model again, timed alongside (see AGAIN)
+        impls[AGAIN] = copy.deepcopy(torch_m)
+    timed = list(impls) if cuda else ["torch"]
     times = measure(impls, timed, "torch", inputs, built.loss, cfg, say)
     rows = []
     for n in impls:
         note = "" if n in timed else "not timed: runs under the Triton interpreter on the CPU"
-        rows.append(_row("models", built.name, case, n, n == "torch", cfg, **errs[n], **times[n],
+        rows.append(_row("models", built.name, case, n, n != "crossfuse", cfg, **errs.get(n, {}), **times[n],
                          swapped=swapped if n == "crossfuse" else None, note=note))  # fmt: skip
     return rows
+
+
+# The A/A control of the models table: the unswapped model a second time, timed in the same alternation as
+# the others. Its speed against "torch" is what the run's noise alone makes of two identical models: a
+# crossfuse ratio inside that spread is not a measured difference. On a host-bound step (small batches)
+# that spread is wide, as the host's time per step varies from round to round.
+AGAIN = "torch_again"
 
 
 def _row(table, model, case, impl, peer, cfg: ModelsConfig, **fields) -> Row:
@@ -478,7 +491,9 @@ def render(rows: list[Row], title: str) -> str:
                      "(crossfuse.harness.timing.time_cuda_eager); speed = torch's time / this one's (> 1: "
                      "faster)\n- errors: relative, of the loss and of all gradients as one vector "
                      "(‖g − g_ref‖/‖g_ref‖), against the unswapped model in the same dtype and against a "
-                     "float32 copy")  # fmt: skip
+                     "float32 copy\n- torch again (A/A control): the unswapped model a second time, timed "
+                     "alongside; its speed is the run's noise: a crossfuse speed within its distance of 1× "
+                     "is no measured difference")  # fmt: skip
     for table, ref in (("models", "torch"), ("blocks", "torch_relu")):
         rs = [r for r in rows if r.table == table and r.status in ("ok", "not timed")]
         if not rs:
@@ -489,6 +504,8 @@ def render(rows: list[Row], title: str) -> str:
         body = []
         for r in rs:
             impl = r.impl + (f" ({r.swapped} LN swapped)" if r.swapped is not None else "")
+            if r.impl == AGAIN:
+                impl = "torch again (A/A control)"
             body.append([r.model, f"{r.case} (B={r.batch}, L={r.seq})", impl, _f(r.train_ms),
                          _f(r.train_speedup, "×"), _f(r.infer_ms), _f(r.infer_speedup, "×"),
                          _f(r.peak_mib, digits=4), _f(r.loss_err_vs_torch, digits=2),
