@@ -91,7 +91,8 @@ def test_quick_run_on_the_gpu_times_both_alternately(tmp_path):
             assert r.train_speedup > 0 and r.infer_speedup > 0 and r.grad_err_vs_fp32 < 0.05
     # every model case also times the unswapped model a second time: the A/A control of the run's noise
     again = [r for r in rows if r.impl == models.AGAIN]
-    measured = {(r.model, r.case) for r in rows if r.table == "models" and r.impl == "torch" and r.status == "ok"}
+    torch_rows = [r for r in rows if r.table == "models" and r.impl == "torch" and r.status == "ok"]
+    measured = {(r.model, r.case) for r in torch_rows}
     assert again and {(r.model, r.case) for r in again} == measured
     assert all(r.status == "ok" and r.train_speedup > 0 and r.infer_speedup > 0 for r in again)
     assert "torch again (A/A control)" in md_path.read_text()
