@@ -13,8 +13,9 @@ from ..ops.layer_norm.api import layer_norm
 # launches a Triton kernel through an autograd.Function costs more host time than torch's C++ op, so a
 # model whose step is paced by its host (small batches) would run slower. Back to back with nothing else
 # queued the fused module pays only from about 25M elements (bench/layer_norm_crossover.py); in real models
-# the matmuls keep the GPU busy and hide the host, and at 6-13M elements (GPT2, BERT and ViT at large
-# batches, crossfuse bench models) the fused kernels made the steps faster: 4M sits below those.
+# the matmuls keep the GPU busy and hide the host: 4M sits below GPT2's, BERT's and ViT's large batches
+# (6-13M elements, crossfuse bench models), where the fused kernels' steps were within the runs' noise of
+# torch's or faster.
 NATIVE_BELOW = 1 << 22
 
 
