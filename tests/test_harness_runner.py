@@ -281,6 +281,24 @@ def test_suite_file_defines_the_three_suites_as_specified():
                 assert all(runner.work(op, sh) <= 1 << 17 for sh in g.quick_shapes)
 
 
+def test_grid_suites_cover_the_space_users_hit():
+    # the layer norm grid: N from 64 to 65536 with the widths that are not powers of two, one row to a
+    # million rows, every float dtype, never over 2^28 elements; attention: every head dim, lengths that
+    # are not multiples of 64, few heads and small batches
+    suites = suite.load_suites()
+    ln = suites["layer_norm_grid"].groups[0]
+    ns = {n for _, n in ln.shapes}
+    assert {64, 65536, 768, 1000, 2560, 5000, 12288} <= ns and len(ns) >= 16
+    ms = {m for m, _ in ln.shapes}
+    assert {1, 131072, 1048576} <= ms and max(m * n for m, n in ln.shapes) <= 1 << 28
+    assert all(max(m for m, n2 in ln.shapes if n2 == n) * n >= 1 << 26 for n in ns)  # each N reaches 64M
+    assert {str(d) for d in ln.dtypes} == {"torch.bfloat16", "torch.float16", "torch.float32"}
+    attn = suites["attention_grid"].groups[0]
+    assert {d for *_, d in attn.shapes} == {16, 32, 64, 128, 256}
+    assert any(length % 64 for _, _, length, _ in attn.shapes) and min(b for b, *_ in attn.shapes) == 1
+    assert {o["causal"] for o in attn.options} == {False, True}
+
+
 def test_bad_suite_data_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown op 'nope'"):
         suite.parse_suite("x", {"groups": [{"ops": ["nope"], "shapes": [(1, 2)]}]})

@@ -25,6 +25,22 @@ COMPILE_ON_CPU = {
 
 _LN_N = (1024, 2048, 4096, 8192, 16384)
 
+# The space users hit, not the tuned shapes (the grid suites): row lengths from 64 to 65536, the model
+# widths that are not powers of two among them; row counts from one row to a million, as far as 2^28
+# elements (1 GiB of float32 a tensor, a backward's five of them fit an 80 GB card).
+GRID_N = (64, 128, 256, 512, 768, 1000, 1024, 2048, 2560, 4096, 5000, 8192, 12288, 16384, 32768, 65536)
+GRID_M = (1, 7, 128, 1000, 4096, 16384, 32768, 131072, 1048576)
+GRID_MAX_ELEMENTS = 1 << 28
+# attention: every head dim, sequence lengths that are and are not multiples of 64, few heads and small
+# batches as well as the anchors' 16k tokens
+GRID_ATTN = [
+    *[(1, 4, length, d) for d in (16, 32, 64, 128, 256) for length in (77, 1000, 2048)],
+    *[(8, 12, length, 64) for length in (197, 2000, 2048)],
+    *[(16, 16, 512, d) for d in (64, 128, 256)],
+    (4, 16, 1024, 64),
+    (2, 8, 4096, 128),
+]
+
 SUITES = {
     "layer_norm": {
         "description": "Layer norm forward/backward bandwidth: M=4096 over N, two large shapes; bf16, fp32",
@@ -62,6 +78,40 @@ SUITES = {
                 ],
                 "quick_shapes": [(2, 2, 64, 32), (1, 2, 128, 32)],
                 "dtypes": ["bfloat16"],
+                "options": [{"causal": False}, {"causal": True}],
+                "modes": ["fwd", "fwd+bwd"],
+            },
+        ],
+        "exclude": [{**COMPILE_ON_CPU, "quick_only": True}],
+    },
+    "layer_norm_grid": {
+        "description": "Layer norm over the space users hit: N 64..65536 (non-powers of two among them) × "
+        "M 1..1048576 up to 2^28 elements; bf16, fp16, fp32",
+        "copy_ceiling": {
+            "dtype": "bfloat16",
+            "numel": {"cuda": 1 << 28, "cpu": 1 << 22},
+            "quick_numel": 1 << 20,
+        },
+        "groups": [
+            {
+                "ops": ["layer_norm"],
+                "shapes": [(m, n) for n in GRID_N for m in GRID_M if m * n <= GRID_MAX_ELEMENTS],
+                "quick_shapes": [(1, 64), (7, 1000), (64, 768)],
+                "dtypes": ["bfloat16", "float16", "float32"],
+                "modes": ["fwd", "bwd"],
+            },
+        ],
+        "exclude": [{**COMPILE_ON_CPU, "quick_only": True}],
+    },
+    "attention_grid": {
+        "description": "ReLU attention over head dims 16..256, lengths not multiples of 64, few heads and "
+        "small batches, causal or not; bf16, fp16",
+        "groups": [
+            {
+                "ops": ["relu_attention"],
+                "shapes": GRID_ATTN,
+                "quick_shapes": [(1, 2, 77, 16), (1, 1, 65, 64)],
+                "dtypes": ["bfloat16", "float16"],
                 "options": [{"causal": False}, {"causal": True}],
                 "modes": ["fwd", "fwd+bwd"],
             },
