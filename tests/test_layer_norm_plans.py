@@ -262,3 +262,31 @@ def test_launch_config_is_a_frozen_dataclass_with_named_fields():
     with pytest.raises(AttributeError):
         cfg.block_m = 4  # frozen: a table entry cannot change under a cached plan
     assert cfg.replace(prefetch=False) == ln_mod.LaunchConfig(2, 1024, 4, 1) and hash(cfg)
+
+
+@pytest.mark.parametrize(
+    "m, config",
+    [(64, config.LaunchConfig(4, 64, 4, 2)), (6, None), (512, None)],
+    ids=["split-backward", "own-scratch", "scratch-in-dx"],
+)
+def test_a_ready_backward_passes_its_scratch_as_addresses(m, config, device, gen, monkeypatch):
+    # once every launch of a backward plan goes straight to its kernel, the scratch's parts (in dx's last
+    # rows, or a buffer of their own for few rows) are passed as addresses, not views: the same results
+    if device != "cpu":
+        pytest.skip("the CPU stands in for compiled kernels here; the GPU test above compares results")
+    stand_in = CompiledStandIn(type(launch._ln_fwd_kernel).run)
+    monkeypatch.setattr(plan, "_direct", stand_in)
+    n = 256
+    x, dy = (randn((m, n), torch.float32, device, gen) for _ in range(2))
+    w = randn((n,), torch.float32, device, gen)
+    _, mean, rstd = launch.layer_norm_fwd(x, w, None, 1e-5)
+    first = launch_bwd.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=config)
+    before = stand_in.addresses
+    second = launch_bwd.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=config)
+    assert stand_in.addresses > before
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+    (bwd,) = launch_bwd.BWD_PLANS.plans.values()
+    assert bwd.ready
+    where = "split" if bwd.path == "split" else "dx" if bwd.R else "own" if bwd.total else "none"
+    assert where == {64: "split", 6: "own", 512: "dx"}[m], (bwd.path, bwd.R, bwd.total)

@@ -325,8 +325,7 @@ class BwdPlan(Plan):
             def at(i, dtype=None):
                 return ptr + i * isz
         else:
-            scratch = (dx.view(torch.uint8).view(-1)[self.start : self.start + total * isz].view(self.acc)
-                       if self.R else base if total else dx)  # fmt: skip
+            scratch = self._scratch(dx, own) if total else dx
 
             def at(i, dtype=None):
                 part = scratch[i:]
@@ -348,7 +347,7 @@ class BwdPlan(Plan):
             self.main(dx, dy, x, w, mean, rstd, c1, c2, dw_part, db_part, s_dx, s_dy, s_x, M, M - self.R,
                       self.n)  # fmt: skip
         else:
-            zero = self._scratch(dx, own)  # the scratch as a tensor: the parts zeroed before the launch
+            zero = self._scratch(dx, own) if ready else scratch  # a tensor: parts zeroed before the launch
             if path == "coop":
                 zero[at_c2 : at_c2 + self.programs + 1].zero_()
                 count = at(at_c2, torch.int32)
