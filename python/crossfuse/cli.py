@@ -513,7 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="run a benchmark suite (crossfuse.harness.suites), or `models`")
     b.add_argument(
-        "suite", help="suite name (layer_norm, attention, memory, ...), or 'models' (real models, see docs)"
+        "suite", help="suite name (layer_norm, attention, memory, layer_norm_grid, attention_grid, ...), or "
+        "'models' (real models, see docs)"
     )
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", action="append", help="only these dtypes")
