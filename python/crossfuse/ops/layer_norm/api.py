@@ -123,7 +123,10 @@ class Call:
         entry = self.bwd.get(key)
         if entry is None:
             dy2 = _rows(dy, self.n)
-            plan = BwdPlan(dy2, x.reshape(-1, self.n), w, need_dw, need_db, None, x_shape, self.param_shape)
+            # dx like the saved x where that is x itself, contiguous (the plan's key fixes x's layout)
+            dx_like = x.is_contiguous() and x.shape == x_shape
+            plan = BwdPlan(dy2, x.reshape(-1, self.n), w, need_dw, need_db, None, x_shape, self.param_shape,
+                           dx_like=dx_like)  # fmt: skip
             entry = self.bwd[key] = (not _same_memory(dy, dy2), plan)
         copy_dy, plan = entry
         m, m_pad = self.m, self.fwd.m_pad  # mean from element 0 of stats, rstd from m_pad (FwdPlan.run)

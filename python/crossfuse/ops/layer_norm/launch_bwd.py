@@ -138,8 +138,12 @@ class BwdPlan(Plan):
     the scratch views laid out, the launches."""
 
     def __init__(self, dy, x, weight, compute_dw: bool, compute_db: bool, config: LaunchConfig | None,
-                 dx_shape=None, param_shape=None, pdl: bool | None = None):  # fmt: skip
+                 dx_shape=None, param_shape=None, pdl: bool | None = None,
+                 dx_like: bool = False):  # fmt: skip
         super().__init__(x.device, INTERPRETED)
+        # dx as torch.empty_like(the x given to run): the caller's promise that that x is contiguous and of
+        # dx's shape (cheaper to ask torch for)
+        self.dx_like = dx_like
         M, N = x.shape
         self.m, self.n, self.device = M, N, x.device
         self.dx_shape = tuple(dx_shape) if dx_shape is not None else (M, N)
@@ -301,7 +305,7 @@ class BwdPlan(Plan):
         them all through Triton's dispatch). Then the scratch memory's parts are passed as addresses
         instead of views, and ``mean`` and ``rstd`` may be addresses too; before, they must be tensors."""
         dev = self.device
-        dx = torch.empty(self.dx_shape, dtype=self.dtype, device=dev)
+        dx = torch.empty_like(x) if self.dx_like else torch.empty(self.dx_shape, dtype=self.dtype, device=dev)
         dw = self._param_grad(weight) if self.compute_dw else None
         db = self._param_grad(weight) if self.compute_db else None
         path = self.path
