@@ -97,3 +97,29 @@ def test_quick_run_on_the_gpu_times_both_alternately(tmp_path):
     assert all(r.status == "ok" and r.train_speedup > 0 and r.infer_speedup > 0 for r in again)
     assert "torch again (A/A control)" in md_path.read_text()
     assert not [r for r in rows if r.status == "error"]
+
+
+def test_an_interrupted_run_keeps_the_cases_it_measured(tmp_path, capsys, monkeypatch):
+    # Ctrl-C in the middle: the cases measured before it are in both files, the report says it is a
+    # partial run, and the command exits 130 naming the files
+    real = models._blocks_case
+    calls = []
+
+    def blocks_then_stop(case, cfg, say):
+        calls.append(case.label)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(case, cfg, say)
+
+    monkeypatch.setattr(models, "_blocks_case", blocks_then_stop)
+    out = tmp_path / "m"
+    args = ["bench", "models", "--quick", "--device", "cpu", "--dtype", "float32", "--out", str(out)]
+    assert cli.main(args) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "models-quick-cpu.csv" in err
+    with open(out / "models-quick-cpu.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["table"] for r in rows} == {"models", "blocks"}  # every model case, then the first block case
+    assert len(calls) == 2 and {r["case"] for r in rows if r["table"] == "blocks"} == {calls[0]}
+    md = (out / "models-quick-cpu.md").read_text()
+    assert "**Partial run**: interrupted" in md and "### pre-norm blocks" in md

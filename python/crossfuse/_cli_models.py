@@ -29,8 +29,9 @@ def bench_models(args, device: str, dtypes: list | None, out: Path) -> int:
     cfg = models.ModelsConfig(device=device, dtype=dtypes[0], quick=args.quick, rounds=rounds)
     try:
         rows, csv_path, md_path = models.bench_models(cfg, out)
-    except KeyboardInterrupt:
-        print("\ninterrupted: `bench models` writes its files at the end, none written", file=sys.stderr)
+    except models.Interrupted as stop:
+        print(f"\ninterrupted: the {len(stop.rows)} rows measured so far are in {stop.csv_path} and "
+              f"{stop.md_path}", file=sys.stderr)  # fmt: skip
         return 130
     print(md_path.read_text())
     errors = sum(r.status == "error" for r in rows)

@@ -1,7 +1,8 @@
 """``crossfuse bench models``: real models from the libraries users have, every ``nn.LayerNorm`` swapped for
 ``crossfuse.nn.LayerNorm`` (:func:`crossfuse.nn.swap_layer_norms`), against the same model unswapped.
 
-Two tables, written to ``OUT/models[-quick]-<device>.csv`` and ``.md`` (overwritten by a rerun):
+Two tables, written to ``OUT/models[-quick]-<device>.csv`` and ``.md`` as each case ends (overwritten by a
+rerun; a run stopped by Ctrl-C keeps the cases it measured, and its report says it is partial):
 
 * **models**: a GPT-style decoder (transformers ``GPT2LMHeadModel``), a BERT-style encoder (transformers
   ``BertForMaskedLM``) and a vision transformer (timm ``vit_base_patch16_224`` where timm imports, else
@@ -391,9 +392,12 @@ def _row(table, model, case, impl, peer, cfg: ModelsConfig, **fields) -> Row:
                status=fields.pop("status", "ok" if timed else "not timed"), **fields)  # fmt: skip
 
 
-def run_models(cfg: ModelsConfig, say: Callable[[str], None]) -> list[Row]:
-    """Every family's cases and every block case: rows in the order measured; ``say`` gets progress lines."""
+def run_models(cfg: ModelsConfig, say: Callable[[str], None],
+               done: Callable[[list[Row]], None] | None = None) -> list[Row]:  # fmt: skip
+    """Every family's cases and every block case: rows in the order measured; ``say`` gets progress lines,
+    ``done`` (where given) each case's rows as soon as they are measured."""
     rows: list[Row] = []
+    done = done or (lambda new: None)
     for family in cfg.families:
         cases = MODEL_CASES[family][1 if cfg.quick else 0]
         why = missing_library(family)
@@ -401,26 +405,32 @@ def run_models(cfg: ModelsConfig, say: Callable[[str], None]) -> list[Row]:
             label = f"{family} {case.label} (batch {case.batch}, seq {case.seq})"
             if why is not None:
                 say(f"{label}: skip: {why}")
-                rows += [_row("models", family, case, n, n == "torch", cfg, status="skip", note=why)
-                         for n in ("torch", "crossfuse")]  # fmt: skip
+                new = [_row("models", family, case, n, n == "torch", cfg, status="skip", note=why)
+                       for n in ("torch", "crossfuse")]  # fmt: skip
+                rows += new
+                done(new)
                 continue
             say(f"{label}: building from its configuration")
             t0 = time.monotonic()
             try:
                 torch.manual_seed(cfg.seed)
                 built = FAMILIES[family][1](cfg.quick)
-                rows += _models_case(built, case, cfg, lambda s, lb=label: say(f"{lb}: {s}"))
+                new = _models_case(built, case, cfg, lambda s, lb=label: say(f"{lb}: {s}"))
             except Exception as exc:  # out of memory included: an error row, and the run goes on
                 msg = message(exc)
-                rows += [_row("models", family, case, n, n == "torch", cfg, status="error", note=msg)
-                         for n in ("torch", "crossfuse")]  # fmt: skip
+                new = [_row("models", family, case, n, n == "torch", cfg, status="error", note=msg)
+                       for n in ("torch", "crossfuse")]  # fmt: skip
                 say(f"{label}: error: {msg}")
+            rows += new
+            done(new)
             built = None
             free(cfg.device)
             say(f"{label}: done in {time.monotonic() - t0:.1f} s")
     if cfg.blocks:
         for case in BLOCK_CASES[1 if cfg.quick else 0]:
-            rows += _blocks_case(case, cfg, say)
+            new = _blocks_case(case, cfg, say)
+            rows += new
+            done(new)
     return rows
 
 
@@ -478,11 +488,15 @@ def _f(v, unit: str = "", digits: int = 3) -> str:
     return f"{v:.{digits}g}{unit}"
 
 
-def render(rows: list[Row], title: str) -> str:
-    """The markdown report: the models table, the blocks table, then what was not measured."""
+def render(rows: list[Row], title: str, stopped: str | None = None) -> str:
+    """The markdown report: the models table, the blocks table, then what was not measured; ``stopped``:
+    why the run ended before its last case (a line says so first)."""
     from .report import markdown_table
 
     parts = [f"## {title}"]
+    if stopped:
+        parts.append(f"**Partial run**: {stopped}. The tables hold only the cases measured before it "
+                     "stopped.")  # fmt: skip
     if rows:
         r0 = rows[0]
         parts.append(f"- {r0.device}: {r0.device_name}; {r0.dtype}; eager; versions: {r0.versions}\n"
@@ -537,9 +551,28 @@ def bench_models(cfg: ModelsConfig, out: Path, stream=None) -> tuple[list[Row], 
     def say(text: str) -> None:
         print(f"[models {time.monotonic() - t0:6.1f} s] {text}", file=stream, flush=True)
 
-    rows = run_models(cfg, say)
     csv_path, md_path = out / f"{stem}.csv", out / f"{stem}.md"
-    write_csv(rows, csv_path)
-    what = "tiny configurations (a smoke test)" if cfg.quick else "real model sizes"
-    md_path.write_text(render(rows, f"{stem}: {what}"))
+    title = f"{stem}: {'tiny configurations (a smoke test)' if cfg.quick else 'real model sizes'}"
+    rows: list[Row] = []
+
+    def keep(new: list[Row], stopped: str | None = None) -> None:  # both files, as each case ends
+        rows.extend(new)
+        write_csv(rows, csv_path)
+        md_path.write_text(render(rows, title, stopped))
+
+    try:
+        run_models(cfg, say, keep)
+    except KeyboardInterrupt as exc:
+        keep([], "interrupted (Ctrl-C)")
+        raise Interrupted(rows, csv_path, md_path) from exc
+    keep([])
     return rows, csv_path, md_path
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`bench_models`: the cases measured before it are in ``csv_path`` and ``md_path``
+    (marked as a partial run)."""
+
+    def __init__(self, rows: list[Row], csv_path: Path, md_path: Path):
+        super().__init__(f"{len(rows)} rows kept in {csv_path} and {md_path}")
+        self.rows, self.csv_path, self.md_path = rows, csv_path, md_path
