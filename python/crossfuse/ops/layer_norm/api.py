@@ -15,11 +15,11 @@ import numbers
 import operator
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..._backend import check_runnable, interpreter_problem
 from ..._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
 from .. import _library
+from .._runtime.autograd import backward_once, plain_apply
 from .config import MAX_N
 from .launch import FWD_PLANS, INTERPRETED, FwdPlan, layer_norm_fwd, tensor_key
 from .launch_bwd import BWD_PLANS, BwdPlan, layer_norm_bwd
@@ -82,7 +82,7 @@ class Call:
     asked."""
 
     __slots__ = (
-        "bwd", "copy_b", "copy_w", "copy_x", "db_dtype", "eps", "fwd", "m", "n", "param_dtype", "param_shape",
+        "bwd", "copy_b", "copy_w", "copy_x", "db_dtype", "eps", "fwd", "n", "param_dtype", "param_shape",
         "y_like",
     )  # fmt: skip
 
@@ -90,7 +90,6 @@ class Call:
         self.n, self.eps = n, eps
         self.param_shape = param_shape
         x2 = _rows(x, n)
-        self.m = x2.shape[0]
         self.y_like = x.is_contiguous()  # y as torch.empty_like(x): contiguous (cheaper to ask torch for)
         self.copy_x = not _same_memory(x, x2)
         w, b = _unit_stride(weight), _unit_stride(bias)
@@ -129,12 +128,7 @@ class Call:
                            dx_like=dx_like)  # fmt: skip
             entry = self.bwd[key] = (not _same_memory(dy, dy2), plan)
         copy_dy, plan = entry
-        m, m_pad = self.m, self.fwd.m_pad  # mean from element 0 of stats, rstd from m_pad (FwdPlan.run)
-        if plan.ready:  # addresses, not views (see BwdPlan.run)
-            mean = stats.data_ptr()
-            rstd = mean + m_pad * stats.element_size()
-        else:
-            mean, rstd = stats[:m], stats[m_pad : m_pad + m]
+        mean, rstd = self.fwd.split(stats, plan.ready)  # addresses once the plan is ready (BwdPlan.run)
         dx, dw, db = plan(_rows(dy, self.n) if copy_dy else dy, x, w, mean, rstd)
         if db is not None and self.db_dtype is not None:
             db = db.to(self.db_dtype)
@@ -168,33 +162,6 @@ def _call_key(x, normalized_shape, weight, bias, eps):
 # ----------------------------------------------------------------------------------------------------
 
 
-class LayerNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, n, weight, bias, eps, call=None):
-        ctx.x_shape = x.shape
-        ctx.call = call
-        if call is not None:  # eager: the call's plan
-            y, x2, w, stats = call.forward(x, weight, bias)
-            ctx.save_for_backward(x2, w, stats)
-            return y
-        ctx.params = [(p.shape, p.dtype) if p is not None else None for p in (weight, bias)]
-        x2 = _rows(x, n)
-        # unit stride (a weight or bias may be a slice or an expanded scalar), before w is saved
-        w, b = _unit_stride(weight), _unit_stride(bias)
-        fwd = _library.LAYER_NORM_FWD_SHAPED if _library.tracing() else _operator_fwd_shaped
-        y, mean, rstd = fwd(x2, list(x.shape), w, b, eps)
-        ctx.save_for_backward(x2, w, mean, rstd)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        # grad mode is on in a backward only with create_graph: there is no double backward, and
-        # once_differentiable makes differentiating the gradients raise rather than silently give zeros
-        if torch.is_grad_enabled():
-            return _backward_once(ctx, dy)
-        return _backward(ctx, dy)
-
-
 def _backward(ctx, dy):
     need_dw, need_db = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
     call = ctx.call
@@ -216,13 +183,28 @@ def _backward(ctx, dy):
     return dx.view(ctx.x_shape), None, grads[0], grads[1], None, None
 
 
-_backward_once = once_differentiable(_backward)
+class LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, n, weight, bias, eps, call=None):
+        ctx.x_shape = x.shape
+        ctx.call = call
+        if call is not None:  # eager: the call's plan
+            y, x2, w, stats = call.forward(x, weight, bias)
+            ctx.save_for_backward(x2, w, stats)
+            return y
+        ctx.params = [(p.shape, p.dtype) if p is not None else None for p in (weight, bias)]
+        x2 = _rows(x, n)
+        # unit stride (a weight or bias may be a slice or an expanded scalar), before w is saved
+        w, b = _unit_stride(weight), _unit_stride(bias)
+        fwd = _library.LAYER_NORM_FWD_SHAPED if _library.tracing() else _operator_fwd_shaped
+        y, mean, rstd = fwd(x2, list(x.shape), w, b, eps)
+        ctx.save_for_backward(x2, w, mean, rstd)
+        return y
 
-# autograd.Function.apply without its Python layer (functorch's transforms, setup_context's defaults,
-# unwrapping tensors of finished transforms): for eager calls whose arguments gave a key, so real tensors
-# with storage, while no functorch transform is active; the layer cost more host time than the launch
-_APPLY = super(torch.autograd.Function, LayerNormFunction).apply
-_functorch_active = torch._C._are_functorch_transforms_active
+    backward = backward_once(_backward)
+
+
+_APPLY = plain_apply(LayerNormFunction)  # for eager calls whose arguments gave a key
 
 
 _INTERPRETER_PROBLEM = interpreter_problem() if INTERPRETED else None
@@ -303,7 +285,7 @@ def layer_norm(
         bias is not None and bias.requires_grad
     )
     if grads and torch.is_grad_enabled():
-        if key is None or _functorch_active():
+        if key is None:
             return LayerNormFunction.apply(x, call.n, weight, bias, call.eps, call)
         return _APPLY(x, call.n, weight, bias, call.eps, call)
     return call.forward(x, weight, bias)[0]  # nothing to differentiate: no autograd node

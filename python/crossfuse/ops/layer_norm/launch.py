@@ -120,6 +120,14 @@ class FwdPlan(Plan):
             self.launch = Launch(kernel, (M,), BLOCK_N=cfg.block_n, UNROLL=cfg.unroll, **extra, **common)
             self.tail = (x.stride(0), y_stride, M, N, eps)
 
+    def split(self, stats: torch.Tensor, addresses: bool) -> tuple:
+        """``(mean, rstd)`` of a joint statistics tensor (see :meth:`run`): their addresses (ints, for
+        launches that go straight to their compiled kernels) or views."""
+        if addresses:
+            mean = stats.data_ptr()
+            return mean, mean + self.m_pad * stats.element_size()
+        return stats[: self.m], stats[self.m_pad : self.m_pad + self.m]
+
     def run(self, x, y, weight, bias, joint: bool = False):
         """``(mean, rstd)`` of the rows ``x`` (this plan's layout), ``y`` written; with ``joint``, the
         statistics in one tensor, mean from element 0 and rstd from element ``m_pad`` (one allocation, and
@@ -128,11 +136,7 @@ class FwdPlan(Plan):
             stats = torch.empty((2 * self.m_pad,), dtype=self.acc, device=self.device)
             if self.launch is None:
                 return stats
-            if self.launch.go is not None:
-                mean = stats.data_ptr()
-                rstd = mean + self.m_pad * stats.element_size()
-            else:
-                mean, rstd = stats[: self.m], stats[self.m_pad : self.m_pad + self.m]
+            mean, rstd = self.split(stats, self.launch.go is not None)
         else:
             mean = torch.empty((self.m,), dtype=self.acc, device=self.device)
             rstd = torch.empty((self.m,), dtype=self.acc, device=self.device)

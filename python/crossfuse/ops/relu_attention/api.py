@@ -29,6 +29,7 @@ from ..._validate import (
 )
 from .. import _library
 from .._runtime import direct as _direct
+from .._runtime.autograd import backward_once, plain_apply
 from .config import DEFAULT, HEAD_DIMS, LAYOUTS, MAX_GRID_1, Choices
 from .kernels_fwd import _relu_attn_fwd_kernel
 from .launch import _backward, _forward, relu_attention_bwd, relu_attention_fwd
@@ -213,6 +214,10 @@ class _Entry:
         return grads
 
 
+def _eager_backward(ctx, dout):
+    return *ctx.entry.backward(*ctx.saved_tensors, dout), None
+
+
 class _EagerFunction(torch.autograd.Function):
     """The eager fast path's autograd Function: an :class:`_Entry`'s forward and backward, nothing else."""
 
@@ -222,30 +227,10 @@ class _EagerFunction(torch.autograd.Function):
         ctx.entry = entry
         return entry.forward(q, k, v)
 
-    @staticmethod
-    def backward(ctx, dout):
-        # grad mode is on in a backward only with create_graph: there is no double backward, and
-        # once_differentiable makes differentiating the gradients raise rather than silently give zeros
-        if torch.is_grad_enabled():
-            return _eager_backward_once(ctx, dout)
-        return _eager_backward(ctx, dout)
+    backward = backward_once(_eager_backward)
 
 
-def _eager_backward(ctx, dout):
-    return *ctx.entry.backward(*ctx.saved_tensors, dout), None
-
-
-_eager_backward_once = once_differentiable(_eager_backward)
-# autograd.Function.apply without its Python layer (functorch's transforms, setup_context's defaults,
-# unwrapping tensors of finished transforms), for plain tensors while no functorch transform is active
-_APPLY = super(torch.autograd.Function, _EagerFunction).apply
-_functorch_active = torch._C._are_functorch_transforms_active
-
-
-def _eager_apply(q, k, v, entry):
-    if _functorch_active():
-        return _EagerFunction.apply(q, k, v, entry)
-    return _APPLY(q, k, v, entry)
+_eager_apply = plain_apply(_EagerFunction)  # the fast path's tensors are plain ones (_PLAIN)
 
 
 # key of relu_attention's arguments -> _Entry (see the module docstring)
