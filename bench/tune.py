@@ -7,10 +7,10 @@ Phase 1 compiles every candidate in parallel worker processes (each launches it 
 inputs, filling Triton's on-disk cache); phase 2 times them one at a time in this process with
 ``crossfuse.harness.timing.time_cuda`` (median GPU time, L2 flushed, the CPU's enqueue time hidden
 behind a GPU spin: small shapes are not scored on launch overhead); phase 3 writes ``tuning.csv``
-(every candidate) and ``tuned.json`` (the winner per key), and prints the winners as the ``TUNED`` tables of
-``crossfuse.ops.layer_norm`` and ``crossfuse.ops.relu_attention``.
+(every candidate) and ``tuned.json`` (the winner per key), and prints the winners, the entries of the tables
+(``TABLES``, per GPU model) of ``crossfuse.ops.layer_norm`` and ``crossfuse.ops.relu_attention``.
 
-Layer norm is timed at M=4096 (the "few rows" regime of ``crossfuse.ops.layer_norm.TUNED``) and at a
+Layer norm is timed at M=4096 (the "few rows" regime of the layer norm's tables) and at a
 large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime gets its own winner.
 ``ln-shifted`` tunes the chunked forward in two passes (``shifted``) against the code's entries
 (with ``--base code``) for N >= 4096.
@@ -90,6 +90,7 @@ def make_launch(c: dict, shape):
             lambda: ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=cfg)
         ), 3 * m * n * x.element_size()
     from crossfuse.ops import relu_attention as ra
+    from crossfuse.ops._runtime.device import card_of
 
     b_, h, l, d = shape
     dtype = getattr(torch, c.get("dtype", "bfloat16"))
@@ -110,7 +111,8 @@ def make_launch(c: dict, shape):
         pair = (ra.AttnConfig(*c["dkdv"]), ra.AttnConfig(*c["dq"]))
         return (lambda: ra.relu_attention_bwd(q, k, v, do, c["causal"], False, scale, relu_scale, dq, dk, dv,
                                               configs=pair)), 2.5 * fwd_flops  # fmt: skip
-    default = ra.attention_config("dq" if c["kind"] == "dkdv" else "dkdv", d, dtype, c["causal"], length=l)
+    other = "dq" if c["kind"] == "dkdv" else "dkdv"
+    default = ra.attention_config(other, d, dtype, c["causal"], length=l, card=card_of(q))
     configs = (cfg, default) if c["kind"] == "dkdv" else (default, cfg)
     # dkdv does 4 of the 7 backward matmuls, dq 3: time the pair with the other kernel at its default
     return (lambda: ra.relu_attention_bwd(q, k, v, do, c["causal"], False, scale, relu_scale, dq, dk, dv,
@@ -189,7 +191,9 @@ def main(argv=None) -> int:
     cands = sweep.candidates(only, args.quick, args.pairs_from)
     base = {}
     if args.base == "code":
-        base = sweep.code_tables()
+        from crossfuse.ops._runtime.device import card_of
+
+        base = sweep.code_tables(card_of(torch.empty(0, device="cuda")))
     elif args.base:
         with open(args.base) as f:
             base = json.load(f)

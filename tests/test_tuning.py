@@ -135,12 +135,15 @@ def test_code_tables_round_trip_through_a_tuned_file(tuned_file):
     from crossfuse.ops import layer_norm, relu_attention
 
     tuned_file(sweep.code_tables())
-    assert _tuning.layer_norm_overrides(LaunchConfig) == layer_norm.TUNED
-    assert _tuning.attention_overrides(AttnConfig) == relu_attention.TUNED
-    assert any(c.prefetch for c in layer_norm.TUNED.values())
-    assert any(c.keep_params for c in layer_norm.TUNED.values())
-    assert any(c.smem_rows for c in layer_norm.TUNED.values())
-    assert any(c.slices > 1 for c in layer_norm.TUNED.values())
+    ln_tables = sweep.merged(layer_norm.tables_for(None))
+    assert _tuning.layer_norm_overrides(LaunchConfig) == ln_tables
+    assert _tuning.attention_overrides(AttnConfig) == sweep.merged(relu_attention.tables_for(None))
+    assert any(c.prefetch for c in ln_tables.values())
+    assert any(c.keep_params for c in ln_tables.values())
+    assert any(c.smem_rows for c in ln_tables.values())
+    assert any(c.slices > 1 for c in ln_tables.values())
+    # every model's entries, the H100's narrow rows and head dims among them
+    assert ("bwd", 2, 512, True) in ln_tables and ("fwd", 2, 1024, True) in ln_tables
 
 
 def test_every_layer_norm_flag_of_an_entry_reaches_the_config():

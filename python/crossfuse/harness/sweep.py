@@ -14,6 +14,7 @@ import csv
 import json
 
 LN_NS = (1024, 2048, 4096, 8192, 16384)
+LN_NARROW_NS = (64, 128, 256, 512)  # rows a warp or a few cover: many rows a tile
 LN_DTYPES = ("bfloat16", "float32")
 ATTN_DS = (64, 128)
 # the groups of candidates ``bench/tune.py --only`` picks from
@@ -29,13 +30,16 @@ GROUPS = (
     "ln-prefetch",
     "ln-fwd-params",
     "ln-prefetch-wide",
+    "ln-narrow",
     "attn",
     "attn128",
     "attn-fp32",
     "attn-pairs",
     "attn-fp32-fwd",
     "attn-tma",
+    "attn-dims",
 )
+ATTN_OTHER_DS = (16, 32, 256)  # the head dims the ``attn`` group leaves to the rule
 
 
 def _row_tiles(n: int, block_ms, epts, warp_options, max_tile: int, min_tile: int = 1024):
@@ -124,6 +128,25 @@ def ln_prefetch_candidates(pps_options=(1, 2, 4)) -> list[dict]:
     return out
 
 
+def ln_narrow_candidates() -> list[dict]:
+    """Rows of 64 to 512 elements, whose tiles hold many rows: one program per tile and persistent
+    forwards, persistent backwards through pointers and through tensor descriptors."""
+    out = []
+    for n in LN_NARROW_NS:
+        for dtype in LN_DTYPES:
+            bms = tuple(1 << k for k in range(10))
+            for bm, ept, warps in _row_tiles(n, bms, (8, 16), (1, 2, 4, 8, 16), 32768, min_tile=512):
+                base = dict(kind="fwd", n=n, dtype=dtype, block_m=bm, num_warps=warps)
+                out.append(dict(base, pps=0))
+                if ept == 16:
+                    out += [dict(base, pps=pps, prefetch=True) for pps in (4, 8)]
+            for bm, _, warps in _row_tiles(n, bms, (4, 8, 16), (2, 4, 8, 16), 16384, min_tile=512):
+                base = dict(kind="bwd", n=n, dtype=dtype, block_m=bm, num_warps=warps)
+                out += [dict(base, pps=pps) for pps in (1, 2, 4)]
+                out += [dict(base, pps=pps, tma_stages=3) for pps in (1, 2)]
+    return out
+
+
 def ln_tma_candidates() -> list[dict]:
     """Whole-row persistent kernels reading through tensor descriptors (``tma_stages``: the copy engine
     fills 2 or 3 shared-memory buffers), forward and backward, every N of the tables."""
@@ -156,15 +179,24 @@ def ln_coop_candidates() -> list[dict]:
     return out
 
 
-def code_tables() -> dict:
-    """The configurations in the code (``TUNED`` of both ops) as ``tuned.json`` entries, for ``--base
-    code``: this run's candidates must beat them in the same run."""
+def merged(tables) -> dict:
+    """One table of ``tables`` read first to last: each key's entry from the first table that has it."""
+    out = {}
+    for table in reversed(tables):
+        out.update(table)
+    return out
+
+
+def code_tables(card=None) -> dict:
+    """The configurations in the code (the tables of both ops ``card`` reads, see their ``tables_for``;
+    the first table with a key gives its entry) as ``tuned.json`` entries, for ``--base code``: this run's
+    candidates must beat them in the same run."""
     from crossfuse.ops import layer_norm as ln
     from crossfuse.ops import relu_attention as ra
 
     names = {2: "bfloat16", 4: "float32"}
     out = {}
-    for (kind, esize, n, many), c in ln.TUNED.items():
+    for (kind, esize, n, many), c in merged(ln.tables_for(card)).items():
         rows = "many" if many else "few"
         entry = dict(kind=kind, n=n, dtype=names[esize], block_m=c.block_m, num_warps=c.num_warps,
                      pps=c.programs_per_sm, rows=rows)  # fmt: skip
@@ -190,7 +222,7 @@ def code_tables() -> dict:
         if c.paired:
             entry["paired"] = True
         out[f"ln/{kind}/{names[esize]}/{n}/{rows}"] = entry
-    for (kind, d, esize, causal, long), c in ra.TUNED.items():
+    for (kind, d, esize, causal, long), c in merged(ra.tables_for(card)).items():
         length = "long" if long else "short"
         out[f"attn/{kind}/{names[esize]}/{d}/{causal}/{length}"] = dict(
             kind=kind, d=d, causal=causal, dtype=names[esize], block_m=c.block_m, block_n=c.block_n,
@@ -337,6 +369,8 @@ def candidates(groups: set[str], quick: bool = False, pairs_from: str | None = N
         cands += ln_unroll_candidates()
     if "ln-prefetch" in groups:
         cands += ln_prefetch_candidates()
+    if "ln-narrow" in groups:
+        cands += ln_narrow_candidates()
     if "ln-prefetch-wide" in groups:  # more programs per SM than ln-prefetch
         cands += ln_prefetch_candidates(pps_options=(8, 16))
     if "ln-fwd-params" in groups:  # one-tile and prefetching forwards with weight and bias loaded first
@@ -345,6 +379,8 @@ def candidates(groups: set[str], quick: bool = False, pairs_from: str | None = N
         cands += [dict(c, keep_params=True) for c in one_tile + prefetching]
     if "attn" in groups:
         cands += attn_candidates(quick)
+    if "attn-dims" in groups:  # the other head dims, each length its own winner
+        cands += [dict(c, short=True) for c in attn_candidates(quick, ds=ATTN_OTHER_DS)]
     if "attn128" in groups:  # D=128 at two lengths, each its own winner
         cands += [dict(c, short=True) for c in attn_candidates(quick, ds=(128,))]
     if "attn-fp32" in groups:  # float32 (tf32 dots) at the seed's shapes, D=64, two lengths

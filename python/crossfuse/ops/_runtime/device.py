@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -51,6 +52,48 @@ def compute_capability_major(t: torch.Tensor) -> int:
     """The major compute capability of the CUDA device holding ``t`` (cached: the query cost 2.4–4.7 µs
     of CPU per call, and the launchers ask on every call)."""
     return _capability_major(_cuda_index(t.device))
+
+
+# The GPU models with launch tables of their own (measured there), named as in the driver's device name.
+TABLE_MODELS = ("H100", "H200")
+# The architecture the tables' kernels and tiles were measured on: tensor descriptors, the Gluon
+# kernels, 227 KB of shared memory a program.
+TABLE_CAPABILITY = (9, 0)
+
+
+@dataclass(frozen=True)
+class Card:
+    """What chooses a launch table: the GPU's model, architecture and shared memory."""
+
+    name: str  # the driver's device name, e.g. "NVIDIA H100 80GB HBM3"
+    capability: tuple[int, int]
+    max_shared_mem: int  # bytes of shared memory one program may use (the opt-in limit)
+
+    @property
+    def model(self) -> str | None:
+        """The model of TABLE_MODELS this card is (a word of its name; "GH200" is not "H200"), or None."""
+        words = self.name.split()
+        return next((m for m in TABLE_MODELS if m in words), None)
+
+    @property
+    def tabled(self) -> bool:
+        """Whether the measured tables apply: the architecture they were measured on (a card of no
+        model there reads the tables of the models that are)."""
+        return self.capability == TABLE_CAPABILITY
+
+
+@functools.cache
+def _card(device_index: int) -> Card:
+    import triton
+
+    props = torch.cuda.get_device_properties(device_index)
+    smem = triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
+    return Card(props.name, (props.major, props.minor), smem)
+
+
+def card_of(t: torch.Tensor) -> Card | None:
+    """The card holding ``t`` (cached per device); None for a tensor not on CUDA."""
+    return _card(_cuda_index(t.device)) if t.device.type == "cuda" else None
 
 
 _THREAD = threading.local()

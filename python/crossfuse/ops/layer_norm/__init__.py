@@ -18,9 +18,10 @@ Design:
   registers (small N gets several rows per program so every program moves enough bytes). It stores
   the float32 mean and rstd of each row for the backward. A config may make the grid persistent
   (``programs_per_sm > 0``: programs loop over tiles), and may have each iteration load the next tile
-  before it reduces its own (``prefetch``: two tiles' loads in flight per program); the measured table
-  (``TUNED``) uses both kinds of grid. Where the table says ``shifted`` (16-bit inputs), a tile's
-  statistics take one block reduction about each row's first element instead of two (``_ln_fwd_tile``).
+  before it reduces its own (``prefetch``: two tiles' loads in flight per program); the measured
+  tables (``TABLES``, per GPU model) use both kinds of grid. Where a table says ``shifted`` (16-bit
+  inputs), a tile's statistics take one block reduction about each row's first element instead of two
+  (``_ln_fwd_tile``).
 * Backward, N <= FUSED_MAX_N: a persistent grid of about ``programs_per_sm`` programs per SM; each
   walks row tiles with a stride of the grid size (loading the next tile before reducing the current
   one, where the table says ``prefetch``), writes dx, and keeps its partial sums of dw and db in
@@ -107,8 +108,11 @@ from .config import (
     FUSED_MAX_N,
     MANY_ROWS,
     MAX_N,
+    OVERRIDES,
     SMEM_ROWS_FALLBACK,
-    TUNED,
+    TABLES,
+    TUNED_H100,
+    TUNED_H200,
     FinishConfig,
     LaunchConfig,
     backward_programs,
@@ -118,6 +122,7 @@ from .config import (
     rule_config,
     shifted_max_ratio,
     smem_rows_fallback,
+    tables_for,
 )
 from .launch import layer_norm_fwd
 from .launch_bwd import finish_from_shares, layer_norm_bwd, reduce_partials
@@ -126,9 +131,12 @@ __all__ = [
     "FUSED_MAX_N",
     "MANY_ROWS",
     "MAX_N",
+    "OVERRIDES",
     "SMEM_ROWS_FALLBACK",
     "SUPPORTED_DTYPES",
-    "TUNED",
+    "TABLES",
+    "TUNED_H100",
+    "TUNED_H200",
     "FinishConfig",
     "LaunchConfig",
     "LayerNormFunction",
@@ -149,4 +157,5 @@ __all__ = [
     "rule_config",
     "shifted_max_ratio",
     "smem_rows_fallback",
+    "tables_for",
 ]

@@ -13,6 +13,7 @@ import torch
 import triton
 
 from ... import _tuning
+from .._runtime.device import Card
 
 FUSED_MAX_N = 16384  # largest row kept whole in registers
 # the split backward's row-sums kernel: columns per chunk (8 warps, N a compile-time constant up to
@@ -21,7 +22,7 @@ FUSED_MAX_N = 16384  # largest row kept whole in registers
 ROWSUMS_BLOCK_N = 1024
 MAX_N = 1 << 18  # largest supported row (chunked kernels above FUSED_MAX_N)
 
-# Rows at which the "many rows" entries of TUNED take over from the "few rows" ones: with few rows a
+# Rows at which the "many rows" entries of the tables take over from the "few rows" ones: with few rows a
 # grid of one program per tile leaves SMs idle or short of bytes in flight, and launch and tail costs
 # weigh more, so the two regimes have different fastest tiles. A kernel compiles at most once per
 # (N, dtype, regime): the row count is never specialised on.
@@ -89,14 +90,15 @@ class FinishConfig:
 
 FINISH = FinishConfig()
 
-# Measured on the H200 by bench/tune.py: the fastest by median GPU time, "few rows" at M=4096 and "many
-# rows" at M*N=128M elements (M >= 16384); where a later sweep kept an earlier entry, the entry stayed.
-# (kind, element bytes, next_power_of_2(N), many rows) -> config; a config whose block_n is below N runs
-# the chunked forward or the split backward. Shapes not listed (float16 uses the bfloat16 rows) fall back
-# to the entry of the other regime, then to the rule in launch_config. The GB/s figures are those of the
-# sweep that chose the entry.
+# The tables, measured by bench/tune.py, each on the card it is named after: the fastest by median GPU
+# time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384); where a later sweep kept an
+# earlier entry, the entry stayed. (kind, element bytes, next_power_of_2(N), many rows) -> config; a config
+# whose block_n is below N runs the chunked forward or the split backward; float16 uses the bfloat16 rows.
+# A card reads its own model's table, then the other models' (see tables_for), then the rule in
+# launch_config. The GB/s figures are those of the sweep that chose the entry.
+Key = tuple[str, int, int, bool]
 _C = LaunchConfig
-TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
+TUNED_H200: dict[Key, LaunchConfig] = {
     ("bwd", 2, 1024, False): _C(2, 1024, 4, 1, prefetch=True),  # 1120 GB/s
     ("bwd", 2, 1024, True): _C(2, 1024, 4, 4, tma_stages=3),  # 3562 GB/s
     ("bwd", 2, 2048, False): _C(2, 2048, 8, 1, prefetch=True),  # 1785 GB/s
@@ -158,11 +160,51 @@ TUNED: dict[tuple[str, int, int, bool], LaunchConfig] = {
     ("fwd", 4, 16384, True): _C(1, 4096, 32, 0, unroll=2, shifted=True),  # 4260 GB/s
 }
 
-TUNED.update(_tuning.layer_norm_overrides(LaunchConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
+# Rows of 64 to 512 elements (bench/tune.py --only ln-narrow, on the H100): many rows a tile. The
+# backward's rule took 342 GB/s at bf16 262144x512, 347 at 524288x256 (now bm = 1024 // N, as here).
+TUNED_H100: dict[Key, LaunchConfig] = {
+    ("bwd", 2, 64, False): _C(32, 64, 4, 4),  # 168 GB/s
+    ("bwd", 2, 64, True): _C(16, 64, 2, 4),  # 2003 GB/s
+    ("bwd", 2, 128, False): _C(16, 128, 4, 4),  # 258 GB/s
+    ("bwd", 2, 128, True): _C(8, 128, 2, 4),  # 1711 GB/s
+    ("bwd", 2, 256, False): _C(4, 256, 2, 1, tma_stages=3),  # 331 GB/s
+    ("bwd", 2, 256, True): _C(4, 256, 2, 4),  # 1064 GB/s
+    ("bwd", 2, 512, False): _C(2, 512, 2, 2, tma_stages=3),  # 638 GB/s
+    ("bwd", 2, 512, True): _C(2, 512, 2, 2, tma_stages=3),  # 2250 GB/s
+    ("bwd", 4, 64, False): _C(16, 64, 4, 4),  # 336 GB/s
+    ("bwd", 4, 64, True): _C(32, 64, 4, 4),  # 2897 GB/s
+    ("bwd", 4, 128, False): _C(8, 128, 2, 4),  # 527 GB/s
+    ("bwd", 4, 128, True): _C(16, 128, 4, 4),  # 2967 GB/s
+    ("bwd", 4, 256, False): _C(4, 256, 2, 2, tma_stages=3),  # 919 GB/s
+    ("bwd", 4, 256, True): _C(16, 256, 8, 2, tma_stages=3),  # 2910 GB/s
+    ("bwd", 4, 512, False): _C(4, 512, 4, 1, tma_stages=3),  # 1352 GB/s
+    ("bwd", 4, 512, True): _C(8, 512, 8, 1, tma_stages=3),  # 2960 GB/s
+    ("fwd", 2, 64, False): _C(64, 64, 16, 0),  # 224 GB/s
+    ("fwd", 2, 64, True): _C(32, 64, 8, 0),  # 2884 GB/s
+    ("fwd", 2, 128, False): _C(16, 128, 8, 0),  # 410 GB/s
+    ("fwd", 2, 128, True): _C(16, 128, 4, 0),  # 2906 GB/s
+    ("fwd", 2, 256, False): _C(16, 256, 16, 0),  # 708 GB/s
+    ("fwd", 2, 256, True): _C(8, 256, 4, 0),  # 2926 GB/s
+    ("fwd", 2, 512, False): _C(2, 512, 2, 0),  # 1120 GB/s
+    ("fwd", 2, 512, True): _C(8, 512, 8, 0),  # 2926 GB/s
+    ("fwd", 4, 64, False): _C(8, 64, 2, 0),  # 412 GB/s
+    ("fwd", 4, 64, True): _C(128, 64, 16, 0),  # 2962 GB/s
+    ("fwd", 4, 128, False): _C(8, 128, 4, 0),  # 724 GB/s
+    ("fwd", 4, 128, True): _C(64, 128, 16, 0),  # 2988 GB/s
+    ("fwd", 4, 256, False): _C(2, 256, 1, 0),  # 1125 GB/s
+    ("fwd", 4, 256, True): _C(32, 256, 16, 0),  # 2997 GB/s
+    ("fwd", 4, 512, False): _C(2, 512, 4, 0),  # 1759 GB/s
+    ("fwd", 4, 512, True): _C(8, 512, 16, 0),  # 2997 GB/s
+}
+
+# by the model named in the driver's device name (crossfuse.ops._runtime.device.Card.model)
+TABLES: dict[str, dict[Key, LaunchConfig]] = {"H200": TUNED_H200, "H100": TUNED_H100}
+# entries of CROSSFUSE_TUNED_CONFIGS (measured on the user's own card): first on every card
+OVERRIDES: dict[Key, LaunchConfig] = _tuning.layer_norm_overrides(LaunchConfig)
 
 # Where the Gluon kernels of the smem_rows entries cannot run (a GPU before compute capability 9, a
 # Triton without Gluon, rows that are not contiguous): the Triton kernels' entries they replaced.
-SMEM_ROWS_FALLBACK: dict[tuple[str, int, int, bool], LaunchConfig] = {
+SMEM_ROWS_FALLBACK: dict[Key, LaunchConfig] = {
     ("bwd", 2, 4096, True): _C(2, 4096, 16, 1, tma_stages=3),  # 3680 GB/s
     ("bwd", 2, 8192, False): _C(1, 8192, 16, 4, prefetch=True),  # 2521 GB/s
     ("bwd", 2, 8192, True): _C(1, 8192, 16, 1, tma_stages=3),  # 3522 GB/s
@@ -185,30 +227,48 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"kind must be 'fwd' or 'bwd', got {kind!r}")
 
 
-def launch_config(n: int, dtype: torch.dtype, kind: str, m: int | None = None) -> LaunchConfig:
-    """Tile shape, warps and grid for rows of length ``n`` (``m`` rows, when known) on a GPU; ``kind`` is
-    ``"fwd"`` or ``"bwd"``.
+def tables_for(card: Card | None) -> tuple[dict[Key, LaunchConfig], ...]:
+    """The tables ``card`` reads, first to last: the user's overrides, its model's table, the other models'
+    (measured on the same architecture); on a card of another architecture the overrides alone (its
+    shared memory, copy engine and Gluon support differ: the rule serves it). ``None`` stands for a card
+    of the tables' architecture and no model of its own."""
+    if card is not None and not card.tabled:
+        return (OVERRIDES,)
+    own = TABLES.get(card.model) if card is not None else None
+    return (OVERRIDES, *([own] if own is not None else []), *(t for t in TABLES.values() if t is not own))
 
-    Rule of thumb where nothing was measured: a tile of about 4096 elements per program (several rows
-    when rows are short), one warp per 256 elements of the tile, 1 to 16 warps.
-    """
+
+def launch_config(
+    n: int, dtype: torch.dtype, kind: str, m: int | None = None, card: Card | None = None
+) -> LaunchConfig:
+    """Tile shape, warps and grid for rows of length ``n`` (``m`` rows, when known) on ``card`` (see
+    :func:`tables_for`); ``kind`` is ``"fwd"`` or ``"bwd"``. The first table with an entry for the row
+    regime, or else for the other regime, gives it; where none has, the rule (:func:`rule_config`)."""
     _check_kind(kind)
-    block_n = triton.next_power_of_2(min(n, FUSED_MAX_N)) if n <= FUSED_MAX_N else 4096
-    esize = dtype.itemsize
-    many = m is not None and m > MANY_ROWS
-    tuned = TUNED.get((kind, esize, block_n, many), TUNED.get((kind, esize, block_n, not many)))
-    if tuned is not None and n <= FUSED_MAX_N:
-        return tuned
+    if n <= FUSED_MAX_N:
+        block_n = triton.next_power_of_2(n)
+        many = m is not None and m > MANY_ROWS
+        for table in tables_for(card):
+            key = (kind, dtype.itemsize, block_n)
+            tuned = table.get((*key, many)) or table.get((*key, not many))
+            if tuned is not None:
+                return tuned
     return rule_config(n, kind)
 
 
 def rule_config(n: int, kind: str) -> LaunchConfig:
-    """The rule of :func:`launch_config`, without the tables."""
+    """The configuration where no table has one: a tile of about 4096 elements per program (several rows
+    when rows are short), one warp per 256 elements of the tile, 1 to 16 warps; a backward of rows up to
+    512 long, tiles of 1024 elements on a warp per 512 and four programs an SM; rows longer than
+    FUSED_MAX_N in chunks of 4096."""
     block_n = triton.next_power_of_2(min(n, FUSED_MAX_N)) if n <= FUSED_MAX_N else 4096
     if n > FUSED_MAX_N:
         return LaunchConfig(
             1 if kind == "fwd" else 4, block_n, 8 if kind == "fwd" else 4, 0 if kind == "fwd" else 2
         )
+    if kind == "bwd" and block_n <= 512:  # short rows: small tiles, many programs (as measured, above)
+        block_m = 1024 // block_n
+        return LaunchConfig(block_m, block_n, max(1, block_m * block_n // 512), 4)
     target = 4096 if kind == "fwd" else 2048
     block_m = max(1, min(64, target // block_n))
     num_warps = max(1, min(16, block_m * block_n // 256))

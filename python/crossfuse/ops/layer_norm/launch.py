@@ -13,7 +13,7 @@ import triton
 from ..._backend import is_interpreted
 from .._library import stats_dtype
 from .._runtime import direct as _direct
-from .._runtime.device import bind_cuda_context, compute_capability_major, device_parallelism
+from .._runtime.device import Card, bind_cuda_context, card_of, compute_capability_major, device_parallelism
 from .config import LaunchConfig, interpreter_config, launch_config, shifted_max_ratio
 from .kernels_fwd import _ln_fwd_chunked_kernel, _ln_fwd_kernel, _ln_fwd_shifted_kernel, _ln_fwd_tma_kernel
 from .plan import Launch, Plan, PlanCache
@@ -65,10 +65,10 @@ def is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def default_config(n: int, dtype: torch.dtype, kind: str, m: int) -> LaunchConfig:
-    """The configuration of a call without one of its own: the measured tables on a GPU, few programs with
-    large tiles under the interpreter (:func:`.config.interpreter_config`)."""
-    return interpreter_config(n, kind, m) if INTERPRETED else launch_config(n, dtype, kind, m)
+def default_config(n: int, dtype: torch.dtype, kind: str, m: int, card: Card | None = None) -> LaunchConfig:
+    """The configuration of a call without one of its own: the measured tables of ``card`` on a GPU, few
+    programs with large tiles under the interpreter (:func:`.config.interpreter_config`)."""
+    return interpreter_config(n, kind, m) if INTERPRETED else launch_config(n, dtype, kind, m, card)
 
 
 class FwdPlan(Plan):
@@ -88,7 +88,7 @@ class FwdPlan(Plan):
         self.launch = self.desc = None
         if M == 0:
             return
-        cfg = config or default_config(N, x.dtype, "fwd", M)
+        cfg = config or default_config(N, x.dtype, "fwd", M, card_of(x))
         common = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
                       IS_FP64=x.dtype == torch.float64, num_warps=cfg.num_warps)  # fmt: skip
         if N <= cfg.block_n and cfg.tma_stages and cfg.programs_per_sm > 0 and tma_usable(x):

@@ -17,7 +17,7 @@ import triton
 
 from .._library import stats_dtype
 from .._runtime import pdl as _gdc
-from .._runtime.device import device_parallelism
+from .._runtime.device import card_of, device_parallelism
 from . import gluon_bwd
 from .config import (
     FINISH,
@@ -161,7 +161,7 @@ class BwdPlan(Plan):
             return
         acc = self.acc = stats_dtype(x.dtype)
         esize = x.element_size()
-        cfg = config or default_config(N, x.dtype, "bwd", M)
+        cfg = config or default_config(N, x.dtype, "bwd", M, card_of(x))
         if cfg.smem_rows:  # a Gluon kernel, where it can run; else the Triton kernels in its place
             if cfg.slices > 1:  # and a launch that fits these rows (an entry of another N may not)
                 unfit = gluon_bwd.groups_launch_unfit(N, esize, cfg.slices, cfg.num_warps, cfg.tma_stages,

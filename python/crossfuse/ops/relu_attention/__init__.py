@@ -88,10 +88,13 @@ from .config import (
     L_MAJOR_TILE,
     LAYOUTS,
     MAX_GRID_1,
+    OVERRIDES,
     SHORT_L,
+    TABLES,
     TF32_BWD,
     TF32_FWD,
-    TUNED,
+    TUNED_H100,
+    TUNED_H200,
     AttnConfig,
     Choices,
     Tf32BwdTiles,
@@ -102,6 +105,10 @@ from .config import (
     _relu_cvt,
     _tf32_copies,
     attention_config,
+    fit_shared,
+    rule_config,
+    shared_bytes,
+    tables_for,
 )
 from .copies import _l_contiguous, _l_major_copies, _l_major_copy_kernel, sigma_rows
 from .kernels_bwd import (

@@ -9,6 +9,7 @@ probes, ``bench/tune.py``) fix any of them explicitly instead of the rule.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -16,6 +17,7 @@ from types import MappingProxyType
 import torch
 
 from ... import _tuning
+from .._runtime.device import Card
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LAYOUTS = ("bhld", "blhd")
@@ -49,7 +51,8 @@ SHORT_L = 2048
 # products, the short causal dK/dV once _fold gave its programs two blocks each. (kind, D, element bytes,
 # causal, long sequence) -> config (float16 shares the 2-byte rows). A missing entry falls back to the
 # other length's entry, then to the rule in attention_config.
-TUNED: dict[tuple[str, int, int, bool, bool], AttnConfig] = {
+Key = tuple[str, int, int, bool, bool]
+TUNED_H200: dict[Key, AttnConfig] = {
     # bf16 kernels reading through tensor descriptors (tma=True) won these keys (the pointer kernel's best
     # in the same sweep in brackets); the others keep the pointer kernels
     ("dkdv", 64, 2, False, True): AttnConfig(64, 64, 4, 3, tma=True),  # 471 TFLOP/s (451)
@@ -94,22 +97,118 @@ TUNED: dict[tuple[str, int, int, bool, bool], AttnConfig] = {
     ("fwd", 64, 4, True, False): AttnConfig(64, 64, 4, 3),  # 97 TFLOP/s
 }
 
-TUNED.update(_tuning.attention_overrides(AttnConfig))  # CROSSFUSE_TUNED_CONFIGS, when set
+# The other head dims, bf16 (bench/tune.py --only attn-dims, on the H100: 16k tokens, 16 heads, L=4096
+# and L=1024; each backward kernel scored as the whole backward with the other at the rule's tiles). The
+# rule had taken 55 and 54 TFLOP/s for the D=256 backward (16x64 dK/dV tiles), 509 and 428 for its forward.
+TUNED_H100: dict[Key, AttnConfig] = {
+    ("dkdv", 16, 2, False, True): AttnConfig(64, 128, 4, 3),  # 276 TFLOP/s
+    ("dkdv", 16, 2, False, False): AttnConfig(64, 64, 4, 3),  # 245 TFLOP/s
+    ("dkdv", 16, 2, True, True): AttnConfig(64, 64, 4, 3),  # 230 TFLOP/s
+    ("dkdv", 16, 2, True, False): AttnConfig(64, 64, 4, 3),  # 163 TFLOP/s
+    ("dkdv", 32, 2, False, True): AttnConfig(64, 128, 4, 3),  # 442 TFLOP/s
+    ("dkdv", 32, 2, False, False): AttnConfig(64, 128, 4, 3),  # 382 TFLOP/s
+    ("dkdv", 32, 2, True, True): AttnConfig(64, 64, 4, 3),  # 356 TFLOP/s
+    ("dkdv", 32, 2, True, False): AttnConfig(32, 64, 4, 3),  # 246 TFLOP/s
+    ("dkdv", 256, 2, False, True): AttnConfig(64, 64, 8, 2),  # 280 TFLOP/s
+    ("dkdv", 256, 2, False, False): AttnConfig(64, 64, 8, 3),  # 251 TFLOP/s
+    ("dkdv", 256, 2, True, True): AttnConfig(64, 64, 8, 2),  # 246 TFLOP/s
+    ("dkdv", 256, 2, True, False): AttnConfig(64, 64, 8, 2),  # 199 TFLOP/s
+    ("dq", 16, 2, False, True): AttnConfig(128, 32, 4, 3),  # 270 TFLOP/s
+    ("dq", 16, 2, False, False): AttnConfig(128, 32, 4, 3),  # 241 TFLOP/s
+    ("dq", 16, 2, True, True): AttnConfig(128, 32, 4, 3),  # 220 TFLOP/s
+    ("dq", 16, 2, True, False): AttnConfig(64, 32, 4, 3),  # 156 TFLOP/s
+    ("dq", 32, 2, False, True): AttnConfig(128, 32, 4, 3),  # 413 TFLOP/s
+    ("dq", 32, 2, False, False): AttnConfig(128, 32, 4, 3),  # 353 TFLOP/s
+    ("dq", 32, 2, True, True): AttnConfig(64, 32, 4, 3),  # 349 TFLOP/s
+    ("dq", 32, 2, True, False): AttnConfig(64, 32, 4, 3),  # 244 TFLOP/s
+    ("dq", 256, 2, False, True): AttnConfig(128, 32, 8, 3),  # 58 TFLOP/s
+    ("dq", 256, 2, False, False): AttnConfig(128, 32, 8, 3),  # 57 TFLOP/s
+    ("dq", 256, 2, True, True): AttnConfig(128, 32, 8, 3),  # 52 TFLOP/s
+    ("dq", 256, 2, True, False): AttnConfig(128, 32, 8, 3),  # 46 TFLOP/s
+    ("fwd", 16, 2, False, True): AttnConfig(128, 64, 4, 4),  # 515 TFLOP/s
+    ("fwd", 16, 2, False, False): AttnConfig(128, 64, 4, 4),  # 382 TFLOP/s
+    ("fwd", 16, 2, True, True): AttnConfig(128, 64, 4, 4),  # 382 TFLOP/s
+    ("fwd", 16, 2, True, False): AttnConfig(64, 64, 4, 4),  # 212 TFLOP/s
+    ("fwd", 32, 2, False, True): AttnConfig(128, 128, 4, 3),  # 683 TFLOP/s
+    ("fwd", 32, 2, False, False): AttnConfig(64, 64, 4, 4),  # 513 TFLOP/s
+    ("fwd", 32, 2, True, True): AttnConfig(128, 64, 4, 3),  # 535 TFLOP/s
+    ("fwd", 32, 2, True, False): AttnConfig(128, 64, 4, 4),  # 318 TFLOP/s
+    ("fwd", 256, 2, False, True): AttnConfig(128, 32, 8, 3),  # 687 TFLOP/s
+    ("fwd", 256, 2, False, False): AttnConfig(128, 32, 8, 3),  # 554 TFLOP/s
+    ("fwd", 256, 2, True, True): AttnConfig(128, 32, 8, 3),  # 594 TFLOP/s
+    ("fwd", 256, 2, True, False): AttnConfig(128, 32, 8, 3),  # 400 TFLOP/s
+}
+
+# by the model named in the driver's device name (crossfuse.ops._runtime.device.Card.model)
+TABLES: dict[str, dict[Key, AttnConfig]] = {"H200": TUNED_H200, "H100": TUNED_H100}
+# entries of CROSSFUSE_TUNED_CONFIGS (measured on the user's own card): first on every card
+OVERRIDES: dict[Key, AttnConfig] = _tuning.attention_overrides(AttnConfig)
+
+
+def tables_for(card: Card | None) -> tuple[dict[Key, AttnConfig], ...]:
+    """The tables ``card`` reads, first to last: the user's overrides, its model's table, the other models'
+    (measured on the same architecture); on a card of another architecture the overrides alone, and the
+    rule fitted to its shared memory. ``None`` stands for a card of the tables' architecture and no model
+    of its own."""
+    if card is not None and not card.tabled:
+        return (OVERRIDES,)
+    own = TABLES.get(card.model) if card is not None else None
+    return (OVERRIDES, *([own] if own is not None else []), *(t for t in TABLES.values() if t is not own))
+
+
+def shared_bytes(kind: str, d: int, esize: int, cfg: AttnConfig) -> int:
+    """An estimate of the shared memory a kernel's tiles take: the operands its loop streams, one buffer
+    per stage (the forward's and dQ's keys and values, dK/dV's queries and output gradients), and the
+    tiles it keeps (the forward's queries; dQ's queries and output gradients; dK/dV's keys and values)."""
+    if kind == "fwd":
+        kept, streamed = cfg.block_m, 2 * cfg.block_n
+    elif kind == "dq":
+        kept, streamed = 2 * cfg.block_m, 2 * cfg.block_n
+    else:
+        kept, streamed = 2 * cfg.block_n, 2 * cfg.block_m
+    return (kept + cfg.num_stages * streamed) * d * esize
+
+
+def fit_shared(kind: str, d: int, esize: int, cfg: AttnConfig, max_shared: int) -> AttnConfig:
+    """``cfg`` with fewer stages, then smaller streamed tiles, until :func:`shared_bytes` is within
+    ``max_shared`` (keeping the tiles dividing each other, as the causal loops need)."""
+    while shared_bytes(kind, d, esize, cfg) > max_shared:
+        if cfg.num_stages > 1:
+            cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+        elif kind == "dkdv" and cfg.block_m > 16:
+            cfg = dataclasses.replace(cfg, block_m=cfg.block_m // 2)
+        elif kind != "dkdv" and cfg.block_n > 16:
+            cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
+        else:
+            break
+    return cfg
 
 
 def attention_config(
-    kind: str, d: int, dtype: torch.dtype, causal: bool, interpreted: bool = False, length: int | None = None
+    kind: str, d: int, dtype: torch.dtype, causal: bool, interpreted: bool = False, length: int | None = None,
+    card: Card | None = None,
 ) -> AttnConfig:
-    """Tiles for ``kind`` in ``("fwd", "dkdv", "dq")``; ``length`` is max(Lq, Lk) when known. Causal
-    kernels need BLOCK_M and BLOCK_N to divide each other (fwd/dq: BLOCK_N | BLOCK_M; dkdv: BLOCK_M |
-    BLOCK_N)."""
+    """Tiles for ``kind`` in ``("fwd", "dkdv", "dq")`` on ``card`` (see :func:`tables_for`); ``length`` is
+    max(Lq, Lk) when known. The first table with an entry for the length, or else for the other length,
+    gives them; where none has, the rule, fitted to the shared memory of a card the tables do not serve.
+    Causal kernels need BLOCK_M and BLOCK_N to divide each other (fwd/dq: BLOCK_N | BLOCK_M; dkdv:
+    BLOCK_M | BLOCK_N)."""
     if interpreted:  # the interpreter runs tiles as numpy arrays: few, large programs are fastest
         return INTERPRETER_CONFIG
     esize = dtype.itemsize
     long = length is None or length > SHORT_L
-    tuned = TUNED.get((kind, d, esize, causal, long), TUNED.get((kind, d, esize, causal, not long)))
-    if tuned is not None:
-        return tuned
+    for table in tables_for(card):
+        tuned = table.get((kind, d, esize, causal, long)) or table.get((kind, d, esize, causal, not long))
+        if tuned is not None:
+            return tuned
+    cfg = rule_config(kind, d, esize)
+    if card is not None and not card.tabled:
+        cfg = fit_shared(kind, d, esize, cfg, card.max_shared_mem)
+    return cfg
+
+
+def rule_config(kind: str, d: int, esize: int) -> AttnConfig:
+    """The tiles where no table has an entry: smaller tiles and fewer stages as a row of q grows."""
     big = d * esize >= 256  # D=128 in 16 bits, D=64 in fp32, or larger
     if kind == "fwd":
         if d * esize >= 512:

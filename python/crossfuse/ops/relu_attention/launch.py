@@ -15,7 +15,7 @@ import triton
 from ..._backend import is_interpreted, quiet_interpreter
 from .._runtime import direct as _direct
 from .._runtime import pdl as _gdc
-from .._runtime.device import bind_cuda_context, compute_capability_major, on_input_device
+from .._runtime.device import bind_cuda_context, card_of, compute_capability_major, on_input_device
 from . import gluon_launch
 from .config import (
     DEFAULT,
@@ -91,7 +91,7 @@ def _forward(q, k, v, causal, squared, scale, relu_scale, out, config, choices) 
             _forward(q[b], k[b], v[b], causal, squared, scale, relu_scale, out[b], config, choices)
         return out, None
     interp = is_interpreted(_relu_attn_fwd_kernel)
-    cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk))
+    cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk), card_of(q))
     tensors = (q, k, v, out)
     key = None if interp or not choices.planning else _plan_key(
         "fwd", tensors, causal, squared, scale, relu_scale, cfg, choices)  # fmt: skip
@@ -197,8 +197,9 @@ def _backward(q, k, v, do, causal, squared, scale, relu_scale, dq, dk, dv, confi
         return dq, dk, dv, None
     interp = is_interpreted(_relu_attn_bwd_dkdv_kernel)
     copies = _tf32_copies(q.dtype, interp) if trans_copies is None else trans_copies
-    cfg_dkdv = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, max(Lq, Lk))
-    cfg_dq = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, max(Lq, Lk))
+    card, length = card_of(q), max(Lq, Lk)
+    cfg_dkdv = configs[0] if configs else attention_config("dkdv", D, q.dtype, causal, interp, length, card)
+    cfg_dq = configs[1] if configs else attention_config("dq", D, q.dtype, causal, interp, length, card)
     tensors = (q, k, v, do, dq, dk, dv)
     decided = (causal, squared, scale, relu_scale, cfg_dkdv, cfg_dq, copies)
     key = None if interp or not choices.planning else _plan_key("bwd", tensors, *decided, choices)

@@ -1,0 +1,133 @@
+"""Launch tables per GPU model: a card reads its own model's table, then the other models' of the same
+architecture; a card the tables do not serve gets the rule, fitted to its shared memory, and correct
+results (the cards here are pretended: no test needs the GPU it names)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _attention import kink_slack, qkv, randn
+from _layer_norm_checks import ln_tol
+from crossfuse.ops import layer_norm as ln
+from crossfuse.ops import relu_attention as ra
+from crossfuse.ops._runtime.device import Card
+from crossfuse.reference import relu_attention_ref
+from crossfuse.tolerances import relerr, relerr_with_slack, tolerance
+
+H100 = Card("NVIDIA H100 80GB HBM3", (9, 0), 232448)
+H200 = Card("NVIDIA H200", (9, 0), 232448)
+# a card of the tables' architecture that no table is named after
+OTHER_HOPPER = Card("NVIDIA H800", (9, 0), 232448)
+# cards of other architectures: an A100's shared memory, and a smaller one (sm_86, 99 KB)
+A100 = Card("NVIDIA A100-SXM4-80GB", (8, 0), 166912)
+SMALL = Card("NVIDIA RTX A6000", (8, 6), 101376)
+UNTABLED = [A100, SMALL]
+
+
+@pytest.mark.parametrize(
+    "name, model",
+    [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100"), ("NVIDIA H200", "H200"),
+     ("NVIDIA H200 NVL", "H200"), ("NVIDIA GH200 480GB", None), ("NVIDIA A100-SXM4-80GB", None)],
+)  # fmt: skip
+def test_a_card_is_known_by_the_model_in_its_name(name, model):
+    assert Card(name, (9, 0), 0).model == model
+
+
+@pytest.mark.parametrize("op", [ln, ra], ids=["layer_norm", "relu_attention"])
+def test_a_card_reads_its_own_table_first_then_the_others(op):
+    assert op.tables_for(H100)[:2] == (op.OVERRIDES, op.TUNED_H100)
+    assert op.tables_for(H200)[:2] == (op.OVERRIDES, op.TUNED_H200)
+    for card in (H100, H200, OTHER_HOPPER, None):  # every table of the architecture, each once
+        tables = op.tables_for(card)
+        assert len(tables) == 1 + len(op.TABLES)
+        assert {id(t) for t in tables[1:]} == {id(t) for t in op.TABLES.values()}
+    for card in UNTABLED:
+        assert op.tables_for(card) == (op.OVERRIDES,)
+
+
+def test_the_h100_layer_norm_table_serves_narrow_rows_on_every_hopper_card():
+    # measured on the H100: the rule it replaced ran the bf16 backward of 262144 x 512 at 342 GB/s
+    narrow, wide = ln.TUNED_H100[("bwd", 2, 512, True)], ln.TUNED_H200[("fwd", 2, 1024, True)]
+    for card in (H100, H200, OTHER_HOPPER):
+        assert ln.launch_config(512, torch.bfloat16, "bwd", 131072, card) == narrow
+    # and the H200's entries the wider rows, on the H100 too
+    assert ln.launch_config(1024, torch.bfloat16, "fwd", 65536, H100) == wide
+
+
+@pytest.mark.parametrize("card", UNTABLED, ids=lambda c: c.name)
+def test_a_card_the_tables_do_not_serve_gets_the_rule(card):
+    for n in (64, 100, 512, 768, 1024, 5000, 16384, 65536):
+        for kind in ("fwd", "bwd"):
+            for dtype in (torch.bfloat16, torch.float32):
+                cfg = ln.launch_config(n, dtype, kind, 131072, card)
+                assert cfg == ln.rule_config(n, kind)
+                assert not (cfg.tma_stages or cfg.smem_rows or cfg.coop), cfg  # nothing Hopper's alone
+
+
+@pytest.mark.parametrize("card", UNTABLED, ids=lambda c: c.name)
+def test_attention_tiles_of_an_untabled_card_fit_its_shared_memory(card):
+    for d in ra.HEAD_DIMS:
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for causal in (False, True):
+                for kind in ("fwd", "dkdv", "dq"):
+                    cfg = ra.attention_config(kind, d, dtype, causal, length=4096, card=card)
+                    assert not cfg.tma, cfg
+                    shared = ra.shared_bytes(kind, d, dtype.itemsize, cfg)
+                    assert shared <= card.max_shared_mem, (kind, d, cfg)
+                    if kind == "dkdv":  # the causal loops' tiles divide each other
+                        assert cfg.block_n % cfg.block_m == 0, cfg
+                    else:
+                        assert cfg.block_m % cfg.block_n == 0, cfg
+
+
+def test_fitting_takes_stages_first_then_streamed_tiles():
+    cfg = ra.AttnConfig(128, 64, 8, 3)
+    assert ra.fit_shared("fwd", 64, 2, cfg, 1 << 20) == cfg
+    two = ra.fit_shared("fwd", 128, 2, cfg, ra.shared_bytes("fwd", 128, 2, ra.AttnConfig(128, 64, 8, 2)))
+    assert two == ra.AttnConfig(128, 64, 8, 2)
+    assert ra.fit_shared("fwd", 256, 4, cfg, 0) == ra.AttnConfig(128, 16, 8, 1)  # as small as it goes
+    assert ra.fit_shared("dkdv", 256, 4, ra.AttnConfig(64, 128, 8, 3), 0) == ra.AttnConfig(16, 128, 8, 1)
+
+
+@pytest.mark.parametrize("card", UNTABLED, ids=lambda c: c.name)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [16, 64, 256])
+def test_attention_with_an_untabled_cards_tiles_against_float64(card, causal, d, device, gen):
+    # the tiles chosen for the pretended card, launched here (compiled for this GPU, or interpreted):
+    # lengths that are no multiple of a tile, and gradients too
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # float32 on a GPU would be tf32
+    lq = lk = 80
+    q, k, v = qkv(1, 2, lq, lk, d, dtype, device, gen)
+    do = randn(q.shape, dtype, device, gen)
+    scale, relu_scale = d**-0.5, 1 / lk
+    kinds = ("fwd", "dkdv", "dq")
+    cfgs = [ra.attention_config(kind, d, dtype, causal, length=lk, card=card) for kind in kinds]
+    out = ra.relu_attention_fwd(q, k, v, causal, False, scale, relu_scale, config=cfgs[0])
+    grads = ra.relu_attention_bwd(q, k, v, do, causal, False, scale, relu_scale, configs=tuple(cfgs[1:]))
+    refs = [t.double().requires_grad_(True) for t in (q, k, v)]
+    out_ref = relu_attention_ref(*refs, causal=causal, scale=scale, relu_scale=relu_scale)
+    out_ref.backward(do.double())
+    assert relerr(out, out_ref) <= tolerance("relu_attention", dtype, "fwd")
+    slack = kink_slack(*refs, do.double(), causal, False, scale=scale, relu_scale=relu_scale)
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, refs, strict=True):
+        err = relerr_with_slack(got, ref.grad, slack[name])
+        assert err <= tolerance("relu_attention", dtype, "bwd"), (name, err)
+
+
+@pytest.mark.parametrize("card", UNTABLED, ids=lambda c: c.name)
+@pytest.mark.parametrize("m, n", [(7, 100), (300, 512), (33, 1000)], ids=str)
+def test_layer_norm_with_an_untabled_cards_configs_against_float64(card, m, n, device, gen):
+    x = randn((m, n), torch.float32, device, gen)
+    w, b = randn((n,), torch.float32, device, gen), randn((n,), torch.float32, device, gen)
+    fwd = ln.launch_config(n, x.dtype, "fwd", m, card)
+    y, mean, rstd = ln.layer_norm_fwd(x, w, b, 1e-5, config=fwd)
+    ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    assert relerr(y, ref) <= ln_tol(x.dtype, "fwd", m)
+    dy = randn((m, n), torch.float32, device, gen)
+    bwd = ln.launch_config(n, x.dtype, "bwd", m, card)
+    dx, dw, db = ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=bwd)
+    leaves = [t.double().requires_grad_(True) for t in (x, w, b)]
+    torch.nn.functional.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-5).backward(dy.double())
+    assert relerr(dx, leaves[0].grad) <= ln_tol(x.dtype, "bwd", m)
+    for got, leaf in zip((dw, db), leaves[1:], strict=True):
+        assert relerr(got, leaf.grad) <= ln_tol(x.dtype, "reduced", m)
