@@ -39,10 +39,12 @@ class LayerNorm(torch.nn.LayerNorm):
         self.native_below = _check_native_below(native_below)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if _native(input, self.weight, self.bias, self.native_below):
-            return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+        # each read of a parameter goes through Module.__getattr__ (about a microsecond): once each here
+        weight, bias = self.weight, self.bias
+        if _native(input, weight, bias, self.native_below):
+            return F.layer_norm(input, self.normalized_shape, weight, bias, self.eps)
         try:
-            return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+            return layer_norm(input, self.normalized_shape, weight, bias, self.eps)
         except (TypeError, ValueError) as exc:  # the op's argument errors, said of this module
             # checked only once the op has refused the input: a call that succeeds pays for no check
             check_module_input(self, input, self.weight, same_dtype=False)
