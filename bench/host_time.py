@@ -87,6 +87,14 @@ def measure(calls: int, rounds: int) -> list[dict]:
         add("nn.LayerNorm", ln_shape, impl, lambda mod=mod: mod(x),
             lambda mod=mod: (mod(x), (x, mod.weight, mod.bias)))  # fmt: skip
 
+    # the module's default below native_below: torch's layer norm behind crossfuse's checks (a small
+    # batch of a model: one sequence of 128 tokens, 768 wide)
+    xs = torch.randn(1, 128, 768, device=dev, dtype=dt, requires_grad=True)
+    for impl, mod in (("crossfuse.nn.LayerNorm", crossfuse.nn.LayerNorm(768, device=dev, dtype=dt)),
+                      ("torch.nn.LayerNorm", torch.nn.LayerNorm(768, device=dev, dtype=dt))):  # fmt: skip
+        add("nn.LayerNorm (default, small)", "1x128x768", impl, lambda mod=mod: mod(xs),
+            lambda mod=mod: (mod(xs), (xs, mod.weight, mod.bias)))  # fmt: skip
+
     bb, h, length, d = 1, 8, 128, 64
     q, k, v = (torch.randn(bb, h, length, d, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
     a_shape = f"{bb}x{h}x{length}x{d}"
