@@ -82,6 +82,17 @@ class Card:
         return self.capability == TABLE_CAPABILITY
 
 
+def tables_in_order(card: Card | None, overrides: dict, tables: dict[str, dict]) -> tuple[dict, ...]:
+    """The launch tables ``card`` reads, first to last: ``overrides`` (the user's), its model's table of
+    ``tables`` (by model), the other models' (measured on the same architecture); on a card of another
+    architecture ``overrides`` alone, the rules serving it. ``None`` stands for a card of the tables'
+    architecture and no model of its own."""
+    if card is not None and not card.tabled:
+        return (overrides,)
+    own = tables.get(card.model) if card is not None else None
+    return (overrides, *([own] if own is not None else []), *(t for t in tables.values() if t is not own))
+
+
 @functools.cache
 def _card(device_index: int) -> Card:
     import triton

@@ -13,7 +13,7 @@ import torch
 import triton
 
 from ... import _tuning
-from .._runtime.device import Card
+from .._runtime.device import Card, tables_in_order
 
 FUSED_MAX_N = 16384  # largest row kept whole in registers
 # the split backward's row-sums kernel: columns per chunk (8 warps, N a compile-time constant up to
@@ -228,14 +228,10 @@ def _check_kind(kind: str) -> None:
 
 
 def tables_for(card: Card | None) -> tuple[dict[Key, LaunchConfig], ...]:
-    """The tables ``card`` reads, first to last: the user's overrides, its model's table, the other models'
-    (measured on the same architecture); on a card of another architecture the overrides alone (its
-    shared memory, copy engine and Gluon support differ: the rule serves it). ``None`` stands for a card
-    of the tables' architecture and no model of its own."""
-    if card is not None and not card.tabled:
-        return (OVERRIDES,)
-    own = TABLES.get(card.model) if card is not None else None
-    return (OVERRIDES, *([own] if own is not None else []), *(t for t in TABLES.values() if t is not own))
+    """The tables ``card`` reads, first to last (:func:`.._runtime.device.tables_in_order`): the user's
+    overrides, its model's, the other models'; on a card of another architecture the overrides and then
+    the rule."""
+    return tables_in_order(card, OVERRIDES, TABLES)
 
 
 def launch_config(

@@ -17,7 +17,7 @@ from types import MappingProxyType
 import torch
 
 from ... import _tuning
-from .._runtime.device import Card
+from .._runtime.device import Card, tables_in_order
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LAYOUTS = ("bhld", "blhd")
@@ -146,14 +146,10 @@ OVERRIDES: dict[Key, AttnConfig] = _tuning.attention_overrides(AttnConfig)
 
 
 def tables_for(card: Card | None) -> tuple[dict[Key, AttnConfig], ...]:
-    """The tables ``card`` reads, first to last: the user's overrides, its model's table, the other models'
-    (measured on the same architecture); on a card of another architecture the overrides alone, and the
-    rule fitted to its shared memory. ``None`` stands for a card of the tables' architecture and no model
-    of its own."""
-    if card is not None and not card.tabled:
-        return (OVERRIDES,)
-    own = TABLES.get(card.model) if card is not None else None
-    return (OVERRIDES, *([own] if own is not None else []), *(t for t in TABLES.values() if t is not own))
+    """The tables ``card`` reads, first to last (:func:`.._runtime.device.tables_in_order`): the user's
+    overrides, its model's, the other models'; on a card of another architecture the overrides and then
+    the rule fitted to its shared memory."""
+    return tables_in_order(card, OVERRIDES, TABLES)
 
 
 def shared_bytes(kind: str, d: int, esize: int, cfg: AttnConfig) -> int:
