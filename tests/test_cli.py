@@ -52,7 +52,7 @@ def test_usage_errors_exit_2(capsys):
     assert cli.main(["bench", "no_such_suite", "--device", "cpu"]) == 2
     assert (
         "unknown suite 'no_such_suite'; known suites: layer_norm, attention, layer_norm_grid, "
-        "attention_grid, memory"
+        "attention_grid, attention_fp32, memory"
         in capsys.readouterr().err
     )
     assert cli.main(["bench", "layer_norm", "--device", "tpu"]) == 2

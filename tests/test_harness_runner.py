@@ -297,6 +297,10 @@ def test_grid_suites_cover_the_space_users_hit():
     assert {d for *_, d in attn.shapes} == {16, 32, 64, 128, 256}
     assert any(length % 64 for _, _, length, _ in attn.shapes) and min(b for b, *_ in attn.shapes) == 1
     assert {o["causal"] for o in attn.options} == {False, True}
+    # float32 against the seed notebook's algorithm: its shapes (B=4, H=16, D=64) up to L=8192
+    fp32 = suites["attention_fp32"].groups[0]
+    assert {(4, 16, length, 64) for length in (1024, 4096, 8192)} <= set(fp32.shapes)
+    assert [str(d) for d in fp32.dtypes] == ["torch.float32"]
 
 
 def test_bad_suite_data_is_a_clear_error():

@@ -61,7 +61,7 @@ def test_registry_lists_every_op_and_peer():
                 "normalise/python/normal_newer", "layer_norm/python/layernorm",
                 "layer_norm_maxstd/python/layer_norm", "relu_attention/python/triton",
                 "relu_attention/python/naive", "relu_attention/python/naive_compile",
-                "relu_attention/python/sdpa_softmax"):  # fmt: skip
+                "relu_attention/python/row_block", "relu_attention/python/sdpa_softmax"):  # fmt: skip
         assert key in keys, key
     assert registry.get("relu_attention", "sdpa_softmax").same_function is False
     assert all(i.peer for i in registry.implementations("layer_norm") if i.name in ("torch", "liger"))

@@ -372,6 +372,12 @@ def _relu_attention_triton(q, k, v, causal, squared):
     return relu_attention(q, k, v, causal=causal, squared=squared)
 
 
+def _relu_attention_row_block(q, k, v, causal, squared):
+    from .ops.relu_attention.row_block import relu_attention_row_block
+
+    return relu_attention_row_block(q, k, v, causal=causal, squared=squared)
+
+
 def _relu_attention_naive(q, k, v, causal, squared):
     return _attn_ref.relu_attention_naive(q, k, v, causal, squared)
 
@@ -423,6 +429,10 @@ def _builtin() -> None:
                        description="matmul, scale, mask, relu, matmul in torch (L x L scores)"),
         Implementation("relu_attention", "naive_compile", py, _relu_attention_compiled, peer=True,
                        description="torch.compile of the naive ReLU attention"),
+        Implementation("relu_attention", "row_block", py, _relu_attention_row_block, kernel="triton",
+                       peer=True, dtypes=(torch.float32,),
+                       description="the seed notebook's algorithm, written here: a block of query rows a "
+                       "program, one pass over the keys, the backward in one kernel (baseline)"),
         Implementation("relu_attention", "sdpa_softmax", py, _sdpa_softmax, peer=True,
                        same_function=False,
                        description="torch scaled_dot_product_attention (softmax): speed-only peer"),

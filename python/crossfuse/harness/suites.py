@@ -118,6 +118,27 @@ SUITES = {
         ],
         "exclude": [{**COMPILE_ON_CPU, "quick_only": True}],
     },
+    "attention_fp32": {
+        "description": "ReLU attention in float32 (tf32 dots) against the seed notebook's algorithm "
+        "(row_block): its shapes (B=4, H=16, D=64, L 1024..8192), other head dims, a length not a multiple "
+        "of 64, causal or not",
+        "groups": [
+            {
+                "ops": ["relu_attention"],
+                "shapes": [
+                    *[(4, 16, length, 64) for length in (1024, 2048, 4096, 8192)],
+                    *[(1, 4, 1000, d) for d in (16, 32, 128, 256)],
+                    (8, 12, 197, 64),
+                    (2, 8, 4096, 128),
+                ],
+                "quick_shapes": [(1, 2, 77, 16), (1, 1, 65, 64)],
+                "dtypes": ["float32"],
+                "options": [{"causal": False}, {"causal": True}],
+                "modes": ["fwd", "fwd+bwd"],
+            },
+        ],
+        "exclude": [{**COMPILE_ON_CPU, "quick_only": True}],
+    },
     "memory": {
         "description": "Bytes allocated by the forward and by the gradient of each normalisation variant "
         "(the seed's point: naive autograd against memory-saving rules); float32",
