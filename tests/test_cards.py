@@ -10,7 +10,7 @@ from _attention import kink_slack, qkv, randn
 from _layer_norm_checks import ln_tol
 from crossfuse.ops import layer_norm as ln
 from crossfuse.ops import relu_attention as ra
-from crossfuse.ops._runtime.device import Card
+from crossfuse.ops._runtime.device import Card, card_of, tables_label
 from crossfuse.reference import relu_attention_ref
 from crossfuse.tolerances import relerr, relerr_with_slack, tolerance
 
@@ -131,3 +131,17 @@ def test_layer_norm_with_an_untabled_cards_configs_against_float64(card, m, n, d
     assert relerr(dx, leaves[0].grad) <= ln_tol(x.dtype, "bwd", m)
     for got, leaf in zip((dw, db), leaves[1:], strict=True):
         assert relerr(got, leaf.grad) <= ln_tol(x.dtype, "reduced", m)
+
+
+def test_a_run_names_the_tables_its_card_reads():
+    # schema.versions records this for the current GPU (tables=...), so that a result says what launched
+    label = lambda card, overrides=ln.OVERRIDES: tables_label(card, overrides, ln.TABLES)  # noqa: E731
+    assert label(H100).split(",")[0] == "H100" and label(H200).split(",")[0] == "H200"
+    assert sorted(label(OTHER_HOPPER).split(",")) == sorted(ln.TABLES)
+    assert label(A100) == label(SMALL) == "rule"
+    assert label(H100, {("fwd", 2, 1024, True): None}).split(",")[:2] == ["tuned.json", "H100"]
+    assert label(A100, {("fwd", 2, 1024, True): None}) == "tuned.json,rule"
+
+
+def test_card_of_a_cpu_tensor_is_none():
+    assert card_of(torch.zeros(1)) is None

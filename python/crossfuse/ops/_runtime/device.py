@@ -93,6 +93,14 @@ def tables_in_order(card: Card | None, overrides: dict, tables: dict[str, dict])
     return (overrides, *([own] if own is not None else []), *(t for t in tables.values() if t is not own))
 
 
+def tables_label(card: Card, overrides: dict, tables: dict[str, dict]) -> str:
+    """The tables :func:`tables_in_order` gives ``card``, named (a run's record of what it launched):
+    ``tuned.json`` for non-empty overrides, then the models' names, or ``rule`` where no table serves."""
+    read = tables_in_order(card, {}, tables)[1:]
+    models = [next(m for m, t in tables.items() if t is table) for table in read]
+    return ",".join((["tuned.json"] if overrides else []) + (models or ["rule"]))
+
+
 @functools.cache
 def _card(device_index: int) -> Card:
     import triton
