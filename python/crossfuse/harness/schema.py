@@ -216,9 +216,9 @@ def versions() -> str:
     persisting L2 lines before each repeat, ``l2reset=on`` or ``off`` (:mod:`crossfuse.harness.timing`;
     off where the driver refused), and the ptxas that builds Triton kernels for that GPU now,
     ``ptxas=13.0.88(torch)``: both read at each call, since either may change mid-run (torch.compile may
-    switch the ptxas: :mod:`crossfuse.harness.toolchain`, which asks Triton's CUDA backend there); and the
-    launch tables the GPU reads, ``tables=H100,H200`` (``rule`` where none serves it). Without a GPU
-    nothing here imports Triton."""
+    switch the ptxas: :mod:`crossfuse.harness.toolchain`, which asks Triton's CUDA backend there); before
+    them, the launch tables the GPU reads, ``tables=H100,H200`` (``rule`` where none serves it). Without a
+    GPU nothing here imports Triton."""
     from .timing import persisting_l2_reset
     from .toolchain import ptxas_in_use
 
@@ -227,20 +227,22 @@ def versions() -> str:
     ptxas = ptxas_in_use()
     l2reset = "on" if persisting_l2_reset() is not None else "off"
     tables = _tables()
-    return (_versions() + f" l2reset={l2reset}" + (f" ptxas={ptxas}" if ptxas else "")
-            + (f" tables={tables}" if tables else ""))  # fmt: skip
+    return (_versions() + (f" tables={tables}" if tables else "") + f" l2reset={l2reset}"
+            + (f" ptxas={ptxas}" if ptxas else ""))  # fmt: skip
 
 
 def _tables() -> str | None:
     """The launch tables the current GPU reads (``crossfuse.ops._runtime.device.tables_label``), first
-    to last: both ops keep tables of the same models; None where the ops cannot be imported (no Triton)."""
+    to last: both ops keep tables of the same models. None where that cannot be read (no Triton to
+    import the ops with, a device that does not answer): a label of the rows, never why a run fails."""
     try:
         from ..ops import layer_norm
         from ..ops._runtime.device import card_of, tables_label
-    except ImportError:
+
+        card = card_of(torch.empty(0, device="cuda"))
+        return tables_label(card, layer_norm.OVERRIDES, layer_norm.TABLES)
+    except Exception:
         return None
-    card = card_of(torch.empty(0, device="cuda"))
-    return tables_label(card, layer_norm.OVERRIDES, layer_norm.TABLES)
 
 
 @functools.cache
