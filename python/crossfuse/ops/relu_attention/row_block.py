@@ -57,37 +57,37 @@ def _row_block_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, L
     cols = tl.arange(0, D)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     if pid * BLOCK < LQ:  # block i as queries: dq_i = scale * sum_j ds_ij k_j
-        at = bh * LQ * D + rows[:, None] * D + cols[None, :]
-        q = tl.load(q_ptr + at, mask=(rows < LQ)[:, None], other=0.0)
-        do = tl.load(do_ptr + at, mask=(rows < LQ)[:, None], other=0.0)
+        qat = bh * LQ * D + rows[:, None] * D + cols[None, :]
+        q = tl.load(q_ptr + qat, mask=(rows < LQ)[:, None], other=0.0)
+        do = tl.load(do_ptr + qat, mask=(rows < LQ)[:, None], other=0.0)
         dq = tl.zeros((BLOCK, D), dtype=tl.float32)
         hi = tl.minimum((pid + 1) * BLOCK, LK) if CAUSAL else LK
         for start in range(0, hi, BLOCK):
             keys = start + tl.arange(0, BLOCK)
             kat = bh * LK * D + keys[:, None] * D + cols[None, :]
-            k = tl.load(k_ptr + kat, mask=(keys < LK)[:, None], other=0.0)
-            v = tl.load(v_ptr + kat, mask=(keys < LK)[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale
+            kj = tl.load(k_ptr + kat, mask=(keys < LK)[:, None], other=0.0)
+            vj = tl.load(v_ptr + kat, mask=(keys < LK)[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(kj)) * scale
             keep = (keys < LK)[None, :]
             if CAUSAL:
                 keep = keep & (rows[:, None] >= keys[None, :])
-            dp = tl.dot(do, tl.trans(v)) * relu_scale
+            dp = tl.dot(do, tl.trans(vj)) * relu_scale
             ds = tl.where(keep & (s > 0), 2 * s * dp if SQUARED else dp, 0.0)
-            dq += tl.dot(ds.to(k.dtype), k)
-        tl.store(dq_ptr + at, (dq * scale).to(dq_ptr.dtype.element_ty), mask=(rows < LQ)[:, None])
+            dq += tl.dot(ds.to(kj.dtype), kj)
+        tl.store(dq_ptr + qat, (dq * scale).to(dq_ptr.dtype.element_ty), mask=(rows < LQ)[:, None])
     if pid * BLOCK < LK:  # block i as keys: dk_i = scale * sum_j ds_ji q_j, dv_i = sum_j p_ji do_j
-        at = bh * LK * D + rows[:, None] * D + cols[None, :]
-        k = tl.load(k_ptr + at, mask=(rows < LK)[:, None], other=0.0)
-        v = tl.load(v_ptr + at, mask=(rows < LK)[:, None], other=0.0)
+        kat = bh * LK * D + rows[:, None] * D + cols[None, :]
+        k = tl.load(k_ptr + kat, mask=(rows < LK)[:, None], other=0.0)
+        v = tl.load(v_ptr + kat, mask=(rows < LK)[:, None], other=0.0)
         dk = tl.zeros((BLOCK, D), dtype=tl.float32)
         dv = tl.zeros((BLOCK, D), dtype=tl.float32)
         lo = pid * BLOCK if CAUSAL else 0
         for start in range(lo, LQ, BLOCK):
             queries = start + tl.arange(0, BLOCK)
             qat = bh * LQ * D + queries[:, None] * D + cols[None, :]
-            q = tl.load(q_ptr + qat, mask=(queries < LQ)[:, None], other=0.0)
-            do = tl.load(do_ptr + qat, mask=(queries < LQ)[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale  # [queries, keys]
+            qj = tl.load(q_ptr + qat, mask=(queries < LQ)[:, None], other=0.0)
+            doj = tl.load(do_ptr + qat, mask=(queries < LQ)[:, None], other=0.0)
+            s = tl.dot(qj, tl.trans(k)) * scale  # [queries, keys]
             keep = (queries < LQ)[:, None] & (rows < LK)[None, :]
             if CAUSAL:
                 keep = keep & (queries[:, None] >= rows[None, :])
@@ -95,12 +95,12 @@ def _row_block_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, L
             p = tl.where(live, s, 0.0)
             if SQUARED:
                 p = p * p
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-            dp = tl.dot(do, tl.trans(v)) * relu_scale
+            dv += tl.dot(tl.trans(p.to(doj.dtype)), doj)
+            dp = tl.dot(doj, tl.trans(v)) * relu_scale
             ds = tl.where(live, 2 * s * dp if SQUARED else dp, 0.0)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
-        tl.store(dk_ptr + at, (dk * scale).to(dk_ptr.dtype.element_ty), mask=(rows < LK)[:, None])
-        tl.store(dv_ptr + at, (dv * relu_scale).to(dv_ptr.dtype.element_ty), mask=(rows < LK)[:, None])
+            dk += tl.dot(tl.trans(ds.to(qj.dtype)), qj)
+        tl.store(dk_ptr + kat, (dk * scale).to(dk_ptr.dtype.element_ty), mask=(rows < LK)[:, None])
+        tl.store(dv_ptr + kat, (dv * relu_scale).to(dv_ptr.dtype.element_ty), mask=(rows < LK)[:, None])
 
 
 def _block(lq: int, lk: int) -> int:
