@@ -191,9 +191,9 @@ def main(argv=None) -> int:
     cands = sweep.candidates(only, args.quick, args.pairs_from)
     base = {}
     if args.base == "code":
-        from crossfuse.ops._runtime.device import card_of
+        from crossfuse.ops._runtime.device import current_card
 
-        base = sweep.code_tables(card_of(torch.empty(0, device="cuda")))
+        base = sweep.code_tables(current_card())
     elif args.base:
         with open(args.base) as f:
             base = json.load(f)

@@ -237,10 +237,9 @@ def _tables() -> str | None:
     import the ops with, a device that does not answer): a label of the rows, never why a run fails."""
     try:
         from ..ops import layer_norm
-        from ..ops._runtime.device import card_of, tables_label
+        from ..ops._runtime.device import current_card, tables_label
 
-        card = card_of(torch.empty(0, device="cuda"))
-        return tables_label(card, layer_norm.OVERRIDES, layer_norm.TABLES)
+        return tables_label(current_card(), layer_norm.OVERRIDES, layer_norm.TABLES)
     except Exception:
         return None
 

@@ -82,23 +82,36 @@ class Card:
         return self.capability == TABLE_CAPABILITY
 
 
-def tables_in_order(card: Card | None, overrides: dict, tables: dict[str, dict]) -> tuple[dict, ...]:
-    """The launch tables ``card`` reads, first to last: ``overrides`` (the user's), its model's table of
-    ``tables`` (by model), the other models' (measured on the same architecture); on a card of another
-    architecture ``overrides`` alone, the rules serving it. ``None`` stands for a card of the tables'
-    architecture and no model of its own."""
+def models_in_order(card: Card | None, tables: dict[str, dict]) -> list[str]:
+    """The models of ``tables`` whose tables ``card`` reads, first to last: its own, then the others
+    (measured on the same architecture); none on a card of another architecture, which the rules serve.
+    ``None`` stands for a card of the tables' architecture and no model of its own."""
     if card is not None and not card.tabled:
-        return (overrides,)
-    own = tables.get(card.model) if card is not None else None
-    return (overrides, *([own] if own is not None else []), *(t for t in tables.values() if t is not own))
+        return []
+    own = card.model if card is not None and card.model in tables else None
+    return ([own] if own else []) + [m for m in tables if m != own]
+
+
+def tables_in_order(card: Card | None, overrides: dict, tables: dict[str, dict]) -> tuple[dict, ...]:
+    """The launch tables ``card`` reads, first to last: ``overrides`` (the user's), then those of
+    :func:`models_in_order`."""
+    return (overrides, *(tables[m] for m in models_in_order(card, tables)))
+
+
+def first_entry(tables, key: tuple, regime: bool):
+    """The entry of ``(*key, regime)`` in the first of ``tables`` that has it or the other regime's
+    ``(*key, not regime)``; None where none has either."""
+    for table in tables:
+        entry = table.get((*key, regime)) or table.get((*key, not regime))
+        if entry is not None:
+            return entry
+    return None
 
 
 def tables_label(card: Card, overrides: dict, tables: dict[str, dict]) -> str:
-    """The tables :func:`tables_in_order` gives ``card``, named (a run's record of what it launched):
-    ``tuned.json`` for non-empty overrides, then the models' names, or ``rule`` where no table serves."""
-    read = tables_in_order(card, {}, tables)[1:]
-    models = [next(m for m, t in tables.items() if t is table) for table in read]
-    return ",".join((["tuned.json"] if overrides else []) + (models or ["rule"]))
+    """The tables ``card`` reads, named (a run's record of what it launched): ``tuned.json`` for non-empty
+    overrides, then the models', or ``rule`` where no table serves it."""
+    return ",".join((["tuned.json"] if overrides else []) + (models_in_order(card, tables) or ["rule"]))
 
 
 @functools.cache
@@ -108,6 +121,11 @@ def _card(device_index: int) -> Card:
     props = torch.cuda.get_device_properties(device_index)
     smem = triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
     return Card(props.name, (props.major, props.minor), smem)
+
+
+def current_card() -> Card:
+    """The card of the current CUDA device."""
+    return _card(torch.cuda.current_device())
 
 
 def card_of(t: torch.Tensor) -> Card | None:

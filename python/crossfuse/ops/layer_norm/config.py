@@ -13,7 +13,7 @@ import torch
 import triton
 
 from ... import _tuning
-from .._runtime.device import Card, tables_in_order
+from .._runtime.device import Card, first_entry, tables_in_order
 
 FUSED_MAX_N = 16384  # largest row kept whole in registers
 # the split backward's row-sums kernel: columns per chunk (8 warps, N a compile-time constant up to
@@ -244,11 +244,9 @@ def launch_config(
     if n <= FUSED_MAX_N:
         block_n = triton.next_power_of_2(n)
         many = m is not None and m > MANY_ROWS
-        for table in tables_for(card):
-            key = (kind, dtype.itemsize, block_n)
-            tuned = table.get((*key, many)) or table.get((*key, not many))
-            if tuned is not None:
-                return tuned
+        tuned = first_entry(tables_for(card), (kind, dtype.itemsize, block_n), many)
+        if tuned is not None:
+            return tuned
     return rule_config(n, kind)
 
 

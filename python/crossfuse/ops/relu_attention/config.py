@@ -17,7 +17,7 @@ from types import MappingProxyType
 import torch
 
 from ... import _tuning
-from .._runtime.device import Card, tables_in_order
+from .._runtime.device import Card, first_entry, tables_in_order
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LAYOUTS = ("bhld", "blhd")
@@ -193,10 +193,9 @@ def attention_config(
         return INTERPRETER_CONFIG
     esize = dtype.itemsize
     long = length is None or length > SHORT_L
-    for table in tables_for(card):
-        tuned = table.get((kind, d, esize, causal, long)) or table.get((kind, d, esize, causal, not long))
-        if tuned is not None:
-            return tuned
+    tuned = first_entry(tables_for(card), (kind, d, esize, causal), long)
+    if tuned is not None:
+        return tuned
     cfg = rule_config(kind, d, esize)
     if card is not None and not card.tabled:
         cfg = fit_shared(kind, d, esize, cfg, card.max_shared_mem)

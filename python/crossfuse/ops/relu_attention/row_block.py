@@ -21,6 +21,22 @@ NUM_WARPS = 4
 
 
 @triton.jit
+def _key_block(k_ptr, v_ptr, q, rows, cols, start, bh, LK, scale, D: tl.constexpr, BLOCK: tl.constexpr,
+               CAUSAL: tl.constexpr):  # fmt: skip
+    """The keys and values of the block from ``start``, the query rows ``rows``' scores against them
+    (``q`` those rows), and where a score counts (a key there, and not after the query when causal)."""
+    keys = start + tl.arange(0, BLOCK)
+    at = bh * LK * D + keys[:, None] * D + cols[None, :]
+    k = tl.load(k_ptr + at, mask=(keys < LK)[:, None], other=0.0)
+    v = tl.load(v_ptr + at, mask=(keys < LK)[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(k)) * scale
+    keep = (keys < LK)[None, :]
+    if CAUSAL:
+        keep = keep & (rows[:, None] >= keys[None, :])
+    return k, v, s, keep
+
+
+@triton.jit
 def _row_block_fwd_kernel(q_ptr, k_ptr, v_ptr, out_ptr, LQ, LK, scale, relu_scale,
                           D: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
                           SQUARED: tl.constexpr):  # fmt: skip
@@ -32,14 +48,7 @@ def _row_block_fwd_kernel(q_ptr, k_ptr, v_ptr, out_ptr, LQ, LK, scale, relu_scal
     acc = tl.zeros((BLOCK, D), dtype=tl.float32)
     hi = tl.minimum((pid + 1) * BLOCK, LK) if CAUSAL else LK
     for start in range(0, hi, BLOCK):
-        keys = start + tl.arange(0, BLOCK)
-        at = bh * LK * D + keys[:, None] * D + cols[None, :]
-        k = tl.load(k_ptr + at, mask=(keys < LK)[:, None], other=0.0)
-        v = tl.load(v_ptr + at, mask=(keys < LK)[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
-        keep = (keys < LK)[None, :]
-        if CAUSAL:
-            keep = keep & (rows[:, None] >= keys[None, :])
+        _k, v, s, keep = _key_block(k_ptr, v_ptr, q, rows, cols, start, bh, LK, scale, D, BLOCK, CAUSAL)
         p = tl.where(keep & (s > 0), s, 0.0)
         if SQUARED:
             p = p * p
@@ -63,14 +72,7 @@ def _row_block_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, L
         dq = tl.zeros((BLOCK, D), dtype=tl.float32)
         hi = tl.minimum((pid + 1) * BLOCK, LK) if CAUSAL else LK
         for start in range(0, hi, BLOCK):
-            keys = start + tl.arange(0, BLOCK)
-            kat = bh * LK * D + keys[:, None] * D + cols[None, :]
-            kj = tl.load(k_ptr + kat, mask=(keys < LK)[:, None], other=0.0)
-            vj = tl.load(v_ptr + kat, mask=(keys < LK)[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(kj)) * scale
-            keep = (keys < LK)[None, :]
-            if CAUSAL:
-                keep = keep & (rows[:, None] >= keys[None, :])
+            kj, vj, s, keep = _key_block(k_ptr, v_ptr, q, rows, cols, start, bh, LK, scale, D, BLOCK, CAUSAL)
             dp = tl.dot(do, tl.trans(vj)) * relu_scale
             ds = tl.where(keep & (s > 0), 2 * s * dp if SQUARED else dp, 0.0)
             dq += tl.dot(ds.to(kj.dtype), kj)
