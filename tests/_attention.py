@@ -100,10 +100,12 @@ class CompiledStandIn:
     def kept(self, slot):
         return (slot, ()) if slot in self.table else None
 
-    def launcher(self, slot, grid, tail, device):
+    def launcher(self, slot, grid, tail, device, descs=None):
         kernel, options = self.table[slot]
 
         def go(*args):
+            if descs:  # the descriptors' bases given: made here, as the GPU's launcher makes them
+                args = _direct.with_descriptors(args, descs)
             self.launches += 1
             kernel[grid](*args, **options)
 

@@ -315,3 +315,75 @@ def test_launcher_calls_the_c_launcher_itself_while_the_launch_hooks_call_nothin
     exit_hook = triton.knobs.runtime.launch_exit_hook
     assert calls == [("call", (3, 1, 1, 1000, "function", (4, 1, 0), ("metadata", (3,), 1000, (7, "TAIL")),
                                chain, exit_hook, 7, "TAIL"))]  # fmt: skip
+
+
+def _fake_wrapped(indices: set, metas: list | None):
+    """A compiled kernel whose C launcher sits beneath a Python wrapper shaped as Triton 3.6's handling of
+    tensor descriptors (``wrap_handle_tensordesc``: a closure over the C launcher, the descriptors'
+    positions and metadata, with ``make_tensordesc_arg`` among its globals). Returns the kernel, the C
+    launcher's calls and the encodings made."""
+    calls, encoded = [], []
+
+    def make_tensordesc_arg(arg, metadata):
+        encoded.append(arg.base.data_ptr())
+        return [("map", arg.base.data_ptr(), tuple(arg.block_shape), metadata), *arg.shape, *arg.strides]
+
+    source = (
+        "def wrap(launcher, tensordesc_indices, tensordesc_meta):\n"
+        "    def inner(*args):\n"
+        "        final = list(args[:13])\n"
+        "        k = 0\n"
+        "        for i, a in enumerate(args[13:]):\n"
+        "            if i in tensordesc_indices:\n"
+        "                final.extend(make_tensordesc_arg(a, tensordesc_meta[k]))\n"
+        "                k += 1\n"
+        "            else:\n"
+        "                final.append(a)\n"
+        "        return launcher(*final)\n"
+        "    return inner\n"
+    )  # fmt: skip
+    namespace = {"make_tensordesc_arg": make_tensordesc_arg}
+    exec(source, namespace)
+    wrapped = namespace["wrap"](lambda *args: calls.append(args), indices, metas)
+
+    class CudaLauncher:
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = 0, 1
+        launch = staticmethod(wrapped)
+
+    class CompiledKernel:
+        run, function, packed_metadata = CudaLauncher(), "function", (4, 1, 0)
+
+    return CompiledKernel(), calls, encoded
+
+
+def test_a_plans_descriptors_are_encoded_once_per_address_beneath_tritons_wrapper(monkeypatch):
+    import triton
+
+    monkeypatch.setattr(_direct, "triton_version", lambda: (3, 6))
+    monkeypatch.setattr(triton.runtime.driver, "_active", _FakeDriver())
+    t, u = torch.zeros(4, 8), torch.zeros(4, 8)
+    spec = ([4, 8], [8, 1], [2, 8])
+    base = (3, 1, 1, 1002, "function", 0, 1, None, None, (4, 1, 0), None, None, None)
+
+    def expanded(x):
+        return (("map", x.data_ptr(), (2, 8), "meta"), 4, 8, 8, 1)
+
+    compiled, calls, encoded = _fake_wrapped({1}, ["meta"])
+    go = _direct.launcher(compiled, (3,), ("TAIL",), 2, {1: spec})
+    go(7, t, 9)
+    go(7, t, 9)  # the same address: its tensor map again, not encoded afresh
+    go(7, u, 9)
+    assert encoded == [t.data_ptr(), u.data_ptr()]
+    assert calls == [(*base, 7, *expanded(t), 9, "TAIL")] * 2 + [(*base, 7, *expanded(u), 9, "TAIL")]
+    # a descriptor Triton lowers to pointers (no metadata: its expansion holds the tensor itself), or
+    # descriptor positions that are not the plan's: not beneath the wrapper
+    for indices, metas in (({1}, [None]), ({0, 1}, ["meta", "meta"]), ({2}, ["meta"])):
+        compiled, _, _ = _fake_wrapped(indices, metas)
+        assert _direct._beneath_descriptors(compiled.run.launch, {1: spec}) is None
+    # there, Triton's wrapper is given a descriptor built per call, and encodes it per call
+    compiled, calls, encoded = _fake_wrapped({1}, [None])
+    go = _direct.launcher(compiled, (3,), (), 2, {1: spec})
+    go(7, t)
+    go(7, t)
+    assert encoded == [t.data_ptr()] * 2 and len(calls) == 2

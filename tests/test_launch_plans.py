@@ -166,9 +166,27 @@ def test_a_plan_keeps_literal_arguments_and_refuses_foreign_tensors(monkeypatch)
     # None, ints and floats are arguments like any other (a kernel's optional descriptor is None); only a
     # tensor that is not one of the call's own makes a launch unplannable
     monkeypatch.setattr(_direct, "kept", lambda slot: ("compiled", ()))
-    monkeypatch.setattr(_direct, "launcher", lambda compiled, grid, tail, device: ("launcher", grid))
+    monkeypatch.setattr(_direct, "launcher", lambda compiled, grid, tail, device, descs: ("launcher", grid,
+                                                                                          descs))  # fmt: skip
     t = torch.zeros(2)
     plan = ra._make_plan([(("slot", 0), (1, 1), (t, None, 3, 0.5))], (t,))
-    assert plan == ((("launcher", (1, 1)), (ra._Tensor(0), None, 3, 0.5), ((0, ra._Tensor(0)),)),)
+    assert plan == ((("launcher", (1, 1), None), (ra._Tensor(0), None, 3, 0.5), ((0, 0),)),)
     assert ra._make_plan([(("slot",), (1, 1), (torch.zeros(2),))], (t,)) is None
     assert ra._make_plan([(None, (1, 1), (t,))], (t,)) is None  # a launch without a compiled kernel's key
+
+
+def test_a_plan_passes_a_descriptors_base_and_its_launcher_makes_the_descriptor(monkeypatch):
+    # a descriptor over one of the call's tensors: the plan names the tensor's place, and the launcher is
+    # told the descriptor's shape, strides and box (it makes the descriptor, or keeps its tensor map)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    monkeypatch.setattr(_direct, "kept", lambda slot: ("compiled", ()))
+    monkeypatch.setattr(_direct, "launcher", lambda compiled, grid, tail, device, descs: ("launcher", descs))
+    q, o = torch.zeros(1, 2, 16, 8), torch.zeros(1, 2, 16, 8)
+    desc = TensorDescriptor(o, list(o.shape), list(o.stride()), [1, 1, 16, 8])
+    plan = ra._make_plan([(("slot", 0), (1, 1), (q, 7, desc))], (q, o))
+    spec = (list(o.shape), list(o.stride()), [1, 1, 16, 8])
+    assert plan == ((("launcher", {2: spec}), (ra._Tensor(0), 7, ra._Tensor(1)), ((0, 0), (2, 1))),)
+    # a descriptor over a tensor that is not the call's: no plan
+    other = TensorDescriptor(torch.zeros(1, 2, 16, 8), list(o.shape), list(o.stride()), [1, 1, 16, 8])
+    assert ra._make_plan([(("slot", 0), (1, 1), (q, other))], (q, o)) is None

@@ -13,6 +13,7 @@ import torch
 from _layer_norm_checks import randn
 from crossfuse.ops import _library
 from crossfuse.ops import layer_norm as ln_mod
+from crossfuse.ops._runtime import direct as _direct
 from crossfuse.ops.layer_norm import api, config, launch, launch_bwd, plan
 
 
@@ -47,10 +48,12 @@ class CompiledStandIn:
     def kept(self, slot):
         return (slot, ()) if slot in self.table else None
 
-    def launcher(self, slot, grid, tail, device):
+    def launcher(self, slot, grid, tail, device, descs=None):
         kernel, options, places = self.table[slot]
 
         def go(*args):
+            if descs:  # the descriptors' bases given: made here, as the GPU's launcher makes them
+                args = _direct.with_descriptors(args, descs)
             addressed = [type(a) is int and p is not None for a, p in zip(args, places, strict=True)]
             self.addresses += sum(addressed)
             args = [_at_address(a, p) if at else a for a, p, at in zip(args, places, addressed, strict=True)]

@@ -36,6 +36,7 @@ import torch
 import triton
 
 from ..._backend import switched_off, triton_version
+from .device import bind_cuda_context
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -176,7 +177,7 @@ def _quiet(hook) -> bool:
     return hook is None or (type(hook) is HookChain and not hook.calls)
 
 
-def launcher(compiled, grid: tuple, tail: tuple, device: int):
+def launcher(compiled, grid: tuple, tail: tuple, device: int, descs: dict | None = None):
     """``go(*args)``: launch ``compiled`` on ``grid`` with ``(*args, *tail)`` on the current stream of CUDA
     device ``device``, the call :func:`launch` makes, for a caller that keeps it (a plan's launch).
 
@@ -185,7 +186,13 @@ def launcher(compiled, grid: tuple, tail: tuple, device: int):
     versions of RAW_LAUNCH it calls the C launcher itself where the kernel asks for no scratch memory (all
     ``CudaLauncher.__call__`` adds is that scratch). Pointer arguments may be tensors or their addresses
     (ints), as the C launcher takes either; an address skips the launcher's look-up of the pointer's
-    device (``cuPointerGetAttribute``)."""
+    device (``cuPointerGetAttribute``).
+
+    ``descs`` (``{position: (shape, strides, block_shape)}``): the positions of ``args`` where the kernel
+    takes a tensor descriptor and the caller passes its base tensor, which a plan's launches may do (the
+    plan fixes the descriptor's shape, strides and box). Where the C launcher can be reached beneath
+    Triton's handling of descriptors (:func:`_beneath_descriptors`), the encoded tensor map of each base
+    address is kept and passed again; else a :class:`TensorDescriptor` is built per call."""
     n = len(grid)
     gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
     run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
@@ -199,21 +206,104 @@ def launcher(compiled, grid: tuple, tail: tuple, device: int):
         and getattr(run, "profile_scratch_size", 1) == 0
     ):
         raw, coop, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
+    beneath = _beneath_descriptors(raw, descs) if raw is not None and descs else None
+
+    def slow(args, stream, enter, leave):
+        if descs:
+            args = with_descriptors(args, descs)
+        values = (*args, *tail)
+        if raw is not None and enter is None and leave is None:
+            raw(gx, gy, gz, stream, function, coop, pdl, None, None, meta, None, None, None, *values)
+        elif enter is None and leave is None:
+            run(gx, gy, gz, stream, function, meta, None, None, None, *values)
+        else:
+            run(gx, gy, gz, stream, function, meta, compiled.launch_metadata(grid, stream, *values), enter,
+                leave, *values)  # fmt: skip
+
+    if beneath is None:
+
+        def go(*args):
+            stream = stream_of(device)
+            enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+            if _quiet(enter) and _quiet(leave):
+                slow(args, stream, None, None)
+            else:
+                slow(args, stream, enter, leave)
+
+        return go
+
+    c_launch, slots = beneath
+    head = (gx, gy, gz)
 
     def go(*args):
         stream = stream_of(device)
         enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
-        if _quiet(enter) and _quiet(leave):
-            if raw is not None:
-                raw(gx, gy, gz, stream, function, coop, pdl, None, None, meta, None, None, None, *args, *tail)
-            else:
-                run(gx, gy, gz, stream, function, meta, None, None, None, *args, *tail)
+        if not (_quiet(enter) and _quiet(leave)):
+            slow(args, stream, enter, leave)
             return
-        values = (*args, *tail)
-        run(gx, gy, gz, stream, function, meta, compiled.launch_metadata(grid, stream, *values), enter, leave,
-            *values)  # fmt: skip
+        parts = [*head, stream, function, coop, pdl, None, None, meta, None, None, None]
+        at = 0
+        for i, encode, known in slots:
+            parts += args[at:i]
+            t = args[i]
+            encoded = known.get(t.data_ptr())
+            parts += encoded if encoded is not None else encode(t)
+            at = i + 1
+        parts += args[at:]
+        parts += tail
+        c_launch(*parts)
 
     return go
+
+
+def with_descriptors(args: tuple, descs: dict) -> tuple:
+    """``args`` with a :class:`TensorDescriptor` over the tensor at each position of ``descs`` (see
+    :func:`launcher`), the tensors' CUDA context made current first (see ``bind_cuda_context``)."""
+    out = list(args)
+    for i, (shape, strides, block) in descs.items():
+        bind_cuda_context(out[i])
+        out[i] = descriptor(out[i], shape, strides, block)
+    return tuple(out)
+
+
+MAX_ENCODED = 128  # tensor maps kept per descriptor argument of a plan's launch (addresses: then afresh)
+
+
+def _beneath_descriptors(raw, descs: dict) -> tuple | None:
+    """``(C launcher, slots)`` where the launch of RAW_LAUNCH's Triton versions can skip its handling of
+    tensor descriptors, else ``None``. That handling (``wrap_handle_tensordesc``: Python around the C
+    launcher) walks every argument and encodes each descriptor's tensor map (``cuTensorMapEncodeTiled``)
+    on every launch. A slot ``(position, encode, known)`` per descriptor: ``known`` maps a base address to
+    what Triton's ``make_tensordesc_arg`` gave for it (the tensor map, shape and strides), which depends
+    on nothing else here (the plan fixes shape, strides, box and dtype), and ``encode(t)`` adds ``t``'s.
+    Only where every descriptor is lowered to a tensor map (``make_tensordesc_arg`` then keeps no
+    reference to the tensor) and the descriptor positions are exactly those of ``descs``."""
+    code, cells = getattr(raw, "__code__", None), getattr(raw, "__closure__", None)
+    if code is None or not cells:
+        return None
+    found = dict(zip(code.co_freevars, (c.cell_contents for c in cells), strict=False))
+    c_launch, indices, metas = found.get("launcher"), found.get("tensordesc_indices"), found.get(
+        "tensordesc_meta")  # fmt: skip
+    make = raw.__globals__.get("make_tensordesc_arg")
+    if c_launch is None or make is None or not isinstance(indices, set) or not isinstance(metas, list):
+        return None
+    if sorted(indices) != sorted(descs) or len(metas) != len(indices) or any(m is None for m in metas):
+        return None
+    slots = []
+    for k, i in enumerate(sorted(indices)):
+        shape, strides, block = descs[i]
+        known: dict[int, list] = {}
+
+        def encode(t, shape=shape, strides=strides, block=block, meta=metas[k], known=known):
+            bind_cuda_context(t)
+            encoded = make(descriptor(t, shape, strides, block), meta)
+            if len(known) >= MAX_ENCODED:
+                known.clear()
+            known[t.data_ptr()] = encoded
+            return encoded
+
+        slots.append((i, encode, known))
+    return c_launch, tuple(slots)
 
 
 def remember(slot: tuple | None, kernel, args: tuple, options: dict, compiled) -> None:

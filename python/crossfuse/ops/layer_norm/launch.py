@@ -12,8 +12,7 @@ import triton
 
 from ..._backend import is_interpreted
 from .._library import stats_dtype
-from .._runtime import direct as _direct
-from .._runtime.device import Card, bind_cuda_context, card_of, compute_capability_major, device_parallelism
+from .._runtime.device import Card, card_of, compute_capability_major, device_parallelism
 from .config import LaunchConfig, interpreter_config, launch_config, shifted_max_ratio
 from .kernels_fwd import _ln_fwd_chunked_kernel, _ln_fwd_kernel, _ln_fwd_shifted_kernel, _ln_fwd_tma_kernel
 from .plan import Launch, Plan, PlanCache
@@ -46,19 +45,10 @@ def tma_usable(*tensors: torch.Tensor) -> bool:
     )
 
 
-class RowDesc:
-    """How a plan makes a tensor descriptor over a call's (M, N) rows: boxes of one row tile."""
-
-    __slots__ = ("block", "shape", "strides")
-
-    def __init__(self, t: torch.Tensor, cfg: LaunchConfig):
-        self.shape = list(t.shape)
-        self.strides = [t.stride(0), 1]
-        self.block = [cfg.block_m, cfg.block_n]
-
-    def __call__(self, t: torch.Tensor):
-        bind_cuda_context(t)  # Triton fills the descriptor before it makes a context current
-        return _direct.descriptor(t, self.shape, self.strides, self.block)
+def row_desc(t: torch.Tensor, cfg: LaunchConfig) -> tuple:
+    """``(shape, strides, block_shape)`` of a tensor descriptor over (M, N) rows ``t``, boxes of one row
+    tile: what a :class:`.plan.Launch` makes a descriptor of (``descs``)."""
+    return list(t.shape), [t.stride(0), 1], [cfg.block_m, cfg.block_n]
 
 
 def is_pow2(n: int) -> bool:
@@ -75,7 +65,7 @@ class FwdPlan(Plan):
     """The forward on (M, N) rows ``x`` into rows of y with row stride ``y_stride``, with or without weight
     and bias, for one eps and configuration: the statistics' allocation and one launch."""
 
-    __slots__ = ("acc", "desc", "device", "launch", "m", "m_pad", "tail")
+    __slots__ = ("acc", "device", "launch", "m", "m_pad", "tail")
 
     def __init__(self, x: torch.Tensor, y_stride: int, weight, bias, eps: float, config: LaunchConfig | None):
         super().__init__(x.device, INTERPRETED)
@@ -85,7 +75,7 @@ class FwdPlan(Plan):
         # specialise on the alignment of their pointers (one compiled kernel for every row count)
         per16 = 16 // self.acc.itemsize
         self.m_pad = -(-M // per16) * per16
-        self.launch = self.desc = None
+        self.launch = None
         if M == 0:
             return
         cfg = config or default_config(N, x.dtype, "fwd", M, card_of(x))
@@ -94,11 +84,10 @@ class FwdPlan(Plan):
         if N <= cfg.block_n and cfg.tma_stages and cfg.programs_per_sm > 0 and tma_usable(x):
             programs = min(triton.cdiv(M, cfg.block_m), cfg.programs_per_sm * device_parallelism(x))
             self.launch = Launch(
-                _ln_fwd_tma_kernel, (programs,), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n, POW2_N=is_pow2(N),
+                _ln_fwd_tma_kernel, (programs,), {0: row_desc(x, cfg)}, BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, KEEP_PARAMS=cfg.keep_params, EVEN_N=N == cfg.block_n, POW2_N=is_pow2(N),
                 STAGES=cfg.tma_stages, **common,
             )  # fmt: skip
-            self.desc = RowDesc(x, cfg)
             self.tail = (y_stride, M, N, 1.0 / N, eps)
         elif N <= cfg.block_n:  # the whole row in one tile
             shifted_tile = cfg.shifted and x.element_size() == 2  # see _ln_fwd_tile
@@ -145,8 +134,7 @@ class FwdPlan(Plan):
         if launch is not None:
             w = weight if weight is not None else x
             b = bias if bias is not None else x
-            desc = self.desc
-            launch(x if desc is None else desc(x), y, w, b, mean, rstd, *self.tail)
+            launch(x, y, w, b, mean, rstd, *self.tail)
         return stats
 
 

@@ -38,7 +38,7 @@ from .kernels_bwd import (
     _ln_bwd_tma_kernel,
 )
 from .kernels_finish import _ln_bwd_finish_kernel
-from .launch import INTERPRETED, RowDesc, default_config, is_pow2, tensor_key, tma_usable
+from .launch import INTERPRETED, default_config, is_pow2, row_desc, tensor_key, tma_usable
 from .plan import Launch, Plan, PlanCache
 
 
@@ -234,8 +234,8 @@ class BwdPlan(Plan):
         elif whole_rows:
             self.path = "whole_rows"
             use_tma = cfg.tma_stages and tma_usable(x, dy)
-            self.descs = (RowDesc(dy, cfg), RowDesc(x, cfg)) if use_tma else None
-            self.main = self._fused(cfg, programs, compute_dw, compute_db, first, use_tma, flags, N)
+            self.descs = {1: row_desc(dy, cfg), 2: row_desc(x, cfg)} if use_tma else None
+            self.main = self._fused(cfg, programs, compute_dw, compute_db, first, self.descs, flags, N)
             self.main_tail = (0, M, M - R, N, 1.0 / N)
         elif coop:
             self.path = "coop"
@@ -272,7 +272,7 @@ class BwdPlan(Plan):
             # the last R rows' dx over the partials (read by now)
             if self.path == "whole_rows":  # one program per tile
                 grid = triton.cdiv(R, cfg.block_m)
-                self.last = self._fused(cfg, grid, False, False, then, use_tma, flags, N)
+                self.last = self._fused(cfg, grid, False, False, then, self.descs, flags, N)
                 self.last_tail = (M - R, M, M, N, 1.0 / N)
             else:
                 # one program per row, about one per SM, walking its row twice: four chunks' loads go out
@@ -289,13 +289,14 @@ class BwdPlan(Plan):
         )  # fmt: skip
 
     @staticmethod
-    def _fused(cfg, grid, compute_dw, compute_db, order, use_tma, flags, N):
-        """The whole-row kernel's launch (rows row0..M-1, dx of those below dx_m: its arguments)."""
+    def _fused(cfg, grid, compute_dw, compute_db, order, descs, flags, N):
+        """The whole-row kernel's launch (rows row0..M-1, dx of those below dx_m: its arguments), reading
+        dy and x through descriptors where ``descs`` (see :class:`.plan.Launch`)."""
         sums = dict(COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, num_warps=cfg.num_warps, **flags, **order)
         even = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_N=N == cfg.block_n, POW2_N=is_pow2(N),
                     ONE_COL=N == 1)  # fmt: skip
-        if use_tma:
-            return Launch(_ln_bwd_tma_kernel, (grid,), STAGES=cfg.tma_stages, **even, **sums)
+        if descs:
+            return Launch(_ln_bwd_tma_kernel, (grid,), descs, STAGES=cfg.tma_stages, **even, **sums)
         return Launch(_ln_bwd_kernel, (grid,), UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, **even, **sums)
 
     def run(self, dy, x, weight, mean, rstd):
@@ -341,10 +342,8 @@ class BwdPlan(Plan):
         s_dy, s_x, s_dx = self.strides
         at_c1, at_c2 = self.at_c1, self.at_c2
         if path == "whole_rows":
-            descs = self.descs
-            rows = (dx, dy, x) if descs is None else (dx, descs[0](dy), descs[1](x))
-            strides = (s_dx, s_dy, s_x) if descs is None else (s_dx,)
-            self.main(*rows, w, mean, rstd, dw_part, db_part, *strides, *self.main_tail)
+            strides = (s_dx, s_dy, s_x) if self.descs is None else (s_dx,)
+            self.main(dx, dy, x, w, mean, rstd, dw_part, db_part, *strides, *self.main_tail)
         elif path == "split":
             c1, c2 = at(at_c1), at(at_c2)  # of the rows below M - R
             self.rowsums(dy, x, w, mean, rstd, c1, c2, dx, s_dy, s_x, s_dx, 0, M, self.n)
@@ -380,10 +379,8 @@ class BwdPlan(Plan):
             if self.finish is not None:  # from the row sums the grouped kernel posted
                 last(dy, x, w, mean, rstd, shares, count, dx, s_dy, s_x, s_dx, *self.finish)
             elif path == "whole_rows":
-                descs = self.descs
-                rows = (dx, dy, x) if descs is None else (dx, descs[0](dy), descs[1](x))
-                strides = (s_dx, s_dy, s_x) if descs is None else (s_dx,)
-                last(*rows, w, mean, rstd, dw_part, db_part, *strides, *self.last_tail)
+                strides = (s_dx, s_dy, s_x) if self.descs is None else (s_dx,)
+                last(dx, dy, x, w, mean, rstd, dw_part, db_part, *strides, *self.last_tail)
             else:
                 last(dy, x, w, mean, rstd, dx, dx, dx, s_dy, s_x, s_dx, *self.last_tail)
         del own

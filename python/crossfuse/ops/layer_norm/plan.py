@@ -28,13 +28,17 @@ class Launch:
     """One kernel launch: the kernel, its grid and keyword arguments (constexprs and launch options) fixed,
     the positional arguments given per call. Once launched through Triton's dispatch, ``go`` launches the
     compiled kernel (:func:`crossfuse.ops._runtime.direct.launcher`): it also takes pointers as addresses
-    (ints), which a plan passes for the parts of its scratch memory instead of making views."""
+    (ints), which a plan passes for the parts of its scratch memory instead of making views. ``descs``
+    (``{position: (shape, strides, block_shape)}``): where the kernel takes a tensor descriptor, the call
+    passes its base tensor, and the descriptor is made here (its tensor map kept per address, where the
+    launch goes straight to the compiled kernel)."""
 
-    __slots__ = ("go", "grid", "kernel", "options")
+    __slots__ = ("descs", "go", "grid", "kernel", "options")
 
-    def __init__(self, kernel, grid: tuple, **options):
+    def __init__(self, kernel, grid: tuple, descs: dict | None = None, **options):
         self.kernel = kernel
         self.grid = grid
+        self.descs = descs
         self.options = options
         self.go = None  # the compiled kernel's launcher, once it was launched through the dispatch
 
@@ -48,12 +52,14 @@ class Launch:
     def dispatch(self, args: tuple) -> None:
         """``kernel[grid](*args, **options)`` (Triton's dispatch), keeping the compiled kernel's launcher for
         the next call where :mod:`._runtime.direct` can launch it."""
+        if self.descs:
+            args = _direct.with_descriptors(args, self.descs)
         slot = _direct.key(self.kernel, args, self.options)
         compiled = self.kernel[self.grid](*args, **self.options)
         _direct.remember(slot, self.kernel, args, self.options, compiled)
         hit = _direct.kept(slot) if slot is not None else None
         if hit is not None:
-            self.go = _direct.launcher(hit[0], self.grid, hit[1], slot[1])
+            self.go = _direct.launcher(hit[0], self.grid, hit[1], slot[1], self.descs)
 
 
 class PlanCache:

@@ -20,7 +20,6 @@ except ImportError:  # Triton before 3.4: the pointer kernels only
     TensorDescriptor = None
 
 from .._runtime import direct as _direct
-from .._runtime.device import bind_cuda_context
 
 # (kernel, device, dtype, D, config) -> the pipeline stages that fit that GPU's shared memory, where fewer
 # than the config's (see _launch)
@@ -64,17 +63,9 @@ _PLANS: dict[tuple, tuple] = {}
 _RECORDING = threading.local()
 
 
-class _Desc(NamedTuple):
-    """In a plan's arguments: a descriptor over the call's tensor ``index`` (see _desc)."""
-
-    index: int
-    shape: list
-    strides: list
-    block: list
-
-
 class _Tensor(NamedTuple):
-    """In a plan's arguments: the call's tensor ``index`` itself (the pointer kernels)."""
+    """In a plan's arguments: the call's tensor ``index`` itself, or the base of a tensor descriptor the
+    plan's launcher makes over it (see ``descs`` of :func:`.._runtime.direct.launcher`)."""
 
     index: int
 
@@ -100,26 +91,22 @@ def _plan_key(kind: str, tensors: tuple, *decided) -> tuple | None:
 
 def _replay(plan: tuple, tensors: tuple) -> None:
     """Make the launches of ``plan`` on ``tensors``. Each launch's arguments are its template with the
-    call's tensors (and descriptors over them) at the places the plan names: a few items, not every
-    argument, are looked at; each launch goes to the compiled kernel's launcher the plan keeps."""
-    bind_cuda_context(tensors[0])  # before descriptors are filled (see bind_cuda_context)
+    call's tensors at the places the plan names: a few items, not every argument, are looked at; each
+    launch goes to the compiled kernel's launcher the plan keeps, which makes the descriptors over them."""
     for go, template, places in plan:
         args = list(template)
-        for i, a in places:
-            if type(a) is _Tensor:
-                args[i] = tensors[a.index]
-            else:
-                args[i] = _direct.descriptor(tensors[a.index], a.shape, a.strides, a.block)
+        for i, index in places:
+            args[i] = tensors[index]
         go(*args)
 
 
 def _make_plan(launches: list, tensors: tuple) -> tuple | None:
     """A plan from the recorded ``launches`` of a call on ``tensors``: per launch ``(launcher, template,
     places)`` (the compiled kernel's :func:`.._runtime.direct.launcher`), the template's arguments with
-    the call's tensors as :class:`_Tensor` and :class:`_Desc` items, whose places ``(position, item)``
-    are listed; or ``None`` where one of them had no key or took a tensor that is not one of ``tensors``
-    (float32's copies, say), or where one tensor was given twice (its places could not be told apart:
-    another call may pass two tensors there)."""
+    the call's tensors (or descriptors' bases) as :class:`_Tensor` items, whose places ``(position,
+    index)`` are listed; or ``None`` where one of them had no key or took a tensor that is not one of
+    ``tensors`` (float32's copies, say), or where one tensor was given twice (its places could not be told
+    apart: another call may pass two tensors there)."""
     if len({id(t) for t in tensors}) < len(tensors):
         return None
     plan = []
@@ -127,21 +114,20 @@ def _make_plan(launches: list, tensors: tuple) -> tuple | None:
         hit = _direct.kept(slot) if slot is not None else None
         if hit is None or type(grid) is not tuple:
             return None
-        template = []
-        for a in args:  # (a None argument is a value like any other: only a tensor not found is refused)
-            if isinstance(a, torch.Tensor):
-                index = next((i for i, t in enumerate(tensors) if t is a), None)
+        template, places, descs = [], [], {}
+        for i, a in enumerate(args):  # (a None argument is a value like any other: only a tensor not found
+            base = a.base if type(a) is TensorDescriptor else a  # is refused)
+            if isinstance(base, torch.Tensor):
+                index = next((j for j, t in enumerate(tensors) if t is base), None)
                 if index is None:
                     return None
+                places.append((i, index))
+                if base is not a:
+                    descs[i] = (list(a.shape), list(a.strides), list(a.block_shape))
                 a = _Tensor(index)
-            elif type(a) is TensorDescriptor:
-                index = next((i for i, t in enumerate(tensors) if t is a.base), None)
-                if index is None:
-                    return None
-                a = _Desc(index, a.shape, a.strides, a.block_shape)
             template.append(a)
-        places = tuple((i, a) for i, a in enumerate(template) if type(a) in (_Tensor, _Desc))
-        plan.append((_direct.launcher(hit[0], grid, hit[1], slot[1]), tuple(template), places))
+        go = _direct.launcher(hit[0], grid, hit[1], slot[1], descs or None)
+        plan.append((go, tuple(template), tuple(places)))
     return tuple(plan) if plan else None
 
 
