@@ -39,10 +39,16 @@ class LayerNorm(torch.nn.LayerNorm):
         self.native_below = _check_native_below(native_below)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        # each read of a parameter goes through Module.__getattr__ (about a microsecond): once each here
+        # each read of a parameter goes through Module.__getattr__ (about a microsecond): once each here;
+        # below native_below this module costs what torch's does plus the checks inlined here
         weight, bias = self.weight, self.bias
-        if _native(input, weight, bias, self.native_below):
-            return F.layer_norm(input, self.normalized_shape, weight, bias, self.eps)
+        if isinstance(input, torch.Tensor) and input.numel() < self.native_below and input.is_cuda:
+            dtype = input.dtype
+            if (weight is None or weight.dtype == dtype) and (bias is None or bias.dtype == dtype):
+                # outside autocast, whose layer norm gives float32 (the fused one the input's dtype: a
+                # size must never change the output's dtype)
+                if not torch.is_autocast_enabled("cuda"):
+                    return F.layer_norm(input, self.normalized_shape, weight, bias, self.eps)
         try:
             return layer_norm(input, self.normalized_shape, weight, bias, self.eps)
         except (TypeError, ValueError) as exc:  # the op's argument errors, said of this module
@@ -52,17 +58,6 @@ class LayerNorm(torch.nn.LayerNorm):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, native_below={self.native_below}"
-
-
-def _native(x, weight, bias, below: int) -> bool:
-    """Whether torch's own layer norm takes this input: a CUDA tensor of fewer than ``below`` elements,
-    of the weights' dtype, outside autocast (whose layer norm gives float32, the fused one the input's
-    dtype: a size must never change the output's dtype)."""
-    if not (isinstance(x, torch.Tensor) and x.is_cuda and x.numel() < below):
-        return False
-    if (weight is not None and weight.dtype != x.dtype) or (bias is not None and bias.dtype != x.dtype):
-        return False
-    return not torch.is_autocast_enabled("cuda")
 
 
 def _check_native_below(value) -> int:

@@ -119,6 +119,21 @@ def key(kernel, args: tuple, options: dict) -> tuple | None:
     return (kernel, *now, keys, opts)
 
 
+# knobs of the Triton versions that have them (3.9), found once: asking an object for an attribute it
+# lacks raises inside getattr, which costs host time on every call
+def _has_knob(group, name: str) -> bool:
+    """Whether a group of Triton's knobs defines ``name`` (on its class: a knob read from the environment
+    is a descriptor there)."""
+    return any(name in vars(c) for c in type(group).__mro__)
+
+
+_STAGES_HOOK = _has_knob(triton.knobs.runtime, "add_stages_inspection_hook")
+_FPSAN = _has_knob(triton.knobs.compilation, "fpsan_homomorphic_casts")
+# the current CUDA device as Triton's CUDA driver reads it (torch.cuda.current_device), without the
+# Python around it (its lazy initialisation: a launch's tensors are on CUDA, so CUDA is initialised)
+_cuda_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
 def state() -> tuple | None:
     """What, besides the kernel and its arguments, selects the compiled kernel in Triton's cache: the
     current device and Triton's ``debug``, ``instrumentation_mode`` (and 3.9's ``fpsan_homomorphic_casts``)
@@ -127,12 +142,12 @@ def state() -> tuple | None:
     if not _ENABLED:
         return None
     knobs = triton.knobs
-    if getattr(knobs.runtime, "add_stages_inspection_hook", None) is not None:  # 3.9: part of its key
+    runtime, compilation = knobs.runtime, knobs.compilation
+    if _STAGES_HOOK and runtime.add_stages_inspection_hook is not None:  # 3.9: part of its key
         return None
-    compilation = knobs.compilation
-    device = triton.runtime.driver.active.get_current_device()
-    return (device, knobs.runtime.debug, compilation.instrumentation_mode,
-            getattr(compilation, "fpsan_homomorphic_casts", None))  # fmt: skip
+    device = _cuda_device() if _cuda_device is not None else triton.runtime.driver.active.get_current_device()
+    return (device, runtime.debug, compilation.instrumentation_mode,
+            compilation.fpsan_homomorphic_casts if _FPSAN else None)  # fmt: skip
 
 
 def launch(slot: tuple, grid: tuple, args: tuple) -> bool:

@@ -122,7 +122,7 @@ class FwdPlan(Plan):
         statistics in one tensor, mean from element 0 and rstd from element ``m_pad`` (one allocation, and
         addresses instead of views once the launch goes straight to its compiled kernel)."""
         if joint:
-            stats = torch.empty((2 * self.m_pad,), dtype=self.acc, device=self.device)
+            stats = torch.empty(2 * self.m_pad, dtype=self.acc, device=self.device)
             if self.launch is None:
                 return stats
             mean, rstd = self.split(stats, self.launch.go is not None)

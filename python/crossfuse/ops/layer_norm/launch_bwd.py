@@ -320,7 +320,7 @@ class BwdPlan(Plan):
         if self.R:
             base = dx
         elif total:
-            base = own = torch.empty((total,), dtype=self.acc, device=dev)
+            base = own = torch.empty(total, dtype=self.acc, device=dev)
         else:  # nothing to keep
             base = dx
         ready = self.ready
