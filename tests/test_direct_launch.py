@@ -387,3 +387,23 @@ def test_a_plans_descriptors_are_encoded_once_per_address_beneath_tritons_wrappe
     go(7, t)
     go(7, t)
     assert encoded == [t.data_ptr()] * 2 and len(calls) == 2
+
+
+def test_a_gluon_descriptors_key_holds_its_layout_and_a_plan_refuses_one(monkeypatch):
+    # Triton's key of a Gluon descriptor holds its shared-memory layout: two layouts, two keys; a launch
+    # plan, which names the call's own tensors, takes no Gluon descriptor (the attention's float32 kernels
+    # read views and copies through them)
+    gluon = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from triton.experimental.gluon import language as gl
+
+    t = torch.zeros(64, 32, dtype=torch.bfloat16)
+
+    def desc(swizzle):
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
+        return gluon.TensorDescriptor(t, list(t.shape), list(t.stride()), [16, 32], layout)
+
+    a, b = _direct.arg_keys((desc(0),)), _direct.arg_keys((desc(64),))
+    assert a is not None and b is not None and a != b and a == _direct.arg_keys((desc(0),))
+    monkeypatch.setattr(_direct, "kept", lambda slot: ("compiled", ()))
+    monkeypatch.setattr(_direct, "launcher", lambda *args: "launcher")
+    assert ra._make_plan([(("slot", 0), (1, 1), (t, desc(0)))], (t,)) is None

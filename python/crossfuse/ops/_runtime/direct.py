@@ -7,25 +7,26 @@ attention kernels, more than the launch that follows it (19-25 µs, the tensor d
 included): at shapes where the host sets the pace, half the
 attention's host time.
 
-:func:`key` names a launch by the kernel, its keyword arguments (constexprs and options, each by type
-and value; a keyword value of another type, a tensor say, gives no key) and a key of its positional
-arguments that is at least as fine as Triton's specialization of them (``python/src/specialize.cc``):
-ints, floats, bools and ``None`` by type and value (Triton: floats as fp32, ints as a constant 1, by
-range and by divisibility by 16, constexprs by value), tensors by dtype and 16-byte alignment of their
-data, tensor descriptors by their base's dtype and block shape (their base, shape and strides are passed
-at run time); anything else gives no key. :func:`remember` keeps the compiled kernel that Triton's
-dispatch returned for that key; :func:`launch` then makes the call ``JITFunction.run`` ends with
-(``launch_metadata``, then the launcher with Triton's launch hooks and every bound argument, constexprs
-included) for the current device and stream, through a :func:`launcher` kept per key and grid, which a
-caller may also keep itself (the plans do) and which skips what does nothing while no launch hook is
-set. Triton's ``debug`` and ``instrumentation_mode`` knobs (and
-3.9's ``fpsan_homomorphic_casts``), the current device and the key select the compiled kernel, as they
-select it in Triton's cache; with 3.9's ``add_stages_inspection_hook`` set there is no key.
+:func:`key` names a launch by the kernel, its keyword arguments (constexprs and options, each by type and
+value; a keyword value of another type, a tensor say, gives no key) and a key of its positional arguments
+that is at least as fine as Triton's specialization of them (``python/src/specialize.cc``): ints, floats,
+bools and ``None`` by type and value (Triton: floats as fp32, ints as a constant 1, by range and by
+divisibility by 16, constexprs by value), tensors by dtype and 16-byte alignment of their data, tensor
+descriptors by their base's dtype and block shape (Gluon's also by their shared-memory layout; their
+base, shape and strides are passed at run time); anything else gives no key. :func:`remember` keeps the
+compiled kernel that Triton's dispatch returned for that key; :func:`launch` then makes the call
+``JITFunction.run`` ends with (``launch_metadata``, then the launcher with Triton's launch hooks and
+every bound argument, constexprs included) for the current device and stream, through a :func:`launcher`
+kept per key and grid, which a caller may also keep itself (the plans do) and which skips what does
+nothing while no launch hook is set. Triton's ``debug`` and ``instrumentation_mode`` knobs (and 3.9's
+``fpsan_homomorphic_casts``), the current device and the key select the compiled kernel, as they select
+it in Triton's cache; with 3.9's ``add_stages_inspection_hook`` set there is no key.
 
 Only with the Triton versions whose dispatch was read for this (3.6 to 3.9: the same launch call), on
-CUDA (not ROCm, whose backend also specializes tensors by size), not under the interpreter, not for kernels
-with pre-run hooks, not for callable grids, and not with ``CROSSFUSE_DIRECT_LAUNCH=0`` (which also turns
-off :func:`descriptor`'s shortcut); otherwise every launch goes through Triton's dispatch.
+CUDA (not ROCm, whose backend also specializes tensors by size), for Triton's and Gluon's JIT functions
+(not the interpreter's), not for kernels with pre-run hooks, not for callable grids, and not with
+``CROSSFUSE_DIRECT_LAUNCH=0`` (which also turns off :func:`descriptor`'s shortcut); otherwise every
+launch goes through Triton's dispatch.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # Triton before 3.4
     TensorDescriptor = None
+try:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+except ImportError:  # a Triton without Gluon
+    GluonDescriptor = None
+
+# the JIT functions whose launches may skip Triton's dispatch (the interpreter's are of another type)
+_JIT_TYPES = ("JITFunction", "GluonJITFunction")
 
 SUPPORTED = ((3, 6), (3, 9))  # the Triton versions (major, minor) whose JITFunction.run this mirrors
 
@@ -77,6 +85,9 @@ def _arg_key(a):
         return float, a
     if t is TensorDescriptor:
         return a.base.dtype, tuple(a.block_shape)
+    if t is GluonDescriptor:  # Triton's key of one holds its shared-memory layout too
+        tf32 = vars(a).get("round_f32_to_tf32")
+        return t, a.base.dtype, tuple(a.block_shape), repr(a.layout), a.padding, tf32
     if isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() % 16 == 0
     raise TypeError
@@ -105,7 +116,7 @@ def option_keys(options: dict) -> tuple | None:
 def key(kernel, args: tuple, options: dict) -> tuple | None:
     """The key of launching ``kernel(*args, **options)``, or ``None`` when it must go through Triton's
     dispatch (see the module docstring)."""
-    if not _ENABLED or type(kernel).__name__ != "JITFunction" or kernel.pre_run_hooks:
+    if not _ENABLED or type(kernel).__name__ not in _JIT_TYPES or kernel.pre_run_hooks:
         return None  # (the interpreter's kernels are InterpretedFunction's)
     keys = arg_keys(args)
     if keys is None:
@@ -203,9 +214,9 @@ def launcher(compiled, grid: tuple, tail: tuple, device: int, descs: dict | None
     (ints), as the C launcher takes either; an address skips the launcher's look-up of the pointer's
     device (``cuPointerGetAttribute``).
 
-    ``descs`` (``{position: (shape, strides, block_shape)}``): the positions of ``args`` where the kernel
-    takes a tensor descriptor and the caller passes its base tensor, which a plan's launches may do (the
-    plan fixes the descriptor's shape, strides and box). Where the C launcher can be reached beneath
+    ``descs`` (``{position: spec}``, see :func:`build_descriptor`): the positions of ``args`` where the
+    kernel takes a tensor descriptor and the caller passes its base tensor, which a plan's launches may do
+    (the plan fixes the descriptor's shape, strides and box). Where the C launcher can be reached beneath
     Triton's handling of descriptors (:func:`_beneath_descriptors`), the encoded tensor map of each base
     address is kept and passed again; else a :class:`TensorDescriptor` is built per call."""
     n = len(grid)
@@ -275,10 +286,19 @@ def with_descriptors(args: tuple, descs: dict) -> tuple:
     """``args`` with a :class:`TensorDescriptor` over the tensor at each position of ``descs`` (see
     :func:`launcher`), the tensors' CUDA context made current first (see ``bind_cuda_context``)."""
     out = list(args)
-    for i, (shape, strides, block) in descs.items():
-        bind_cuda_context(out[i])
-        out[i] = descriptor(out[i], shape, strides, block)
+    for i, spec in descs.items():
+        out[i] = build_descriptor(out[i], spec)
     return tuple(out)
+
+
+def build_descriptor(t: torch.Tensor, spec: tuple):
+    """A descriptor over ``t`` of ``spec``: ``(shape, strides, block_shape)``, Triton's
+    :class:`TensorDescriptor`, or ``(shape, strides, block_shape, layout)``, Gluon's with that shared-memory
+    layout; ``t``'s CUDA context made current first (see ``bind_cuda_context``)."""
+    bind_cuda_context(t)
+    if len(spec) == 4:
+        return GluonDescriptor(t, *spec)
+    return descriptor(t, *spec)
 
 
 MAX_ENCODED = 128  # tensor maps kept per descriptor argument of a plan's launch (addresses: then afresh)
@@ -306,12 +326,10 @@ def _beneath_descriptors(raw, descs: dict) -> tuple | None:
         return None
     slots = []
     for k, i in enumerate(sorted(indices)):
-        shape, strides, block = descs[i]
         known: dict[int, list] = {}
 
-        def encode(t, shape=shape, strides=strides, block=block, meta=metas[k], known=known):
-            bind_cuda_context(t)
-            encoded = make(descriptor(t, shape, strides, block), meta)
+        def encode(t, spec=descs[i], meta=metas[k], known=known):
+            encoded = make(build_descriptor(t, spec), meta)
             if len(known) >= MAX_ENCODED:
                 known.clear()
             known[t.data_ptr()] = encoded

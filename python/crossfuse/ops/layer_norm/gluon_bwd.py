@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from .._runtime.device import bind_cuda_context, compute_capability_major
+from .._runtime.device import compute_capability_major
 from .._runtime.versions import GLUON_TRITON, triton_version
 from .plan import Launch
 
@@ -51,7 +51,6 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError:  # a Triton without Gluon: the launcher never picks this kernel
     gluon = None
 
@@ -445,16 +444,12 @@ def usable(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool) -> bool
     return 4096 <= N <= 16384 and stages_that_fit(N, x.element_size(), weight is not None) >= 2
 
 
-def _row_boxes(t: torch.Tensor, slices: int = 1):
-    """A descriptor over the contiguous (M, N) ``t`` as (M * N / BOX_W, BOX_W), one row per box, or one
-    ``1 / slices`` of a row."""
-    M, N = t.shape
-    bind_cuda_context(t)  # Triton fills the descriptor before it makes a context current
-    flat = t.view(M * N // BOX_W, BOX_W)
-    bits = t.element_size() * 8
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
-    box = [N // BOX_W // slices, BOX_W]
-    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), box, layout)
+def _row_boxes(m: int, n: int, esize: int, slices: int = 1) -> dict:
+    """The kernels' descriptors (``descs`` of :class:`.plan.Launch`, at x's and dy's places) over contiguous
+    (M, N) rows as (M * N / BOX_W, BOX_W), one row per box, or one ``1 / slices`` of a row."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=esize * 8, rank=2)
+    spec = ([m * n // BOX_W, BOX_W], [BOX_W, 1], [n // BOX_W // slices, BOX_W], layout)
+    return {1: spec, 2: spec}
 
 
 def rows_launch(m: int, n: int, esize: int, has_weight: bool, programs: int, compute_dw: bool,
@@ -469,8 +464,9 @@ def rows_launch(m: int, n: int, esize: int, has_weight: bool, programs: int, com
     if not 2 <= stages <= stages_that_fit(n, esize, has_weight):
         raise ValueError(f"stages must be from 2 to what fits in shared memory, got {stages}")
     return Launch(
-        _ln_bwd_rows_kernel, (programs,), BOX_R=n // BOX_W, BOX_W=BOX_W, STAGES=stages, HAS_WEIGHT=has_weight,
-        COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps, num_warps=warps,
+        _ln_bwd_rows_kernel, (programs,), _row_boxes(m, n, esize), BOX_R=n // BOX_W, BOX_W=BOX_W,
+        STAGES=stages, HAS_WEIGHT=has_weight, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps,
+        num_warps=warps,
     )  # fmt: skip
 
 
@@ -480,7 +476,7 @@ def rows_args(dx, dy, x, weight, mean, rstd, dw_part, db_part, dx_m: int) -> tup
     placeholders when not computed)."""
     M, N = x.shape
     w = weight if weight is not None else x
-    return dx, _row_boxes(x), _row_boxes(dy), w, mean, rstd, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N
+    return dx, x, dy, w, mean, rstd, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N
 
 
 def launch(dx, dy, x, weight, mean, rstd, dw_part, db_part, programs: int, dx_m: int, compute_dw: bool,
@@ -542,8 +538,9 @@ def groups_launch(m: int, n: int, esize: int, has_weight: bool, groups: int, com
     if unfit:
         raise ValueError(unfit)
     return Launch(
-        _ln_bwd_groups_kernel, (groups * slices,), SLICES=slices, BOX_R=n // slices // BOX_W, BOX_W=BOX_W,
-        STAGES=stages, LAG=lag, VEC=16 // esize, HAS_WEIGHT=has_weight, COMPUTE_DW=compute_dw,
+        _ln_bwd_groups_kernel, (groups * slices,), _row_boxes(m, n, esize, slices), SLICES=slices,
+        BOX_R=n // slices // BOX_W, BOX_W=BOX_W, STAGES=stages, LAG=lag, VEC=16 // esize,
+        HAS_WEIGHT=has_weight, COMPUTE_DW=compute_dw,
         COMPUTE_DB=compute_db, PAIRED=paired, WARPS=warps, GDC=pdl, num_warps=warps,
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
@@ -557,7 +554,7 @@ def groups_args(dx, dy, x, weight, mean, rstd, shares, tickets, pairs, dw_part, 
     ``shares`` ((M, 2, slices) int64) and ``tickets`` ((1,) int32) zero at launch."""
     M, N = x.shape
     w = weight if weight is not None else x
-    return (dx, _row_boxes(x, slices), _row_boxes(dy, slices), w, mean, rstd, shares, tickets,
+    return (dx, x, dy, w, mean, rstd, shares, tickets,
             pairs if paired else tickets, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N)  # fmt: skip
 
 

@@ -116,7 +116,9 @@ def _make_plan(launches: list, tensors: tuple) -> tuple | None:
             return None
         template, places, descs = [], [], {}
         for i, a in enumerate(args):  # (a None argument is a value like any other: only a tensor not found
-            base = a.base if type(a) is TensorDescriptor else a  # is refused)
+            if type(a) is _direct.GluonDescriptor:  # is refused, and a Gluon descriptor: the copies' views
+                return None
+            base = a.base if type(a) is TensorDescriptor else a
             if isinstance(base, torch.Tensor):
                 index = next((j for j, t in enumerate(tensors) if t is base), None)
                 if index is None:
