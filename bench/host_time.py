@@ -89,11 +89,20 @@ def measure(calls: int, rounds: int) -> list[dict]:
 
     # the module's default below native_below: torch's layer norm behind crossfuse's checks (a small
     # batch of a model: one sequence of 128 tokens, 768 wide)
-    xs = torch.randn(1, 128, 768, device=dev, dtype=dt, requires_grad=True)
+    small = torch.randn(1, 128, 768, device=dev, dtype=dt, requires_grad=True)
     for impl, mod in (("crossfuse.nn.LayerNorm", crossfuse.nn.LayerNorm(768, device=dev, dtype=dt)),
                       ("torch.nn.LayerNorm", torch.nn.LayerNorm(768, device=dev, dtype=dt))):  # fmt: skip
-        add("nn.LayerNorm (default, small)", "1x128x768", impl, lambda mod=mod: mod(xs),
-            lambda mod=mod: (mod(xs), (xs, mod.weight, mod.bias)))  # fmt: skip
+        add("nn.LayerNorm (default, small)", "1x128x768", impl, lambda mod=mod: mod(small),
+            lambda mod=mod: (mod(small), (small, mod.weight, mod.bias)))  # fmt: skip
+
+    # a wide row (a large model's hidden size), whose backward runs the Gluon kernels on Hopper
+    wide_n = 8192
+    wide = torch.randn(1024, wide_n, device=dev, dtype=dt, requires_grad=True)
+    ww = torch.ones(wide_n, device=dev, dtype=dt, requires_grad=True)
+    wb = torch.zeros(wide_n, device=dev, dtype=dt, requires_grad=True)
+    for impl, op in (("crossfuse.layer_norm", crossfuse.layer_norm), ("F.layer_norm", F.layer_norm)):
+        add("layer_norm", f"1024x{wide_n}", impl, lambda op=op: op(wide, (wide_n,), ww, wb),
+            lambda op=op: (op(wide, (wide_n,), ww, wb), (wide, ww, wb)))  # fmt: skip
 
     bb, h, length, d = 1, 8, 128, 64
     q, k, v = (torch.randn(bb, h, length, d, device=dev, dtype=dt, requires_grad=True) for _ in range(3))

@@ -389,21 +389,31 @@ def test_a_plans_descriptors_are_encoded_once_per_address_beneath_tritons_wrappe
     assert encoded == [t.data_ptr()] * 2 and len(calls) == 2
 
 
-def test_a_gluon_descriptors_key_holds_its_layout_and_a_plan_refuses_one(monkeypatch):
-    # Triton's key of a Gluon descriptor holds its shared-memory layout: two layouts, two keys; a launch
-    # plan, which names the call's own tensors, takes no Gluon descriptor (the attention's float32 kernels
-    # read views and copies through them)
+def test_a_gluon_descriptors_key_holds_its_layout_and_a_plan_names_its_base(monkeypatch):
+    # Triton's key of a Gluon descriptor holds its shared-memory layout: two layouts, two keys. A launch
+    # plan takes a Gluon descriptor over a view starting where one of the call's tensors starts (the
+    # float32 kernels' row views) as that tensor's place, the launcher told its shape, strides, box and
+    # layout; over any other memory (a copy), or where two of the call's tensors start there, no plan
     gluon = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from triton.experimental.gluon import language as gl
 
-    t = torch.zeros(64, 32, dtype=torch.bfloat16)
+    t = torch.zeros(2, 32, 32, dtype=torch.float32)
+    rows = t.view(64, 32)
 
-    def desc(swizzle):
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2)
-        return gluon.TensorDescriptor(t, list(t.shape), list(t.stride()), [16, 32], layout)
+    def layout(swizzle):
+        return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
 
-    a, b = _direct.arg_keys((desc(0),)), _direct.arg_keys((desc(64),))
-    assert a is not None and b is not None and a != b and a == _direct.arg_keys((desc(0),))
+    def desc(base, swizzle=0):
+        return gluon.TensorDescriptor(base, [64, 32], [32, 1], [16, 32], layout(swizzle))
+
+    a, b = _direct.arg_keys((desc(rows),)), _direct.arg_keys((desc(rows, 64),))
+    assert a is not None and b is not None and a != b and a == _direct.arg_keys((desc(rows),))
     monkeypatch.setattr(_direct, "kept", lambda slot: ("compiled", ()))
-    monkeypatch.setattr(_direct, "launcher", lambda *args: "launcher")
-    assert ra._make_plan([(("slot", 0), (1, 1), (t, desc(0)))], (t,)) is None
+    monkeypatch.setattr(_direct, "launcher", lambda compiled, grid, tail, device, descs: descs)
+    u = torch.zeros(2, 32, 32)
+    plan = ra._make_plan([(("slot", 0), (1, 1), (u, desc(rows), 5))], (t, u))
+    assert plan == (({1: ([64, 32], [32, 1], [16, 32], layout(0))}, (ra._Tensor(1), ra._Tensor(0), 5),
+                     ((0, 1), (1, 0))),)  # fmt: skip
+    copy = torch.zeros(64, 32)
+    assert ra._make_plan([(("slot", 0), (1, 1), (desc(copy),))], (t, u)) is None
+    assert ra._make_plan([(("slot", 0), (1, 1), (desc(rows),))], (t, t.view(2, 32, 32))) is None

@@ -153,13 +153,20 @@ def test_plans_follow_the_tensors_given_twice_and_outlive_the_kernel_table(devic
 
 
 @pytest.mark.gpu
-def test_float32_copies_are_never_planned(gen, planning):
-    # float32's launchers copy tensors with unit stride on L (a tensor no plan could name, and a launch
-    # outside _launch): decided afresh at every call
+def test_float32_plans_the_gluon_kernels_and_never_the_copies(gen, planning):
+    # float32's Gluon kernels read row views of the call's own tensors through descriptors: planned, the
+    # descriptors made over the later calls' tensors. Where a launcher copies a tensor with unit stride
+    # on L (a tensor no plan could name, and a launch outside _launch), the call is decided afresh every
+    # time. At this shape the causal kernels transpose their tiles themselves, and the non-causal
+    # backward reads copies (config.TF32_FWD, TF32_BWD)
     q, k, v, do = (randn((1, 2, 128, 64), torch.float32, "cuda", gen) for _ in range(4))
     for _ in range(2):
         _check_against_float64(_run(q, k, v, do, True, False), q, k, v, do, True, False)
-    assert not ra._PLANS and planning.decided.count("_bwd_launches") == 2
+    assert planning.decided == ["_fwd_launches", "_bwd_launches"] and len(ra._PLANS) == 2
+    planning.decided.clear()
+    for _ in range(2):
+        _check_against_float64(_run(q, k, v, do, False, False), q, k, v, do, False, False)
+    assert planning.decided == ["_fwd_launches", "_bwd_launches", "_bwd_launches"] and len(ra._PLANS) == 3
 
 
 def test_a_plan_keeps_literal_arguments_and_refuses_foreign_tensors(monkeypatch):

@@ -116,21 +116,35 @@ def _make_plan(launches: list, tensors: tuple) -> tuple | None:
             return None
         template, places, descs = [], [], {}
         for i, a in enumerate(args):  # (a None argument is a value like any other: only a tensor not found
-            if type(a) is _direct.GluonDescriptor:  # is refused, and a Gluon descriptor: the copies' views
-                return None
-            base = a.base if type(a) is TensorDescriptor else a
-            if isinstance(base, torch.Tensor):
+            if type(a) is _direct.GluonDescriptor:  # is refused) a Gluon descriptor: over a view of one
+                index = _viewed(a.base, tensors)
+                if index is None:
+                    return None
+                descs[i] = (list(a.shape), list(a.strides), list(a.block_shape), a.layout)
+            elif type(a) is TensorDescriptor or isinstance(a, torch.Tensor):
+                base = a.base if type(a) is TensorDescriptor else a
                 index = next((j for j, t in enumerate(tensors) if t is base), None)
                 if index is None:
                     return None
-                places.append((i, index))
                 if base is not a:
                     descs[i] = (list(a.shape), list(a.strides), list(a.block_shape))
-                a = _Tensor(index)
-            template.append(a)
+            else:
+                template.append(a)
+                continue
+            places.append((i, index))
+            template.append(_Tensor(index))
         go = _direct.launcher(hit[0], grid, hit[1], slot[1], descs or None)
         plan.append((go, tuple(template), tuple(places)))
     return tuple(plan) if plan else None
+
+
+def _viewed(view: torch.Tensor, tensors: tuple) -> int | None:
+    """The index of the one tensor of ``tensors`` whose memory ``view`` starts at (the Gluon kernels' row
+    views: a descriptor needs only the address of its base, the plan fixes its shape and strides), or
+    ``None`` where none or several do (views of one memory: their places could not be told apart)."""
+    ptr = view.data_ptr()
+    found = [j for j, t in enumerate(tensors) if t.data_ptr() == ptr]
+    return found[0] if len(found) == 1 else None
 
 
 def _planned(key: tuple | None, tensors: tuple, launch, *args) -> tuple | None:
