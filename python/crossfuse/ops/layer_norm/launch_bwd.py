@@ -342,8 +342,13 @@ class BwdPlan(Plan):
         s_dy, s_x, s_dx = self.strides
         at_c1, at_c2 = self.at_c1, self.at_c2
         if path == "whole_rows":
-            strides = (s_dx, s_dy, s_x) if self.descs is None else (s_dx,)
-            self.main(dx, dy, x, w, mean, rstd, dw_part, db_part, *strides, *self.main_tail)
+            descs = self.descs
+            strides = (s_dx, s_dy, s_x) if descs is None else (s_dx,)
+            rows = (dx, dy, x)
+            if ready:  # addresses where the kernels take pointers (see FwdPlan.run); a descriptor's base
+                rows = (dx.data_ptr(), dy, x) if descs else (dx.data_ptr(), dy.data_ptr(), x.data_ptr())
+                w = w.data_ptr()
+            self.main(*rows, w, mean, rstd, dw_part, db_part, *strides, *self.main_tail)
         elif path == "split":
             c1, c2 = at(at_c1), at(at_c2)  # of the rows below M - R
             self.rowsums(dy, x, w, mean, rstd, c1, c2, dx, s_dy, s_x, s_dx, 0, M, self.n)
@@ -372,15 +377,17 @@ class BwdPlan(Plan):
                     self.main(*args)
         if self.reduce is not None:  # a skipped sum's pointers: placeholders the kernel does not touch
             cdw, cdb = self.compute_dw, self.compute_db
-            self.reduce(dw_part if cdw else db_part, db_part if cdb else dw_part, dw if cdw else db,
-                        db if cdb else dw, self.slots, self.n)  # fmt: skip
+            sums = (dw if cdw else db, db if cdb else dw)
+            if ready:
+                sums = (sums[0].data_ptr(), sums[1].data_ptr())
+            self.reduce(dw_part if cdw else db_part, db_part if cdb else dw_part, *sums, self.slots,
+                        self.n)  # fmt: skip
         last = self.last
         if last is not None:
             if self.finish is not None:  # from the row sums the grouped kernel posted
                 last(dy, x, w, mean, rstd, shares, count, dx, s_dy, s_x, s_dx, *self.finish)
             elif path == "whole_rows":
-                strides = (s_dx, s_dy, s_x) if self.descs is None else (s_dx,)
-                last(dx, dy, x, w, mean, rstd, dw_part, db_part, *strides, *self.last_tail)
+                last(*rows, w, mean, rstd, dw_part, db_part, *strides, *self.last_tail)
             else:
                 last(dy, x, w, mean, rstd, dx, dx, dx, s_dy, s_x, s_dx, *self.last_tail)
         del own
