@@ -134,10 +134,12 @@ class FwdPlan(Plan):
         if launch is not None:
             w = weight if weight is not None else x
             b = bias if bias is not None else x
-            if launch.go is not None and not launch.descs:
+            if launch.go is not None:
                 # straight to the compiled kernel: addresses, which its C launcher takes as they are (a
-                # tensor costs it a call of data_ptr and the driver's look-up of the pointer's device)
-                launch.go(x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr(), mean, rstd, *self.tail)
+                # tensor costs it a call of data_ptr and the driver's look-up of the pointer's device);
+                # a descriptor's base stays a tensor (the launcher makes the descriptor)
+                rows = x if launch.descs else x.data_ptr()
+                launch.go(rows, y.data_ptr(), w.data_ptr(), b.data_ptr(), mean, rstd, *self.tail)
             else:
                 launch(x, y, w, b, mean, rstd, *self.tail)
         return stats
