@@ -234,40 +234,32 @@ def launcher(compiled, grid: tuple, tail: tuple, device: int, descs: dict | None
         raw, coop, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
     beneath = _beneath_descriptors(raw, descs) if raw is not None and descs else None
 
-    def slow(args, stream, enter, leave):
+    def slow(*args):
+        """The launch with Triton's handling of descriptors (built here where ``descs``) and its hooks."""
+        stream = stream_of(device)
+        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
         if descs:
             args = with_descriptors(args, descs)
         values = (*args, *tail)
-        if raw is not None and enter is None and leave is None:
-            raw(gx, gy, gz, stream, function, coop, pdl, None, None, meta, None, None, None, *values)
-        elif enter is None and leave is None:
-            run(gx, gy, gz, stream, function, meta, None, None, None, *values)
-        else:
+        if not (_quiet(enter) and _quiet(leave)):
             run(gx, gy, gz, stream, function, meta, compiled.launch_metadata(grid, stream, *values), enter,
                 leave, *values)  # fmt: skip
+        elif raw is not None:
+            raw(gx, gy, gz, stream, function, coop, pdl, None, None, meta, None, None, None, *values)
+        else:
+            run(gx, gy, gz, stream, function, meta, None, None, None, *values)
 
     if beneath is None:
-
-        def go(*args):
-            stream = stream_of(device)
-            enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
-            if _quiet(enter) and _quiet(leave):
-                slow(args, stream, None, None)
-            else:
-                slow(args, stream, enter, leave)
-
-        return go
+        return slow
 
     c_launch, slots = beneath
-    head = (gx, gy, gz)
+    after_stream = (function, coop, pdl, None, None, meta, None, None, None)  # C launch's fixed arguments
 
     def go(*args):
-        stream = stream_of(device)
-        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
-        if not (_quiet(enter) and _quiet(leave)):
-            slow(args, stream, enter, leave)
+        if not (_quiet(hooks.launch_enter_hook) and _quiet(hooks.launch_exit_hook)):
+            slow(*args)
             return
-        parts = [*head, stream, function, coop, pdl, None, None, meta, None, None, None]
+        parts = [gx, gy, gz, stream_of(device), *after_stream]
         at = 0
         for i, encode, known in slots:
             parts += args[at:i]

@@ -444,7 +444,7 @@ def usable(x: torch.Tensor, dy: torch.Tensor, weight, interpreted: bool) -> bool
     return 4096 <= N <= 16384 and stages_that_fit(N, x.element_size(), weight is not None) >= 2
 
 
-def _row_boxes(m: int, n: int, esize: int, slices: int = 1) -> dict:
+def _row_box_descs(m: int, n: int, esize: int, slices: int = 1) -> dict:
     """The kernels' descriptors (``descs`` of :class:`.plan.Launch`, at x's and dy's places) over contiguous
     (M, N) rows as (M * N / BOX_W, BOX_W), one row per box, or one ``1 / slices`` of a row."""
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=esize * 8, rank=2)
@@ -464,7 +464,7 @@ def rows_launch(m: int, n: int, esize: int, has_weight: bool, programs: int, com
     if not 2 <= stages <= stages_that_fit(n, esize, has_weight):
         raise ValueError(f"stages must be from 2 to what fits in shared memory, got {stages}")
     return Launch(
-        _ln_bwd_rows_kernel, (programs,), _row_boxes(m, n, esize), BOX_R=n // BOX_W, BOX_W=BOX_W,
+        _ln_bwd_rows_kernel, (programs,), _row_box_descs(m, n, esize), BOX_R=n // BOX_W, BOX_W=BOX_W,
         STAGES=stages, HAS_WEIGHT=has_weight, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, WARPS=warps,
         num_warps=warps,
     )  # fmt: skip
@@ -538,10 +538,10 @@ def groups_launch(m: int, n: int, esize: int, has_weight: bool, groups: int, com
     if unfit:
         raise ValueError(unfit)
     return Launch(
-        _ln_bwd_groups_kernel, (groups * slices,), _row_boxes(m, n, esize, slices), SLICES=slices,
+        _ln_bwd_groups_kernel, (groups * slices,), _row_box_descs(m, n, esize, slices), SLICES=slices,
         BOX_R=n // slices // BOX_W, BOX_W=BOX_W, STAGES=stages, LAG=lag, VEC=16 // esize,
-        HAS_WEIGHT=has_weight, COMPUTE_DW=compute_dw,
-        COMPUTE_DB=compute_db, PAIRED=paired, WARPS=warps, GDC=pdl, num_warps=warps,
+        HAS_WEIGHT=has_weight, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, PAIRED=paired, WARPS=warps,
+        GDC=pdl, num_warps=warps,
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
 
@@ -554,8 +554,8 @@ def groups_args(dx, dy, x, weight, mean, rstd, shares, tickets, pairs, dw_part, 
     ``shares`` ((M, 2, slices) int64) and ``tickets`` ((1,) int32) zero at launch."""
     M, N = x.shape
     w = weight if weight is not None else x
-    return (dx, x, dy, w, mean, rstd, shares, tickets,
-            pairs if paired else tickets, dw_part, db_part, dx.stride(0), M, dx_m, 1.0 / N)  # fmt: skip
+    return (dx, x, dy, w, mean, rstd, shares, tickets, pairs if paired else tickets, dw_part, db_part,
+            dx.stride(0), M, dx_m, 1.0 / N)  # fmt: skip
 
 
 def launch_groups(dx, dy, x, weight, mean, rstd, shares, tickets, pairs, dw_part, db_part, groups: int,

@@ -29,9 +29,9 @@ class Launch:
     the positional arguments given per call. Once launched through Triton's dispatch, ``go`` launches the
     compiled kernel (:func:`crossfuse.ops._runtime.direct.launcher`): it also takes pointers as addresses
     (ints), which a plan passes for the parts of its scratch memory instead of making views. ``descs``
-    (``{position: (shape, strides, block_shape)}``): where the kernel takes a tensor descriptor, the call
-    passes its base tensor, and the descriptor is made here (its tensor map kept per address, where the
-    launch goes straight to the compiled kernel)."""
+    (``{position: spec}``, see :func:`crossfuse.ops._runtime.direct.build_descriptor`): where the kernel
+    takes a tensor descriptor, the call passes its base tensor, and the descriptor is made here (its
+    tensor map kept per address, where the launch goes straight to the compiled kernel)."""
 
     __slots__ = ("descs", "go", "grid", "kernel", "options")
 
