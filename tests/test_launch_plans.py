@@ -32,7 +32,7 @@ class Planning:
 
         def counted_replay(plan, tensors):
             replay(plan, tensors)
-            self.replays.append(len(plan))  # the launches made from the plan
+            self.replays.append(len(plan.launches))  # the launches made from the plan
 
         monkeypatch.setattr(plans_module, "_replay", counted_replay)
         if device == "cpu":
@@ -152,21 +152,50 @@ def test_plans_follow_the_tensors_given_twice_and_outlive_the_kernel_table(devic
     _check_against_float64(got, q, k, v, do, False, False)
 
 
-@pytest.mark.gpu
-def test_float32_plans_the_gluon_kernels_and_never_the_copies(gen, planning):
-    # float32's Gluon kernels read row views of the call's own tensors through descriptors: planned, the
-    # descriptors made over the later calls' tensors. Where a launcher copies a tensor with unit stride
-    # on L (a tensor no plan could name, and a launch outside _launch), the call is decided afresh every
-    # time. At this shape the causal kernels transpose their tiles themselves, and the non-causal
-    # backward reads copies (config.TF32_FWD, TF32_BWD)
-    q, k, v, do = (randn((1, 2, 128, 64), torch.float32, "cuda", gen) for _ in range(4))
-    for _ in range(2):
-        _check_against_float64(_run(q, k, v, do, True, False), q, k, v, do, True, False)
-    assert planning.decided == ["_fwd_launches", "_bwd_launches"] and len(ra._PLANS) == 2
+def test_float32_plans_its_copies_each_replay_into_a_buffer_of_its_own(device, gen, planning):
+    # float32's products summed over L read copies with unit stride on L (config._tf32_copies), which a
+    # kernel makes into a buffer of the call's own: the plan replays that kernel into a buffer it
+    # allocates, so later calls decide nothing. On a GPU the Gluon kernels at this shape: the causal ones
+    # transpose their tiles themselves, the non-causal backward reads copies (config.TF32_FWD, TF32_BWD);
+    # on the CPU the pointer kernels, every product over L from a copy
+    shape = (1, 2, 128, 64)
+    for causal in (False, True):
+        q, k, v, do = (randn(shape, torch.float32, device, gen) for _ in range(4))
+        _check_against_float64(_run(q, k, v, do, causal, False), q, k, v, do, causal, False)
+    assert len(planning.decided) == 4 and len(ra._PLANS) == 4
+    assert any(plan.scratch for plan in ra._PLANS.values())  # the copies planned, not avoided
     planning.decided.clear()
-    for _ in range(2):
-        _check_against_float64(_run(q, k, v, do, False, False), q, k, v, do, False, False)
-    assert planning.decided == ["_fwd_launches", "_bwd_launches", "_bwd_launches"] and len(ra._PLANS) == 3
+    for causal in (False, True):
+        for _ in range(2):  # back to back: the second replay's buffer may reuse the first's memory
+            q, k, v, do = (randn(shape, torch.float32, device, gen) for _ in range(4))
+            got = _run(q, k, v, do, causal, False)
+            _check_against_float64(got, q, k, v, do, causal, False)
+            fresh = _run(q, k, v, do, causal, False, choices=ra.Choices(planning=False))
+            for name, a, b in zip(("out", "dq", "dk", "dv"), got, fresh, strict=True):
+                assert torch.equal(a, b), (causal, name)
+    assert planning.decided == ["_fwd_launches", "_bwd_launches"] * 4  # only the unplanned calls decided
+
+
+def test_a_plan_names_views_of_the_calls_scratch_and_replays_them_over_its_own(monkeypatch):
+    # a tensor over a buffer the call allocated (scratch) is a view the replay makes over a buffer of the
+    # same shape that it allocates; a tensor over memory that is neither the call's nor its scratch: no plan
+    monkeypatch.setattr(_direct, "kept", lambda slot: ("compiled", ()))
+    made = []
+    monkeypatch.setattr(_direct, "launcher", lambda *slot_grid_tail_device_descs: lambda *a: made.append(a))
+    t = torch.zeros(2, 3, 4)
+    buf = torch.empty(2, 3, 4, 5)
+    view = buf[1].transpose(1, 2)
+    plan = ra._make_plan([(("slot", 0), (1, 1), (t, buf, 7)), (("slot", 1), (1, 1), (view, t))], (t,), (buf,))
+    assert plan.scratch == (((2, 3, 4, 5), torch.float32, torch.device("cpu")),)
+    assert plan.views == ((0, (2, 3, 4, 5), (60, 20, 5, 1), 0), (0, (3, 5, 4), (20, 1, 5), 60))
+    assert [p for _, _, p in plan.launches] == [((0, 0), (1, 1)), ((0, 2), (1, 0))]
+    other = torch.ones(2, 3, 4)
+    ra._replay(plan, (other,))
+    (a, b, seven), (c, d) = made
+    assert a is other and d is other and seven == 7
+    assert b.shape == buf.shape and b.data_ptr() != buf.data_ptr()
+    assert c.shape == view.shape and c.stride() == view.stride() and c.data_ptr() == b.data_ptr() + 60 * 4
+    assert ra._make_plan([(("slot", 0), (1, 1), (torch.zeros(3),))], (t,), (buf,)) is None
 
 
 def test_a_plan_keeps_literal_arguments_and_refuses_foreign_tensors(monkeypatch):
@@ -177,7 +206,7 @@ def test_a_plan_keeps_literal_arguments_and_refuses_foreign_tensors(monkeypatch)
                                                                                           descs))  # fmt: skip
     t = torch.zeros(2)
     plan = ra._make_plan([(("slot", 0), (1, 1), (t, None, 3, 0.5))], (t,))
-    assert plan == ((("launcher", (1, 1), None), (ra._Tensor(0), None, 3, 0.5), ((0, 0),)),)
+    assert plan == ra.Plan(((("launcher", (1, 1), None), (ra._Tensor(0), None, 3, 0.5), ((0, 0),)),))
     assert ra._make_plan([(("slot",), (1, 1), (torch.zeros(2),))], (t,)) is None
     assert ra._make_plan([(None, (1, 1), (t,))], (t,)) is None  # a launch without a compiled kernel's key
 
@@ -193,7 +222,7 @@ def test_a_plan_passes_a_descriptors_base_and_its_launcher_makes_the_descriptor(
     desc = TensorDescriptor(o, list(o.shape), list(o.stride()), [1, 1, 16, 8])
     plan = ra._make_plan([(("slot", 0), (1, 1), (q, 7, desc))], (q, o))
     spec = (list(o.shape), list(o.stride()), [1, 1, 16, 8])
-    assert plan == ((("launcher", {2: spec}), (ra._Tensor(0), 7, ra._Tensor(1)), ((0, 0), (2, 1))),)
+    assert plan == ra.Plan(((("launcher", {2: spec}), (ra._Tensor(0), 7, ra._Tensor(1)), ((0, 0), (2, 1))),))
     # a descriptor over a tensor that is not the call's: no plan
     other = TensorDescriptor(torch.zeros(1, 2, 16, 8), list(o.shape), list(o.stride()), [1, 1, 16, 8])
     assert ra._make_plan([(("slot", 0), (1, 1), (q, other))], (q, o)) is None

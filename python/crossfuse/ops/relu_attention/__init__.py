@@ -119,4 +119,14 @@ from .kernels_bwd import (
 )
 from .kernels_fwd import _relu_attn_fwd_kernel, _relu_attn_fwd_tma_kernel
 from .launch import _batch_slices, _desc, _tma_usable, relu_attention_bwd, relu_attention_fwd
-from .plans import _PLANS, _STAGES_THAT_FIT, MAX_PLANS, _launch, _make_plan, _replay, _Tensor, clear_plans
+from .plans import (
+    _PLANS,
+    _STAGES_THAT_FIT,
+    MAX_PLANS,
+    Plan,
+    _launch,
+    _make_plan,
+    _replay,
+    _Tensor,
+    clear_plans,
+)

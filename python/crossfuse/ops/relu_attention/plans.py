@@ -59,15 +59,39 @@ def _launch(kernel, grid, key: tuple, *args, **options) -> None:
 # call's own, they are kept under everything the decisions read, and a later call with the same key
 # builds the descriptors over its own tensors and makes the same launches.
 MAX_PLANS = 1024  # plans kept at most (ints and floats are part of their keys: a table that starts afresh)
-_PLANS: dict[tuple, tuple] = {}
+_PLANS: dict[tuple, Plan] = {}
 _RECORDING = threading.local()
 
 
 class _Tensor(NamedTuple):
-    """In a plan's arguments: the call's tensor ``index`` itself, or the base of a tensor descriptor the
-    plan's launcher makes over it (see ``descs`` of :func:`.._runtime.direct.launcher`)."""
+    """In a plan's arguments: the call's tensor ``index`` itself (or, past the call's tensors, a view of a
+    scratch buffer: :class:`Plan`), or the base of a tensor descriptor the plan's launcher makes over it
+    (see ``descs`` of :func:`.._runtime.direct.launcher`)."""
 
     index: int
+
+
+class Plan(NamedTuple):
+    """A call's launches, made again on another call's tensors (:func:`_replay`).
+
+    ``launches``: ``(launcher, template, places)`` per launch (see :func:`_make_plan`). ``scratch``:
+    ``(shape, dtype, device)`` of each buffer the launchers allocated and wrote during the call (float32's
+    copies, :func:`scratch`): a replay allocates its own, as the call did, and drops them once its
+    launches are queued (the stream orders their reuse). ``views``: ``(buffer, size, stride, offset)`` of
+    each tensor over those buffers that a launch took; ``_Tensor(len(call's tensors) + i)`` names view
+    ``i``."""
+
+    launches: tuple
+    scratch: tuple = ()
+    views: tuple = ()
+
+
+def scratch(buffer: torch.Tensor) -> None:
+    """Where a launch plan is in the making on this thread, note a buffer the launcher just allocated for
+    the call alone (its launches write it before they read it): a plan allocates it afresh on replay."""
+    buffers = getattr(_RECORDING, "scratch", None)
+    if buffers is not None:
+        buffers.append(buffer)
 
 
 def record(slot: tuple | None, grid, args: tuple) -> None:
@@ -89,26 +113,45 @@ def _plan_key(kind: str, tensors: tuple, *decided) -> tuple | None:
     return (kind, now, *decided, *[(t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
 
 
-def _replay(plan: tuple, tensors: tuple) -> None:
+def _replay(plan: Plan, tensors: tuple) -> None:
     """Make the launches of ``plan`` on ``tensors``. Each launch's arguments are its template with the
-    call's tensors at the places the plan names: a few items, not every argument, are looked at; each
-    launch goes to the compiled kernel's launcher the plan keeps, which makes the descriptors over them."""
-    for go, template, places in plan:
+    call's tensors (and views of the plan's scratch buffers, allocated here) at the places the plan names:
+    a few items, not every argument, are looked at; each launch goes to the compiled kernel's launcher the
+    plan keeps, which makes the descriptors over them."""
+    if plan.scratch:
+        buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in plan.scratch]
+        tensors = (*tensors, *[buffers[j].as_strided(*view) for j, *view in plan.views])
+    for go, template, places in plan.launches:
         args = list(template)
         for i, index in places:
             args[i] = tensors[index]
         go(*args)
 
 
-def _make_plan(launches: list, tensors: tuple) -> tuple | None:
+def _make_plan(launches: list, tensors: tuple, buffers: tuple = ()) -> Plan | None:
     """A plan from the recorded ``launches`` of a call on ``tensors``: per launch ``(launcher, template,
     places)`` (the compiled kernel's :func:`.._runtime.direct.launcher`), the template's arguments with
     the call's tensors (or descriptors' bases) as :class:`_Tensor` items, whose places ``(position,
-    index)`` are listed; or ``None`` where one of them had no key or took a tensor that is not one of
-    ``tensors`` (float32's copies, say), or where one tensor was given twice (its places could not be told
-    apart: another call may pass two tensors there)."""
+    index)`` are listed. A tensor over one of ``buffers`` (the call's scratch, :func:`scratch`) becomes a
+    view the replay makes over its own buffer. ``None`` where one of the launches had no key or took a
+    tensor that is neither one of ``tensors`` nor over a buffer (float32's copies beyond a grid's limit,
+    made by torch), or where one tensor was given twice (its places could not be told apart: another call
+    may pass two tensors there)."""
     if len({id(t) for t in tensors}) < len(tensors):
         return None
+    views: list[tuple] = []
+
+    def over_buffer(t: torch.Tensor) -> int | None:
+        """The index of ``t`` as a view of one of ``buffers``, or None where it is over none of them."""
+        at = t.untyped_storage().data_ptr()
+        j = next((j for j, b in enumerate(buffers) if b.untyped_storage().data_ptr() == at), None)
+        if j is None:
+            return None
+        view = (j, tuple(t.shape), t.stride(), t.storage_offset())
+        if view not in views:
+            views.append(view)
+        return len(tensors) + views.index(view)
+
     plan = []
     for slot, grid, args in launches:
         hit = _direct.kept(slot) if slot is not None else None
@@ -119,11 +162,15 @@ def _make_plan(launches: list, tensors: tuple) -> tuple | None:
             if type(a) is _direct.GluonDescriptor:  # is refused) a Gluon descriptor: over a view of one
                 index = _viewed(a.base, tensors)
                 if index is None:
+                    index = over_buffer(a.base)
+                if index is None:
                     return None
                 descs[i] = (list(a.shape), list(a.strides), list(a.block_shape), a.layout)
             elif type(a) is TensorDescriptor or isinstance(a, torch.Tensor):
                 base = a.base if type(a) is TensorDescriptor else a
                 index = next((j for j, t in enumerate(tensors) if t is base), None)
+                if index is None:
+                    index = over_buffer(base)
                 if index is None:
                     return None
                 if base is not a:
@@ -135,7 +182,9 @@ def _make_plan(launches: list, tensors: tuple) -> tuple | None:
             template.append(_Tensor(index))
         go = _direct.launcher(hit[0], grid, hit[1], slot[1], descs or None)
         plan.append((go, tuple(template), tuple(places)))
-    return tuple(plan) if plan else None
+    if not plan:
+        return None
+    return Plan(tuple(plan), tuple((tuple(b.shape), b.dtype, b.device) for b in buffers), tuple(views))
 
 
 def _viewed(view: torch.Tensor, tensors: tuple) -> int | None:
@@ -147,7 +196,7 @@ def _viewed(view: torch.Tensor, tensors: tuple) -> int | None:
     return found[0] if len(found) == 1 else None
 
 
-def _planned(key: tuple | None, tensors: tuple, launch, *args) -> tuple | None:
+def _planned(key: tuple | None, tensors: tuple, launch, *args) -> Plan | None:
     """``launch(*tensors, *args)``, or the plan kept under ``key`` from an earlier call; returns the plan
     that now stands for such calls (``None`` where there is none)."""
     if key is None:
@@ -157,12 +206,12 @@ def _planned(key: tuple | None, tensors: tuple, launch, *args) -> tuple | None:
     if plan is not None:
         _replay(plan, tensors)
         return plan
-    _RECORDING.launches = launches = []
+    _RECORDING.launches, _RECORDING.scratch = launches, buffers = [], []
     try:
         launch(*tensors, *args)
     finally:
-        _RECORDING.launches = None
-    plan = _make_plan(launches, tensors)
+        _RECORDING.launches = _RECORDING.scratch = None
+    plan = _make_plan(launches, tensors, tuple(buffers))
     if plan is not None:
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
