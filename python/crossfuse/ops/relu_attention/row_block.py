@@ -5,7 +5,9 @@ size, once: scores, mask, relu (or its square), and the product with the values 
 output. The backward is one kernel: program i takes block i as queries (its dq, over the key blocks) and
 as keys (its dk and dv, over the query blocks). Blocks of min(L, 64) rows (16 at least, as the dots
 need), 4 warps, no software pipelining, no tile of the head dim, float32 dots on tf32: the notebook's
-launch. crossfuse's own kernels (:mod:`.launch`) are measured against it; it is not used by them.
+launch. Where a GPU's shared memory cannot hold a program's tiles (the backward at D=256 asks for 384 KB
+on 64-row blocks; a Hopper has 227 KB), the blocks are halved until it can (:func:`_launch`). crossfuse's
+own kernels (:mod:`.launch`) are measured against it; it is not used by them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ..._validate import check_attention_args
 from .config import HEAD_DIMS
@@ -109,23 +112,39 @@ def _block(lq: int, lk: int) -> int:
     return max(16, min(64, triton.next_power_of_2(max(lq, lk, 1))))
 
 
-def _launch_args(q, k):
+MIN_BLOCK = 16  # the dots' smallest operand
+# (kernel, D, device) -> the rows of a block that fit that GPU's shared memory, where fewer than 64
+_BLOCK_THAT_FITS: dict[tuple, int] = {}
+
+
+def _launch(kernel, q, k, tensors: tuple, scalars: tuple, causal: bool, squared: bool) -> None:
+    """``kernel`` on blocks of ``_block`` rows, or of fewer where Triton refuses the launch for its shared
+    memory (``OutOfResources``, before anything runs): then halved, down to MIN_BLOCK, and remembered for
+    the kernel, head dim and device. The grid takes a program per block of the longer length."""
     B, H, LQ, D = q.shape
     LK = k.shape[2]
-    block = _block(LQ, LK)
-    return (triton.cdiv(max(LQ, LK), block), B * H), LQ, LK, D, block
+    slot = (kernel, D, q.device)
+    block = min(_block(LQ, LK), _BLOCK_THAT_FITS.get(slot, 64))
+    while True:
+        grid = (triton.cdiv(max(LQ, LK), block), B * H)
+        try:
+            kernel[grid](*tensors, LQ, LK, *scalars, D=D, BLOCK=block, CAUSAL=causal, SQUARED=squared,
+                         num_warps=NUM_WARPS, num_stages=1)  # fmt: skip
+            return
+        except OutOfResources as exc:
+            if exc.name != "shared memory" or block <= MIN_BLOCK:
+                raise
+            block //= 2
+            _BLOCK_THAT_FITS[slot] = block
 
 
 class _RowBlockAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, squared, scale, relu_scale):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        grid, LQ, LK, D, block = _launch_args(q, k)
         out = torch.empty_like(q)
-        if out.numel() and LK:
-            _row_block_fwd_kernel[grid](q, k, v, out, LQ, LK, scale, relu_scale, D=D, BLOCK=block,
-                                        CAUSAL=causal, SQUARED=squared, num_warps=NUM_WARPS,
-                                        num_stages=1)  # fmt: skip
+        if out.numel() and k.shape[2]:
+            _launch(_row_block_fwd_kernel, q, k, (q, k, v, out), (scale, relu_scale), causal, squared)
         else:
             out.zero_()
         ctx.save_for_backward(q, k, v)
@@ -136,12 +155,10 @@ class _RowBlockAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v = ctx.saved_tensors
         causal, squared, scale, relu_scale = ctx.args
-        grid, LQ, LK, D, block = _launch_args(q, k)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        if q.numel() and LK:
-            _row_block_bwd_kernel[grid](q, k, v, dout.contiguous(), dq, dk, dv, LQ, LK, scale, relu_scale,
-                                        D=D, BLOCK=block, CAUSAL=causal, SQUARED=squared,
-                                        num_warps=NUM_WARPS, num_stages=1)  # fmt: skip
+        if q.numel() and k.shape[2]:
+            grads = (q, k, v, dout.contiguous(), dq, dk, dv)
+            _launch(_row_block_bwd_kernel, q, k, grads, (scale, relu_scale), causal, squared)
         return dq, dk, dv, None, None, None, None
 
 
