@@ -179,13 +179,14 @@ def kept(slot: tuple) -> tuple | None:
     return None if hit is None else hit[:2]
 
 
-def run(kernel, grid, args: tuple, options: dict):
+def run(kernel, grid, args: tuple, options: dict) -> tuple | None:
     """``kernel[grid](*args, **options)``: straight into the compiled kernel where it was launched with this
-    key before, else through Triton's dispatch (remembering what it compiled)."""
+    key before, else through Triton's dispatch (remembering what it compiled). Returns the launch's key
+    (:func:`key`; ``None`` where it has none), for a caller that records it."""
     slot = key(kernel, args, options)
-    if slot is not None and launch(slot, grid, args):
-        return
-    remember(slot, kernel, args, options, kernel[grid](*args, **options))
+    if slot is None or not launch(slot, grid, args):
+        remember(slot, kernel, args, options, kernel[grid](*args, **options))
+    return slot
 
 
 try:

@@ -115,6 +115,5 @@ def _l_major_copies(ts: list[torch.Tensor], signal: bool = False, sigma: bool = 
         xs = [*ts, ts[0], ts[0]][:3]
         args = (*xs, out, *(s for x in xs for s in x.stride()), H, L, D)
         options = dict(T=len(ts), BLOCK_L=block_l, BLOCK_D=block_d, GDC=signal, SIGMA=sigma, num_warps=warps)
-        record(_direct.key(_l_major_copy_kernel, args, options), grid, args)  # (a call that decides)
-        _direct.run(_l_major_copy_kernel, grid, args, options)
+        record(_direct.run(_l_major_copy_kernel, grid, args, options), grid, args)  # its key, for a plan
     return [y.transpose(2, 3) for y in out.unbind(0)]

@@ -108,13 +108,13 @@ def _row_block_bwd_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, L
         tl.store(dv_ptr + kat, (dv * relu_scale).to(dv_ptr.dtype.element_ty), mask=(rows < LK)[:, None])
 
 
-def _block(lq: int, lk: int) -> int:
-    return max(16, min(64, triton.next_power_of_2(max(lq, lk, 1))))
-
-
-MIN_BLOCK = 16  # the dots' smallest operand
-# (kernel, D, device) -> the rows of a block that fit that GPU's shared memory, where fewer than 64
+MIN_BLOCK, MAX_BLOCK = 16, 64  # rows of a block: the dots' smallest operand; the notebook's block
+# (kernel, D, device) -> the rows of a block that fit that GPU's shared memory, where fewer than MAX_BLOCK
 _BLOCK_THAT_FITS: dict[tuple, int] = {}
+
+
+def _block(lq: int, lk: int) -> int:
+    return max(MIN_BLOCK, min(MAX_BLOCK, triton.next_power_of_2(max(lq, lk, 1))))
 
 
 def _launch(kernel, q, k, tensors: tuple, scalars: tuple, causal: bool, squared: bool) -> None:
@@ -124,7 +124,7 @@ def _launch(kernel, q, k, tensors: tuple, scalars: tuple, causal: bool, squared:
     B, H, LQ, D = q.shape
     LK = k.shape[2]
     slot = (kernel, D, q.device)
-    block = min(_block(LQ, LK), _BLOCK_THAT_FITS.get(slot, 64))
+    block = min(_block(LQ, LK), _BLOCK_THAT_FITS.get(slot, MAX_BLOCK))
     while True:
         grid = (triton.cdiv(max(LQ, LK), block), B * H)
         try:
