@@ -1,7 +1,7 @@
 """Sweep launch configurations of crossfuse's kernels on a GPU and pick the fastest per key.
 
-    python bench/tune.py --out DIR [--only GROUP,...] [--kind KIND] [--base code|tuned.json] [--workers 16]
-                         [--quick]
+    python bench/tune.py --out DIR [--only GROUP,...] [--kind KIND] [--dtype DTYPE] [--base code|tuned.json]
+                         [--workers 16] [--quick] [--budget-s S]
 
 Phase 1 compiles every candidate in parallel worker processes (each launches it once on real-shaped
 inputs, filling Triton's on-disk cache); phase 2 times them one at a time in this process with
@@ -162,6 +162,11 @@ def main(argv=None) -> int:
         "dq), the base's too",
     )
     ap.add_argument(
+        "--dtype",
+        help="time only candidates of this dtype (bfloat16, float32), the base's too; the others keep the "
+        "base's entries",
+    )
+    ap.add_argument(
         "--budget-s",
         type=float,
         default=None,
@@ -205,6 +210,10 @@ def main(argv=None) -> int:
         cands = sweep.of_kind(cands, args.kind)
         if not cands:
             ap.error(f"no candidate of --only {args.only or 'ln,attn'} is of --kind {args.kind}")
+    if args.dtype:
+        cands = [c for c in cands if c.get("dtype", "bfloat16") == args.dtype]
+        if not cands:
+            ap.error(f"no candidate of --only {args.only or 'ln,attn'} is of --dtype {args.dtype}")
     log(f"{len(cands)} candidates; compiling with {args.workers} workers")
     status = {}
     ctx = mp.get_context("spawn")

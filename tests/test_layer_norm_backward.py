@@ -76,7 +76,8 @@ def test_backward_keeps_its_partial_sums_in_dx(cfg, dtype, grads, device, gen, m
     in_dx = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
     ln_mod.clear_plans()
     monkeypatch.setattr(launch_bwd, "scratch_rows", lambda *args: (0, 0))
-    own = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    never = ln_mod.FewRowsConfig(max_rows=0)  # the partials' own buffer, not the few-rows kernel
+    own = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg, few=never)
     ln_mod.clear_plans()
     split = n > cfg.block_n or cfg.coop  # row sums (or the cooperative kernel's shares and counters) kept
     if any(grads) or split:

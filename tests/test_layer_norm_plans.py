@@ -248,13 +248,19 @@ def test_launch_config_is_a_frozen_dataclass_with_named_fields():
 
 
 @pytest.mark.parametrize(
-    "m, config",
-    [(64, config.LaunchConfig(4, 64, 4, 2)), (6, None), (512, None)],
-    ids=["split-backward", "own-scratch", "scratch-in-dx"],
+    "m, config, few, where",
+    [
+        (64, config.LaunchConfig(4, 64, 4, 2), config.FEW_ROWS, "split"),
+        (6, None, config.FEW_ROWS, "few"),
+        (6, None, config.FewRowsConfig(max_rows=0), "own"),
+        (512, None, config.FEW_ROWS, "dx"),
+    ],
+    ids=["split-backward", "few-rows", "own-scratch", "scratch-in-dx"],
 )
-def test_a_ready_backward_passes_its_scratch_as_addresses(m, config, device, gen, monkeypatch):
+def test_a_ready_backward_passes_its_scratch_as_addresses(m, config, few, where, device, gen, monkeypatch):
     # once every launch of a backward plan goes straight to its kernel, the scratch's parts (in dx's last
-    # rows, or a buffer of their own for few rows) are passed as addresses, not views: the same results
+    # rows, or a buffer of their own for few rows where the few-rows kernel is not used) and the few-rows
+    # kernel's tensors are passed as addresses, not views: the same results
     if device != "cpu":
         pytest.skip("the CPU stands in for compiled kernels here; the GPU test above compares results")
     stand_in = CompiledStandIn(type(launch._ln_fwd_kernel).run)
@@ -263,13 +269,13 @@ def test_a_ready_backward_passes_its_scratch_as_addresses(m, config, device, gen
     x, dy = (randn((m, n), torch.float32, device, gen) for _ in range(2))
     w = randn((n,), torch.float32, device, gen)
     _, mean, rstd = launch.layer_norm_fwd(x, w, None, 1e-5)
-    first = launch_bwd.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=config)
+    first = launch_bwd.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=config, few=few)
     before = stand_in.addresses
-    second = launch_bwd.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=config)
+    second = launch_bwd.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=config, few=few)
     assert stand_in.addresses > before
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
     (bwd,) = launch_bwd.BWD_PLANS.plans.values()
     assert bwd.ready
-    where = "split" if bwd.path == "split" else "dx" if bwd.R else "own" if bwd.total else "none"
-    assert where == {64: "split", 6: "own", 512: "dx"}[m], (bwd.path, bwd.R, bwd.total)
+    got = bwd.path if bwd.path in ("split", "few") else "dx" if bwd.R else "own" if bwd.total else "none"
+    assert got == where, (bwd.path, bwd.R, bwd.total)

@@ -90,6 +90,22 @@ class FinishConfig:
 
 FINISH = FinishConfig()
 
+
+@dataclass(frozen=True)
+class FewRowsConfig:
+    """The backward where its dw/db partials would need a buffer of their own (few rows: see
+    :mod:`.kernels_few`): one launch whose first programs each sum a column block of dw and db over every
+    row, the others writing dx."""
+
+    max_rows: int = 4096  # above, the partials' buffer instead (a column program walks all the rows)
+    col_tile: int = 8192  # elements of a column program's tile
+    max_col_n: int = 64  # widest column block (narrower until there are about as many blocks as SMs)
+    row_tile: int = 4096  # elements of a row program's tile of whole rows, or its chunk of a longer row
+    num_warps: int = 8
+
+
+FEW_ROWS = FewRowsConfig()
+
 # The tables, measured by bench/tune.py, each on the card it is named after: the fastest by median GPU
 # time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384); where a later sweep kept an
 # earlier entry, the entry stayed. (kind, element bytes, next_power_of_2(N), many rows) -> config; a config

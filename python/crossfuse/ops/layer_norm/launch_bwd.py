@@ -5,7 +5,9 @@ and db (and the split backward's row sums, the cooperative kernel's shares, the 
 counters) live in the bytes of the last R rows of dx, whose dx the main kernels leave unwritten (they
 still add those rows to dw and db, last, so that the rows are still in L2 for the end); after the partials
 are reduced, a last launch writes the R rows' dx. Where R would exceed a quarter of the rows (few rows),
-the partials get a buffer of their own. Everything but the tensors is decided once per plan key.
+one launch of the few-rows kernel (:mod:`.kernels_few`) sums dw and db straight into their outputs instead
+(above ``FewRowsConfig.max_rows`` rows, the partials get a buffer of their own). Everything but the
+tensors is decided once per plan key.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from .._runtime import pdl as _gdc
 from .._runtime.device import card_of, device_parallelism
 from . import gluon_bwd
 from .config import (
+    FEW_ROWS,
     FINISH,
     FUSED_MAX_N,
     ROWSUMS_BLOCK_N,
+    FewRowsConfig,
     FinishConfig,
     LaunchConfig,
     backward_programs,
@@ -37,6 +41,7 @@ from .kernels_bwd import (
     _ln_bwd_split_kernel,
     _ln_bwd_tma_kernel,
 )
+from .kernels_few import _ln_bwd_few_kernel
 from .kernels_finish import _ln_bwd_finish_kernel
 from .launch import INTERPRETED, default_config, is_pow2, row_desc, tensor_key, tma_usable
 from .plan import Launch, Plan, PlanCache
@@ -132,6 +137,28 @@ def reduce_partials(dw_part, db_part, dw, db, p: int, n: int, max_p: int, order:
     run(dw_part, db_part, dw, db, p, n)
 
 
+def few_launch(m: int, n: int, flags: dict, compute_dw: bool, compute_db: bool, sms: int,
+               few: FewRowsConfig = FEW_ROWS) -> Launch:  # fmt: skip
+    """The launch of ``_ln_bwd_few_kernel`` on ``m`` rows of ``n`` (``flags``: HAS_WEIGHT, IS_FP64): column
+    blocks of 16 to ``few.max_col_n`` (wider while there are still about two blocks an SM), row tiles of
+    whole rows up to FUSED_MAX_N, else rows in chunks; as many row programs as tiles, at most two an SM."""
+    col_n = 16
+    while col_n < few.max_col_n and triton.cdiv(n, 2 * col_n) >= sms:
+        col_n *= 2
+    col_n = min(col_n, triton.next_power_of_2(n))
+    col_m = max(1, few.col_tile // col_n // (2 if flags["IS_FP64"] else 1))
+    chunked = n > FUSED_MAX_N
+    block_n = few.row_tile if chunked else triton.next_power_of_2(n)
+    row_m = 1 if chunked else max(1, few.row_tile // block_n)
+    warps = max(few.num_warps, min(16, row_m * block_n // 1024))
+    cols = triton.cdiv(n, col_n) if compute_dw or compute_db else 0
+    rows = min(triton.cdiv(m, row_m), 2 * sms)
+    return Launch(_ln_bwd_few_kernel, (cols + rows,), COL_PROGRAMS=cols, COL_M=col_m, COL_N=col_n,
+                  ROW_M=row_m, BLOCK_N=block_n, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+                  EVEN_N=n == block_n, POW2_N=is_pow2(n), CHUNKED=chunked, ONE_COL=n == 1, num_warps=warps,
+                  **flags)  # fmt: skip
+
+
 class BwdPlan(Plan):
     """The backward on (M, N) rows ``dy`` and ``x`` (row strides fixed), with or without weight, for the
     gradients asked and one configuration: dx (in ``dx_shape``), dw and db (in ``param_shape``) allocated,
@@ -139,7 +166,7 @@ class BwdPlan(Plan):
 
     def __init__(self, dy, x, weight, compute_dw: bool, compute_db: bool, config: LaunchConfig | None,
                  dx_shape=None, param_shape=None, pdl: bool | None = None,
-                 dx_like: bool = False):  # fmt: skip
+                 dx_like: bool = False, few: FewRowsConfig = FEW_ROWS):  # fmt: skip
         super().__init__(x.device, INTERPRETED)
         # dx as torch.empty_like(the x given to run): the caller's promise that that x is contiguous and of
         # dx's shape (cheaper to ask torch for)
@@ -218,6 +245,11 @@ class BwdPlan(Plan):
         first = dict(GDC=gdc)
         then = dict(GDC=True, launch_pdl=True) if gdc else first
         self.strides = (dy.stride(0), x.stride(0), N)  # dx: contiguous rows
+        if total and not R and M <= few.max_rows:  # scratch that dx cannot hold: one launch, no scratch
+            self.path = "few"
+            self.main = few_launch(M, N, flags, compute_dw, compute_db, sms, few)
+            self.launches = (self.main,)
+            return
         self.rowsums = None  # the split backward's first launch
         self.finish = None
         if grouped:
@@ -316,6 +348,15 @@ class BwdPlan(Plan):
                     t.zero_()
             return dx, dw, db
         M, total, isz = self.m, self.total, self.acc.itemsize
+        s_dy, s_x, s_dx = self.strides
+        if path == "few":  # a skipped sum's pointer: a placeholder the kernel does not touch
+            args = (dx, dy, x, weight if weight is not None else x, dx if dw is None else dw,
+                    dx if db is None else db)  # fmt: skip
+            if self.ready:  # addresses (see FwdPlan.run)
+                args = tuple(t.data_ptr() for t in args)
+            self.main(*args[:4], mean, rstd, *args[4:], s_dx, s_dy, s_x, M, self.n, 1.0 / self.n)
+            self.ready = self.main.go is not None
+            return dx, dw, db
         own = None  # the scratch's own buffer (few rows), kept alive until every launch is made
         if self.R:
             base = dx
@@ -339,7 +380,6 @@ class BwdPlan(Plan):
         dw_part = at(0) if self.compute_dw else dx
         db_part = at(self.at_db) if self.compute_db else dx
         w = weight if weight is not None else x
-        s_dy, s_x, s_dx = self.strides
         at_c1, at_c2 = self.at_c1, self.at_c2
         if path == "whole_rows":
             descs = self.descs
@@ -415,12 +455,14 @@ BWD_PLANS = PlanCache(BwdPlan)
 
 
 def layer_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight, mean, rstd, compute_dw: bool, compute_db: bool,
-                   config: LaunchConfig | None = None, pdl: bool | None = None):  # fmt: skip
+                   config: LaunchConfig | None = None, pdl: bool | None = None,
+                   few: FewRowsConfig = FEW_ROWS):  # fmt: skip
     """Backward on 2-D ``dy`` and ``x`` (unit column stride). Returns ``(dx, dw, db)``; dw/db may be None.
     ``config`` overrides the tables (for tuning and tests); ``pdl`` False launches the kernels one after
-    another without programmatic dependent launch (for tests; the default: where the GPU allows)."""
+    another without programmatic dependent launch (for tests; the default: where the GPU allows); ``few``:
+    the backward of few rows (``FewRowsConfig(max_rows=0)``: never; for tests and measurements)."""
     weight = None if weight is None else weight.contiguous()
     stats = (mean.data_ptr() % 16 == 0, rstd.data_ptr() % 16 == 0)
-    key = (tensor_key(dy), tensor_key(x), tensor_key(weight), stats, compute_dw, compute_db, config, pdl)
-    plan = BWD_PLANS.get(key, dy, x, weight, compute_dw, compute_db, config, None, None, pdl)
+    key = (tensor_key(dy), tensor_key(x), tensor_key(weight), stats, compute_dw, compute_db, config, pdl, few)
+    plan = BWD_PLANS.get(key, dy, x, weight, compute_dw, compute_db, config, None, None, pdl, False, few)
     return plan(dy, x, weight, mean, rstd)
