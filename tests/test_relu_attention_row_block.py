@@ -95,3 +95,13 @@ def test_row_block_raises_what_no_block_fits(monkeypatch, device):
     with pytest.raises(OutOfResources):
         relu_attention_row_block(q, q, q)
     assert fwd.blocks == [64, 32, 16]  # halved down to the dots' smallest operand, then Triton's error
+
+
+@pytest.mark.gpu
+def test_row_block_d256_backward_on_the_gpu(device, gen):
+    # the case the halving exists for: the backward at D=256 asks for 384 KB of shared memory on 64-row
+    # blocks, more than an H100 or H200 has; it runs on smaller blocks, against float64
+    q, k, v = (t.requires_grad_(True) for t in qkv(1, 2, 130, 130, 256, torch.float32, device, gen))
+    _check_against_float64(q, k, v, False, False, device, gen)
+    fits = row_block._BLOCK_THAT_FITS.get((row_block._row_block_bwd_kernel, 256, q.device), 64)
+    assert fits < 64, "64-row blocks of the D=256 backward fitted: a GPU with over 384 KB of shared memory"
