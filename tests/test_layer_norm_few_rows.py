@@ -108,11 +108,11 @@ def test_few_rows_backward_through_autograd_is_repeatable(device, gen):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
-@pytest.mark.parametrize("shape", [(1, 768), (7, 2560), (128, 1024), (1000, 768), (1000, 5000), (1, 65536)],
-                         ids=str)  # fmt: skip
+@pytest.mark.parametrize("shape", [(1, 768), (7, 2560), (128, 1024), (1000, 768), (1000, 2560), (1, 65536),
+                                   (128, 65536)], ids=str)  # fmt: skip
 def test_peak_memory_of_few_rows_within_torchs(shape, dtype, gen):
-    # at few rows too the backward allocates dx, dw and db and nothing more: a forward and backward's peak
-    # at or below torch's
+    # where the few-rows kernel takes the backward, it allocates dx, dw and db and nothing more: a forward
+    # and backward's peak at or below torch's
     n = shape[1]
     x = randn(shape, dtype, "cuda", gen).requires_grad_(True)
     w = randn((n,), dtype, "cuda", gen).requires_grad_(True)
@@ -132,3 +132,13 @@ def test_peak_memory_of_few_rows_within_torchs(shape, dtype, gen):
 
     ours, theirs = peak(crossfuse.layer_norm), peak(torch.nn.functional.layer_norm)
     assert ours <= theirs, (ours, theirs)
+
+
+def test_few_rows_kernel_takes_short_walks_and_small_inputs():
+    # the few-rows kernel reads x and dy a second time: it takes inputs of up to max_bytes, or any input
+    # of up to short_rows rows (their partials outweigh x), never more than max_rows rows
+    few = ln_mod.FewRowsConfig(max_bytes=1000, short_rows=4, max_rows=50)
+    assert few.takes(4, 10**6) and few.takes(10, 100) and not few.takes(11, 100) and not few.takes(51, 1)
+    default = ln_mod.FewRowsConfig()
+    assert default.takes(128, 65536 * 4) and default.takes(1000, 1024 * 2)
+    assert not default.takes(1000, 8192 * 4) and not default.takes(2000, 5000 * 2)

@@ -95,13 +95,26 @@ FINISH = FinishConfig()
 class FewRowsConfig:
     """The backward where its dw/db partials would need a buffer of their own (few rows: see
     :mod:`.kernels_few`): one launch whose first programs each sum a column block of dw and db over every
-    row, the others writing dx."""
+    row, the others writing dx. It reads x and dy twice where the partials' way reads them once, so it
+    takes the rows where that second read is short (:meth:`takes`); elsewhere the partials get their own
+    buffer."""
 
-    max_rows: int = 4096  # above, the partials' buffer instead (a column program walks all the rows)
+    # x of at most max_bytes, or at most short_rows rows of any length, and never over max_rows rows. On
+    # an H100 against the partials' own buffer, at the 62 probed shapes (bf16, fp32; 1 to 2000 rows of 256
+    # to 65536) it takes: GPU time 0.57-0.99x at 57, 1.03-1.36x at five of 1000-2000 rows of 2560-8192
+    # columns; eager time 0.37-1.09x (a launch and an allocation less). Above 16 MB at 1000-2000 rows, GPU
+    # time 1.27-1.31x and eager 0.75-1.21x: the partials' way there
+    max_bytes: int = 16 << 20
+    short_rows: int = 128
+    max_rows: int = 4096
     col_tile: int = 8192  # elements of a column program's tile
     max_col_n: int = 64  # widest column block (narrower until there are about as many blocks as SMs)
     row_tile: int = 4096  # elements of a row program's tile of whole rows, or its chunk of a longer row
     num_warps: int = 8
+
+    def takes(self, m: int, row_bytes: int) -> bool:
+        """Whether the few-rows kernel takes ``m`` rows of ``row_bytes`` whose partials dx cannot hold."""
+        return m <= self.max_rows and (m <= self.short_rows or m * row_bytes <= self.max_bytes)
 
 
 FEW_ROWS = FewRowsConfig()

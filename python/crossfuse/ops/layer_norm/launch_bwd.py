@@ -6,8 +6,8 @@ counters) live in the bytes of the last R rows of dx, whose dx the main kernels 
 still add those rows to dw and db, last, so that the rows are still in L2 for the end); after the partials
 are reduced, a last launch writes the R rows' dx. Where R would exceed a quarter of the rows (few rows),
 one launch of the few-rows kernel (:mod:`.kernels_few`) sums dw and db straight into their outputs instead
-(above ``FewRowsConfig.max_rows`` rows, the partials get a buffer of their own). Everything but the
-tensors is decided once per plan key.
+where it is the faster (``FewRowsConfig.takes``); elsewhere the partials get a buffer of their own.
+Everything but the tensors is decided once per plan key.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ class BwdPlan(Plan):
         first = dict(GDC=gdc)
         then = dict(GDC=True, launch_pdl=True) if gdc else first
         self.strides = (dy.stride(0), x.stride(0), N)  # dx: contiguous rows
-        if total and not R and M <= few.max_rows:  # scratch that dx cannot hold: one launch, no scratch
+        if total and not R and few.takes(M, N * esize):  # scratch dx cannot hold: one launch, no scratch
             self.path = "few"
             self.main = few_launch(M, N, flags, compute_dw, compute_db, sms, few)
             self.launches = (self.main,)
