@@ -227,12 +227,17 @@ def test_descriptor_kernels_need_aligned_rows(device, gen):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
-@pytest.mark.parametrize("shape", [(4096, 1024), (65536, 1024), (4096, 16384), (3000, 5000), (4096, 20000)],
-                         ids=str)  # fmt: skip
+@pytest.mark.parametrize(
+    "shape",
+    [(4096, 1024), (65536, 1024), (4096, 16384), (3000, 5000), (4096, 20000),
+     (1, 768), (7, 2560), (128, 1024), (1000, 768), (1000, 2560), (1, 65536), (128, 65536)],
+    ids=str,
+)  # fmt: skip
 def test_peak_memory_of_forward_and_backward_within_torchs(shape, dtype, gen):
     # what torch's layer norm allocates for a forward and backward (y, dx, dw, db, the saved mean and
     # rstd) is all the fused kernels allocate too: their partial sums live in dx (whole rows, split
-    # backward, masked columns at N = 5000, the chunked forward and the rule's configuration at 20000)
+    # backward, masked columns at N = 5000, the chunked forward and the rule's configuration at 20000), or,
+    # with few rows, the few-rows kernel needs none
     n = shape[1]
     x = randn(shape, dtype, "cuda", gen).requires_grad_(True)
     w = randn((n,), dtype, "cuda", gen).requires_grad_(True)
