@@ -197,6 +197,33 @@ def _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty: tl.
     return x, g, ok
 
 
+@triton.jit
+def _row_sums(X, DY, W, row, mean, rstd, stride_xm, stride_dym, cols, N, BLOCK_N: tl.constexpr,
+              acc_ty: tl.constexpr, HAS_WEIGHT: tl.constexpr, IS_FP64: tl.constexpr,
+              UNROLL: tl.constexpr):  # fmt: skip
+    """``(mean(g * xhat), mean(g))`` of one row, walked in chunks of BLOCK_N (UNROLL chunks' loads out
+    together)."""
+    acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
+    acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+        x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
+        xhat = tl.where(ok, (x - mean) * rstd, 0.0)
+        acc1 += xhat * g
+        acc2 += g
+    return _div(tl.sum(acc1, axis=0), N, IS_FP64), _div(tl.sum(acc2, axis=0), N, IS_FP64)
+
+
+@triton.jit
+def _row_dx(DX, X, DY, W, row, mean, rstd, c1, c2, stride_dxm, stride_xm, stride_dym, cols, N,
+            BLOCK_N: tl.constexpr, acc_ty: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+            UNROLL: tl.constexpr):  # fmt: skip
+    """dx of one row from its two sums (:func:`_row_sums`), walked in chunks of BLOCK_N."""
+    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
+        x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
+        dx = (g - ((x - mean) * rstd * c1 + c2)) * rstd
+        tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty), mask=ok)
+
+
 @triton.jit(do_not_specialize=["ROW0", "M"])
 def _ln_bwd_rowsums_kernel(
     DY,  # output gradient, (M, N), row stride stride_dym
@@ -230,21 +257,12 @@ def _ln_bwd_rowsums_kernel(
     cols = tl.arange(0, BLOCK_N)
     mean = tl.load(Mean + row)
     rstd = tl.load(Rstd + row)
-    acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
-    acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
-    for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-        x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
-        xhat = tl.where(ok, (x - mean) * rstd, 0.0)
-        acc1 += xhat * g
-        acc2 += g
-    c1 = _div(tl.sum(acc1, axis=0), N, IS_FP64)
-    c2 = _div(tl.sum(acc2, axis=0), N, IS_FP64)
+    c1, c2 = _row_sums(X, DY, W, row, mean, rstd, stride_xm, stride_dym, cols, N, BLOCK_N, acc_ty, HAS_WEIGHT,
+                       IS_FP64, UNROLL)  # fmt: skip
     if WRITE_DX:  # the row again (from L2), as _ln_bwd_split_kernel writes it
         _wait_for_previous(GDC)
-        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=UNROLL):
-            x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
-            dx = (g - ((x - mean) * rstd * c1 + c2)) * rstd
-            tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty), mask=ok)
+        _row_dx(DX, X, DY, W, row, mean, rstd, c1, c2, stride_dxm, stride_xm, stride_dym, cols, N, BLOCK_N,
+                acc_ty, HAS_WEIGHT, UNROLL)  # fmt: skip
     else:
         tl.store(C1 + i, c1)
         tl.store(C2 + i, c2)

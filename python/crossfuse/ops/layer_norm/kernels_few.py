@@ -12,8 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels_bwd import _ln_bwd_tile, _load_bwd_tile, _row_chunk, _to_param_dtype
-from .kernels_common import _columns, _div
+from .kernels_bwd import _ln_bwd_tile, _load_bwd_tile, _row_dx, _row_sums, _to_param_dtype
+from .kernels_common import _columns
 
 
 @triton.jit
@@ -51,19 +51,10 @@ def _few_dx_chunked(DX, DY, X, W, Mean, Rstd, stride_dxm, stride_dym, stride_xm,
         row = tl.cast(r, tl.int64)  # an int under the interpreter
         mean = tl.load(Mean + row)
         rstd = tl.load(Rstd + row)
-        acc1 = tl.zeros([BLOCK_N], dtype=acc_ty)
-        acc2 = tl.zeros([BLOCK_N], dtype=acc_ty)
-        for start in tl.range(0, N, BLOCK_N):
-            x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
-            xhat = tl.where(ok, (x - mean) * rstd, 0.0)
-            acc1 += xhat * g
-            acc2 += g
-        c1 = _div(tl.sum(acc1, axis=0), N, IS_FP64)
-        c2 = _div(tl.sum(acc2, axis=0), N, IS_FP64)
-        for start in tl.range(0, N, BLOCK_N):
-            x, g, ok = _row_chunk(X, DY, W, row, stride_xm, stride_dym, start, cols, N, acc_ty, HAS_WEIGHT)
-            dx = (g - ((x - mean) * rstd * c1 + c2)) * rstd
-            tl.store(DX + row * stride_dxm + start + cols, dx.to(DX.dtype.element_ty), mask=ok)
+        c1, c2 = _row_sums(X, DY, W, row, mean, rstd, stride_xm, stride_dym, cols, N, BLOCK_N, acc_ty,
+                           HAS_WEIGHT, IS_FP64, 1)  # fmt: skip
+        _row_dx(DX, X, DY, W, row, mean, rstd, c1, c2, stride_dxm, stride_xm, stride_dym, cols, N, BLOCK_N,
+                acc_ty, HAS_WEIGHT, 1)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["M"])
