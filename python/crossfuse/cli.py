@@ -451,6 +451,12 @@ def cmd_info(args) -> int:
             print(f"          cuda:{i}: {torch.cuda.get_device_name(i)}")
     else:
         print("          cuda: not available")
+    if _backend.HAS_TRITON:
+        from .ops._runtime import native
+
+        why = native.usable_here() or native.missing()
+        state = f"built on first CUDA use into {native.cache_dir()}" if why is None else f"off ({why})"
+        print(f"eager:    the layer norm's compiled C++ path: {state}")
     impls = registry.implementations()
     print(f"registry: {len(impls)} implementations of {len(registry.OPS)} ops ({', '.join(registry.OPS)})")
     julia = [i for i in impls if i.side == "julia"]

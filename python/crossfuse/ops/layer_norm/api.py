@@ -19,6 +19,7 @@ import torch
 from ..._backend import check_runnable, interpreter_problem
 from ..._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
 from .. import _library
+from .._runtime import native
 from .._runtime.autograd import backward_once, plain_apply
 from .config import MAX_N
 from .launch import FWD_PLANS, INTERPRETED, FwdPlan, layer_norm_fwd, tensor_key
@@ -82,8 +83,8 @@ class Call:
     asked."""
 
     __slots__ = (
-        "bwd", "copy_b", "copy_w", "copy_x", "db_dtype", "eps", "fwd", "n", "param_dtype", "param_shape",
-        "y_like",
+        "bwd", "copy_b", "copy_w", "copy_x", "db_dtype", "eps", "fwd", "n", "native", "param_dtype",
+        "param_shape", "y_like",
     )  # fmt: skip
 
     def __init__(self, x, n, param_shape, weight, bias, eps):
@@ -100,6 +101,10 @@ class Call:
         self.db_dtype = bias.dtype if bias is not None and bias.dtype != self.param_dtype else None
         self.fwd = FwdPlan(x2, n, w, b, eps, None)  # y: contiguous, in x's shape
         self.bwd: dict = {}
+        # the compiled path (see _to_native): None until tried, then whether it took this call's key; only
+        # for calls that need no copies and whose gradients come in the parameters' own dtype
+        simple = not (self.copy_x or self.copy_w or self.copy_b) and self.y_like and self.db_dtype is None
+        self.native = None if simple and x.is_cuda else False
 
     def forward(self, x, weight, bias):
         """``(y, x, w, stats)``: y in x's shape, and what the backward reads (x or its rows' copy, the weight
@@ -115,9 +120,8 @@ class Call:
         stats = self.fwd(x, y, w, b, True)
         return y, x, w, stats
 
-    def backward(self, dy, x, w, stats, x_shape, need_dw: bool, need_db: bool):
-        """``(dx, dw, db)`` of the forward that saved ``x``, ``w`` and ``stats``: dx in ``x_shape``, dw and db
-        in normalized_shape (None where not asked)."""
+    def backward_plan(self, dy, x, w, x_shape, need_dw: bool, need_db: bool) -> tuple:
+        """``(whether dy's rows are a copy, the BwdPlan)`` for this gradient's layout and gradients asked."""
         key = (dy.stride(), dy.dtype, dy.data_ptr() % 16 == 0, need_dw, need_db)  # dy's shape: y's
         entry = self.bwd.get(key)
         if entry is None:
@@ -127,7 +131,12 @@ class Call:
             plan = BwdPlan(dy2, x.reshape(-1, self.n), w, need_dw, need_db, None, x_shape, self.param_shape,
                            dx_like=dx_like)  # fmt: skip
             entry = self.bwd[key] = (not _same_memory(dy, dy2), plan)
-        copy_dy, plan = entry
+        return entry
+
+    def backward(self, dy, x, w, stats, x_shape, need_dw: bool, need_db: bool):
+        """``(dx, dw, db)`` of the forward that saved ``x``, ``w`` and ``stats``: dx in ``x_shape``, dw and db
+        in normalized_shape (None where not asked)."""
+        copy_dy, plan = self.backward_plan(dy, x, w, x_shape, need_dw, need_db)
         mean, rstd = self.fwd.split(stats, plan.ready)  # addresses once the plan is ready (BwdPlan.run)
         dx, dw, db = plan(_rows(dy, self.n) if copy_dy else dy, x, w, mean, rstd)
         if db is not None and self.db_dtype is not None:
@@ -137,6 +146,58 @@ class Call:
 
 CALLS = PlanCache(lambda *args: _new_call(*args))
 
+# ----------------------------------------------------------------------------------------------------
+# the compiled path (crossfuse.ops._runtime.native)
+# ----------------------------------------------------------------------------------------------------
+
+# the backward's paths that do more than launches (the cooperative and grouped kernels zero parts of their
+# scratch first), or nothing at all: no program, the Python path
+_NOT_RECORDABLE = ("empty", "coop", "grouped")
+
+
+def _to_native(call: Call, x, normalized_shape, weight, bias, eps) -> None:
+    """Give the C++ module this call's key, once the forward's launch goes straight to its kernel: its
+    program, recorded from one more run of the forward (the output discarded), and the backward that
+    records its own programs (:func:`_native_backward`). Marks ``call.native`` done either way."""
+    launch = call.fwd.launch
+    if launch is None or launch.go is None:
+        return  # not yet: the first call launched through Triton's dispatch
+    call.native = False
+    fast = native.module()
+    if fast is None or not native.hooks_quiet():
+        return
+    (y, _, _, stats), calls = native.recorded([launch], lambda: call.forward(x, weight, bias))
+    prog = native.program(calls, [x, weight, bias, y, stats])
+    if prog is not None:
+        got = fast.add_layer_norm(x, normalized_shape, weight, bias, eps, prog, stats, _native_backward(call))
+        call.native = got is not False
+
+
+def _native_backward(call: Call):
+    """The C++ node's backward where it has no program for a gradient's layout yet: the Python plan's, and
+    once that plan launches straight to its kernels, its program recorded and registered (tried once per
+    plan: one the module cannot make, with descriptors say, keeps the Python path)."""
+    fast = native.module()
+    refused: set[int] = set()  # the plans (by id: each lives as long as the call) that gave no program
+
+    def backward(entry, dy, x, w, stats, need_dw, need_db):
+        copy_dy, plan = call.backward_plan(dy, x, w, x.shape, need_dw, need_db)
+        skip = copy_dy or not plan.ready or id(plan) in refused or plan.path in _NOT_RECORDABLE
+        if skip or not native.hooks_quiet():
+            return call.backward(dy, x, w, stats, x.shape, need_dw, need_db)
+        grads, calls = native.recorded(plan.launches, lambda: call.backward(dy, x, w, stats, x.shape, need_dw,
+                                                                           need_db))  # fmt: skip
+        dx, dw, db = grads
+        prog = native.program(calls, [dy, x, w, stats, dx, dw, db])
+        if prog is None:
+            refused.add(id(plan))
+        else:
+            allocs = [None if plan.w_like or g is None else (False, plan.param_shape, g) for g in (dw, db)]
+            fast.add_layer_norm_backward(entry, dy.data_ptr() % 16 == 0, need_dw, need_db, prog, *allocs)
+        return grads
+
+    return backward
+
 
 def clear_plans() -> None:
     """Forget every plan (the calls', the forward's, the backward's): the next call of each key decides
@@ -144,6 +205,7 @@ def clear_plans() -> None:
     CALLS.clear()
     FWD_PLANS.clear()
     BWD_PLANS.clear()
+    native.clear()
 
 
 def _call_key(x, normalized_shape, weight, bias, eps):
@@ -208,6 +270,7 @@ _APPLY = plain_apply(LayerNormFunction)  # for eager calls whose arguments gave 
 
 
 _INTERPRETER_PROBLEM = interpreter_problem() if INTERPRETED else None
+_NATIVE = native.loaded()  # the compiled path's module once loaded (see native.module)
 
 
 def _check_layer_norm_args(x, normalized_shape, weight, bias, eps) -> tuple[int, tuple]:
@@ -272,6 +335,11 @@ def layer_norm(
         n, _ = _check_layer_norm_args(x, normalized_shape, weight, bias, eps)
         x, weight, bias = _library.distinct(x, weight, bias)  # one tensor as weight and bias: see distinct
         return LayerNormFunction.apply(x, n, weight, bias, float(eps), None)
+    fast = _NATIVE.get("module")
+    if fast is not None:  # the compiled path, where it has this call's key
+        y = fast.layer_norm(x, normalized_shape, weight, bias, eps)
+        if y is not None:
+            return y
     key = _call_key(x, normalized_shape, weight, bias, eps)
     try:
         call = CALLS.plans.get(key) if key is not None else None
@@ -281,6 +349,8 @@ def layer_norm(
         call = CALLS.get(key, x, normalized_shape, weight, bias, eps) if key is not None else (
             _new_call(x, normalized_shape, weight, bias, eps)
         )
+    if call.native is None and key is not None:
+        _to_native(call, x, normalized_shape, weight, bias, eps)
     grads = x.requires_grad or (weight is not None and weight.requires_grad) or (
         bias is not None and bias.requires_grad
     )

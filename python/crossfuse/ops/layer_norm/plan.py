@@ -33,7 +33,7 @@ class Launch:
     takes a tensor descriptor, the call passes its base tensor, and the descriptor is made here (its
     tensor map kept per address, where the launch goes straight to the compiled kernel)."""
 
-    __slots__ = ("descs", "go", "grid", "kernel", "options")
+    __slots__ = ("compiled", "descs", "go", "grid", "kernel", "options", "tail")
 
     def __init__(self, kernel, grid: tuple, descs: dict | None = None, **options):
         self.kernel = kernel
@@ -41,6 +41,7 @@ class Launch:
         self.descs = descs
         self.options = options
         self.go = None  # the compiled kernel's launcher, once it was launched through the dispatch
+        self.compiled = self.tail = None  # that kernel, and the values of its parameters after the positional
 
     def __call__(self, *args) -> None:
         go = self.go
@@ -60,6 +61,7 @@ class Launch:
         hit = _direct.kept(slot) if slot is not None else None
         if hit is not None:
             self.go = _direct.launcher(hit[0], self.grid, hit[1], slot[1], self.descs)
+            self.compiled, self.tail = hit
 
 
 class PlanCache:

@@ -1,0 +1,285 @@
+"""The layer norm's compiled eager path: building the C++ module (``csrc/fastpath.cpp``) and recording
+the programs it runs.
+
+A Python ``autograd.Function`` and the Python around its launches cost more host time per call than
+torch's whole C++ operator. Once a call's plans launch straight to their compiled kernels, the plan is
+run once more with its launches recorded (:func:`recorded`); :func:`program` turns the record into a
+program of the C++ module: per launch the kernel's function handle, grid, block, shared memory and each
+argument as a constant or an address within one of the call's tensors (a slot). The C++ module then
+makes such calls itself: its key look-up, allocations, autograd node and ``cuLaunchKernelEx``.
+
+It is built once per source, torch, Python and Triton, by the C++ compiler Triton itself needs on this
+machine, into crossfuse's cache (``CROSSFUSE_CACHE_DIR``, else ``~/.cache/crossfuse``); where it cannot
+be built (no compiler, no headers) every call stays on the Python path, and :func:`problem` says why.
+Only with the Triton versions whose launcher it mirrors (``direct.RAW_LAUNCH``) and where launches go
+straight to their kernels (``CROSSFUSE_DIRECT_LAUNCH`` not 0). The compiled path calls none of Triton's
+launch hooks: programs are recorded only while no hook is set (:func:`hooks_quiet`), and a key recorded
+before a hook was set keeps its program (``crossfuse.ops.layer_norm.clear_plans()`` forgets them all).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+
+import torch
+
+from ..._backend import triton_version
+from . import direct
+
+SOURCE = Path(__file__).with_name("csrc") / "fastpath.cpp"
+NAME = "crossfuse_fastpath"
+
+# the C++ module's argument kinds (fastpath.cpp's Kind), by Triton's signature type
+PTR, I32, I64, F32, F64, I8, U32, U64 = range(8)
+_SCALARS = {"i32": I32, "i64": I64, "u32": U32, "u64": U64, "fp32": F32, "f32": F32, "fp64": F64, "i8": I8}
+MAX_SHARED = 228 * 1024  # above it Triton's launcher adds an attribute the C++ module does not
+
+_lock = threading.Lock()
+_state: dict = {}  # "module" once loaded, or "problem": why it cannot be
+
+
+def cache_dir() -> Path:
+    """Where the built module is kept."""
+    root = os.environ.get("CROSSFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                 "crossfuse")  # fmt: skip
+    return Path(root) / "native"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cuda_include() -> str | None:
+    """The directory of ``cuda.h``: the one Triton ships for its own launcher."""
+    try:
+        import triton
+    except ImportError:
+        return None
+
+    d = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+    return str(d) if (d / "cuda.h").exists() else None
+
+
+def _command(cxx: str, out: Path) -> list[str]:
+    from torch.utils import cpp_extension
+
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"], _cuda_include()]
+    libs = cpp_extension.library_paths()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *(f"-I{d}" for d in includes), str(SOURCE), "-o", str(out),
+        *(f"-L{d}" for d in libs), *(f"-Wl,-rpath,{d}" for d in libs),
+        "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-ldl",
+    ]  # fmt: skip
+
+
+def _tag() -> str:
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(f"{torch.__version__} {sys.version} {triton_version()} {sysconfig.get_platform()}".encode())
+    return h.hexdigest()[:20]
+
+
+def missing() -> str | None:
+    """What the build needs and this machine lacks (a C++ compiler, Python's headers, Triton's cuda.h), or
+    ``None``."""
+    if _compiler() is None:
+        return "no C++ compiler (c++, g++ or clang++; or CXX) was found"
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        return f"Python's headers (Python.h) are not in {sysconfig.get_paths()['include']}"
+    if _cuda_include() is None:
+        return "Triton's cuda.h was not found"
+    return None
+
+
+def build(verbose: bool = True) -> Path:
+    """The built module's path, building it first where it is not in the cache (one process builds, the
+    others wait for it). Raises RuntimeError where the machine lacks what it needs (:func:`missing`) or
+    with the compiler's output where compiling fails."""
+    lacking = missing()
+    if lacking is not None:
+        raise RuntimeError(lacking)
+    cxx = _compiler()
+    where = cache_dir() / _tag()
+    so = where / (NAME + importlib.machinery.EXTENSION_SUFFIXES[0])
+    if so.exists():
+        return so
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if so.exists():  # another process built it meanwhile
+            return so
+        if verbose:
+            print(f"crossfuse: compiling its C++ eager path once (about a minute) into {where}",
+                  file=sys.stderr)  # fmt: skip
+        tmp = where / f"{NAME}.{os.getpid()}.tmp.so"
+        done = subprocess.run(_command(cxx, tmp), capture_output=True, text=True)
+        if done.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(f"compiling {SOURCE.name} failed:\n{done.stderr[-4000:]}")
+        os.replace(tmp, so)  # whole or not at all
+    return so
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(NAME, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def usable_here() -> str | None:
+    """Why the compiled path cannot serve calls in this process, or ``None`` where it can."""
+    if not direct.available():
+        return "direct launches are off (CROSSFUSE_DIRECT_LAUNCH=0, ROCm or an unsupported Triton)"
+    if triton_version() not in direct.RAW_LAUNCH:
+        return f"Triton {'.'.join(map(str, triton_version()))}'s launcher was not read for it"
+    return None
+
+
+def hooks_quiet() -> bool:
+    """Whether Triton's launch hooks call nothing (their default), so that a recorded program, which calls
+    none, launches as the Python path would."""
+    import triton
+
+    hooks = triton.knobs.runtime
+    return direct._quiet(hooks.launch_enter_hook) and direct._quiet(hooks.launch_exit_hook)
+
+
+def module():
+    """The C++ module, built and loaded on first use; ``None`` where it cannot be (see :func:`problem`)."""
+    got = _state.get("module")
+    if got is not None or "problem" in _state:
+        return got
+    with _lock:
+        if "module" in _state or "problem" in _state:
+            return _state.get("module")
+        why = usable_here()
+        if why is None:
+            try:
+                _state["module"] = _load(build())
+                return _state["module"]
+            except Exception as err:  # any failure: the Python path, and the reason kept
+                why = str(err)
+        _state["problem"] = why
+        return None
+
+
+def loaded() -> dict:
+    """The module's state: ``"module"`` once loaded (read on every call: a dictionary look-up)."""
+    return _state
+
+
+def clear() -> None:
+    """Forget every registered program (the next calls take the Python path and record them again)."""
+    fast = _state.get("module")
+    if fast is not None:
+        fast.clear()
+
+
+def problem() -> str | None:
+    """Why the compiled path is not in use (after :func:`module` was asked), else ``None``."""
+    return _state.get("problem")
+
+
+# ----------------------------------------------------------------------------------------------------
+# recording
+# ----------------------------------------------------------------------------------------------------
+
+
+def recorded(launches, run):
+    """``(run(), calls)``: ``calls`` the ``(launch, args)`` of every call of ``launches`` (each a
+    :class:`crossfuse.ops.layer_norm.plan.Launch` that launches straight to its kernel) that ``run`` made."""
+    calls = []
+    kept = [(launch, launch.go) for launch in launches]
+
+    def recorder(launch, go):
+        def call(*args):
+            calls.append((launch, args))
+            go(*args)
+
+        return call
+
+    try:
+        for launch, go in kept:
+            launch.go = recorder(launch, go)
+        out = run()
+    finally:
+        for launch, go in kept:
+            launch.go = go
+    return out, calls
+
+
+def _slot(address: int, slots: list) -> tuple[int, int] | None:
+    """``(slot, byte offset)`` of the first slot tensor whose bytes hold ``address``."""
+    for i, t in enumerate(slots):
+        if t is None:
+            continue
+        base = t.data_ptr()
+        if base <= address < base + max(1, t.numel() * t.element_size()):
+            return i, address - base
+    return None
+
+
+def _extra_params(run) -> int:
+    """The pointers Triton's launcher passes after the kernel's own arguments: its global scratch and,
+    where it has one, its profile scratch (both null here: only kernels that ask for neither)."""
+    return int(hasattr(run, "global_scratch_size")) + int(hasattr(run, "profile_scratch_size"))
+
+
+def program(calls: list, slots: list) -> list | None:
+    """The C++ module's program of recorded ``calls`` (see :func:`recorded`), every pointer argument an
+    address within one of ``slots`` (tensors, or None); ``None`` where a launch cannot be made there: a
+    descriptor argument (its tensor map is encoded per base address, which the module does not do), a
+    kernel that asks for scratch memory, clusters, an argument type the module does not pack, or an
+    address outside the slots."""
+    out = []
+    for launch, args in calls:
+        compiled, tail = getattr(launch, "compiled", None), getattr(launch, "tail", None)
+        if compiled is None or launch.descs:
+            return None
+        run, meta = compiled.run, compiled.metadata
+        if getattr(run, "global_scratch_size", 0) or getattr(run, "profile_scratch_size", 0):
+            return None
+        if getattr(meta, "num_ctas", 1) != 1 or meta.shared > MAX_SHARED:
+            return None
+        values = (*args, *tail)
+        types = list(compiled.src.signature.values())
+        if len(types) != len(values):
+            return None
+        packed = []
+        for ty, v in zip(types, values, strict=True):
+            if ty == "constexpr":
+                continue
+            if ty.startswith("*"):
+                address = v.data_ptr() if isinstance(v, torch.Tensor) else v
+                if type(address) is not int:
+                    return None
+                at = _slot(address, slots)
+                if at is None:
+                    return None
+                packed.append((PTR, at[0], at[1], 0.0))
+            elif ty in _SCALARS and type(v) in (int, float, bool):
+                kind = _SCALARS[ty]
+                packed.append((kind, -1, 0, float(v)) if kind in (F32, F64) else (kind, -1, int(v), 0.0))
+            else:
+                return None
+        packed += [(PTR, -1, 0, 0.0)] * _extra_params(run)
+        grid = (*launch.grid, 1, 1)[:3]
+        pdl, coop = getattr(run, "launch_pdl", False), getattr(run, "launch_cooperative_grid", False)
+        block = 32 * meta.num_warps
+        out.append((compiled.function, *grid, block, meta.shared, bool(pdl), bool(coop), packed))
+    return out

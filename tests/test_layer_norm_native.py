@@ -1,0 +1,197 @@
+"""The layer norm's compiled eager path (crossfuse.ops._runtime.native and its C++ module): the programs
+recorded from a plan's launches, the module's build, and on the GPU the same results as the Python path,
+bit for bit, with no Python plan code on the way."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import crossfuse
+import pytest
+import torch
+from _layer_norm_checks import randn
+from crossfuse.ops._runtime import native
+from crossfuse.ops.layer_norm import api
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    api.clear_plans()
+    yield
+    api.clear_plans()
+
+
+class FakeRun:
+    """What :func:`native.program` reads of Triton's launcher: its scratch sizes and launch flags."""
+
+    def __init__(self, **kw):
+        self.global_scratch_size = kw.get("global_scratch_size", 0)
+        self.profile_scratch_size = kw.get("profile_scratch_size", 0)
+        self.launch_pdl = kw.get("launch_pdl", False)
+        self.launch_cooperative_grid = False
+
+
+def fake_launch(signature: dict, tail=(), descs=None, grid=(7,), shared=1024, num_ctas=1, **run):
+    compiled = SimpleNamespace(
+        function=1234, run=FakeRun(**run), src=SimpleNamespace(signature=signature),
+        metadata=SimpleNamespace(num_warps=4, shared=shared, num_ctas=num_ctas),
+    )  # fmt: skip
+    return SimpleNamespace(compiled=compiled, tail=tail, descs=descs, grid=grid)
+
+
+SIG = {"X": "*bf16", "Y": "*bf16", "M": "i32", "eps": "fp32", "big": "i64", "BLOCK": "constexpr"}
+
+
+def test_program_maps_addresses_to_slots_and_skips_constexprs():
+    x, y = torch.empty(100, dtype=torch.bfloat16), torch.empty(10, dtype=torch.float32)
+    launch = fake_launch(SIG, tail=(64,), launch_pdl=True)
+    args = (x.data_ptr() + 20, y, 100, 1e-5, 2**40)  # an address inside x, a tensor, then scalars
+    (got,) = native.program([(launch, args)], [None, x, y])
+    function, gx, gy, gz, block, shared, pdl, coop, packed = got
+    assert (function, gx, gy, gz, block, shared, pdl, coop) == (1234, 7, 1, 1, 128, 1024, True, False)
+    assert packed[:5] == [(native.PTR, 1, 20, 0.0), (native.PTR, 2, 0, 0.0), (native.I32, -1, 100, 0.0),
+                          (native.F32, -1, 0, 1e-5), (native.I64, -1, 2**40, 0.0)]  # fmt: skip
+    assert packed[5:] == [(native.PTR, -1, 0, 0.0)] * 2  # the launcher's global and profile scratch
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (dict(descs={0: ()}), "a descriptor: its tensor map is encoded per address"),
+        (dict(global_scratch_size=64), "scratch memory"),
+        (dict(num_ctas=2), "clusters"),
+        (dict(shared=300 * 1024), "oversized shared memory"),
+        (dict(signature={**SIG, "M": "bf16"}), "an argument type it does not pack"),
+        (dict(address=1 << 20), "an address outside the slots"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_program_refuses_what_the_module_cannot_launch(change, why):
+    x = torch.empty(100, dtype=torch.bfloat16)
+    address = change.pop("address", x.data_ptr())
+    launch = fake_launch(change.pop("signature", SIG), tail=(64,), **change)
+    assert native.program([(launch, (address, x, 1, 1.0, 1))], [x]) is None, why
+
+
+def test_recorded_restores_the_launches_after_an_error():
+    seen = []
+    launch = SimpleNamespace(go=lambda *a: seen.append(a))
+    go = launch.go
+
+    def run():
+        launch.go(1, 2)
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        native.recorded([launch], run)
+    assert launch.go is go and seen == [(1, 2)]
+    out, calls = native.recorded([launch], lambda: launch.go(3) or "done")
+    assert out == "done" and calls == [(launch, (3,))] and launch.go is go
+
+
+def test_the_module_builds_loads_and_takes_no_cpu_call(tmp_path, monkeypatch):
+    monkeypatch.setenv("CROSSFUSE_CACHE_DIR", str(tmp_path))
+    if native.missing() is not None:
+        pytest.skip(f"the compiled path cannot be built here: {native.missing()}")
+    path = native.build(verbose=False)  # where it can, it must
+    assert path.is_relative_to(tmp_path) and native.build(verbose=False) == path  # built once
+    fast = native._load(path)
+    assert fast.count() == (0, 0)
+    x = torch.randn(4, 8)
+    assert fast.layer_norm(x, (8,), None, None, 1e-5) is None  # CPU tensors: the Python path
+    assert fast.add_layer_norm(x, (8,), None, None, 1e-5, [], torch.empty(2), lambda *a: None) is False
+    with pytest.raises(ValueError, match="entry"):
+        fast.add_layer_norm_backward(12345, True, True, True, [], None, None)
+
+
+# ----------------------------------------------------------------------------------------------------
+# on the GPU
+# ----------------------------------------------------------------------------------------------------
+
+CASES = [
+    ((4096, 1024), True, True),  # whole rows
+    ((64, 8192), True, True),  # few rows
+    ((3, 700, 5000), True, True),  # split, 3-D
+    ((2048, 768), False, True),  # bias only
+    ((1000, 1000), True, False),  # weight only
+    ((512, 256), False, False),
+    ((4101, 16384), True, True),  # the grouped Gluon kernel: the Python path
+]
+
+
+def _module():
+    fast = native.module()
+    if fast is None:
+        pytest.fail(f"the compiled path is not available on this GPU machine: {native.problem()}")
+    return fast
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape, has_w, has_b", CASES, ids=str)
+def test_compiled_path_gives_the_python_paths_results_bit_for_bit(shape, has_w, has_b, dtype, gen,
+                                                                   monkeypatch):  # fmt: skip
+    fast = _module()
+    n = shape[-1]
+    x = randn(shape, dtype, "cuda", gen).requires_grad_(True)
+    w = randn((n,), dtype, "cuda", gen).requires_grad_(True) if has_w else None
+    b = randn((n,), dtype, "cuda", gen).requires_grad_(True) if has_b else None
+    dy = randn(shape, dtype, "cuda", gen)
+    wrt = [t for t in (x, w, b) if t is not None]
+
+    def step():
+        y = crossfuse.layer_norm(x, (n,), w, b)
+        return (y, *torch.autograd.grad(y, wrt, dy))
+
+    python = step()  # the first call: Triton's dispatch; the second registers the forward's program
+    for a, c in zip(python, step(), strict=True):
+        assert torch.equal(a, c)
+    third = step()  # the compiled forward; its backward records the backward's program
+    forwards, backwards = fast.count()
+    ((_, plan),) = next(iter(api.CALLS.plans.values())).bwd.values()
+    plain = plan.path in ("whole_rows", "split", "few") and not any(launch.descs for launch in plan.launches)
+    # the backward of pointer kernels has its program; one with descriptors, or that zeroes scratch
+    # first, keeps the Python path (native.program, api._NOT_RECORDABLE)
+    assert forwards == 1 and backwards == int(plain), (plan.path, backwards)
+    calls = []
+    for name in ("forward", "backward", "backward_plan"):
+        fn = getattr(api.Call, name)
+        monkeypatch.setattr(api.Call, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+    for got in (third, step(), step()):
+        for a, c in zip(python, got, strict=True):
+            assert torch.equal(a, c)
+    assert calls == []  # no Python plan code: the C++ module's programs
+    with torch.no_grad():  # and without an autograd node
+        assert torch.equal(crossfuse.layer_norm(x, (n,), w, b), python[0])
+    assert calls == []
+
+
+@pytest.mark.gpu
+def test_compiled_path_on_a_side_stream_and_in_a_module(gen):
+    _module()
+    m = crossfuse.nn.LayerNorm(1024, native_below=0).cuda().to(torch.bfloat16)
+    x = randn((4096, 1024), torch.bfloat16, "cuda", gen).requires_grad_(True)
+    want = torch.nn.functional.layer_norm(x.float(), (1024,), m.weight.float(), m.bias.float())
+    for _ in range(3):
+        m(x).sum().backward()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = m(x)
+        (gx,) = torch.autograd.grad(y.float().sum(), x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert (y.float() - want).abs().max().item() < 0.05
+    assert torch.isfinite(gx).all()
+
+
+@pytest.mark.gpu
+def test_compiled_backward_refuses_a_double_backward_only_under_create_graph(gen):
+    _module()
+    x = randn((256, 512), torch.float32, "cuda", gen).requires_grad_(True)
+    for _ in range(3):  # the compiled path from the third call
+        y = crossfuse.layer_norm(x, (512,))
+        torch.autograd.grad(y.pow(3).sum(), x)
+    y = crossfuse.layer_norm(x, (512,))
+    (gx,) = torch.autograd.grad(y.pow(3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        gx.sum().backward()
