@@ -73,6 +73,31 @@ def test_program_refuses_what_the_module_cannot_launch(change, why):
     assert native.program([(launch, (address, x, 1, 1.0, 1))], [x]) is None, why
 
 
+def test_program_refuses_an_address_that_two_slots_hold():
+    # one tensor given as weight and bias: a later call of the key may give two, and a program that
+    # named one slot for both would read the weight as the bias
+    x, p = torch.empty(100, dtype=torch.bfloat16), torch.empty(10, dtype=torch.bfloat16)
+    launch = fake_launch(SIG, tail=(64,))
+    assert native.program([(launch, (x, p, 1, 1.0, 1))], [x, p, p]) is None
+    assert native.program([(launch, (x, p, 1, 1.0, 1))], [x, p, None]) is not None
+
+
+def test_recorded_keeps_only_this_threads_launches():
+    import threading
+
+    seen = []
+    launch = SimpleNamespace(go=lambda *a: seen.append(a))
+
+    def run():
+        other = threading.Thread(target=lambda: launch.go("other"))
+        other.start()
+        other.join()
+        launch.go("mine")
+
+    _, calls = native.recorded([launch], run)
+    assert calls == [(launch, ("mine",))] and seen == [("other",), ("mine",)]
+
+
 def test_recorded_restores_the_launches_after_an_error():
     seen = []
     launch = SimpleNamespace(go=lambda *a: seen.append(a))
@@ -182,6 +207,33 @@ def test_compiled_path_on_a_side_stream_and_in_a_module(gen):
     torch.cuda.current_stream().wait_stream(side)
     assert (y.float() - want).abs().max().item() < 0.05
     assert torch.isfinite(gx).all()
+
+
+@pytest.mark.gpu
+def test_a_strided_gradient_first_leaves_later_contiguous_ones_right(gen):
+    # a gradient with another row stride (a slice of a wider one) takes the Python path and records no
+    # program, so the contiguous gradients after it get their own
+    _module()
+    n = 1024
+    x = randn((512, n), torch.bfloat16, "cuda", gen).requires_grad_(True)
+    w = randn((n,), torch.bfloat16, "cuda", gen).requires_grad_(True)
+    wide = randn((512, 2 * n), torch.bfloat16, "cuda", gen)
+    want = torch.autograd.grad(torch.nn.functional.layer_norm(x.double(), (n,), w.double()), x,
+                               wide[:, :n].double())[0]  # fmt: skip
+    for dy in [wide[:, :n]] * 3 + [wide[:, :n].contiguous()] * 3:
+        (gx,) = torch.autograd.grad(crossfuse.layer_norm(x, (n,), w), x, dy)
+        assert (gx.double() - want).abs().max().item() < 0.1
+
+
+@pytest.mark.gpu
+def test_one_tensor_as_weight_and_bias_then_two(gen):
+    _module()
+    n = 768
+    x = randn((256, n), torch.float32, "cuda", gen)
+    p, q = (randn((n,), torch.float32, "cuda", gen) for _ in range(2))
+    for w, b in [(p, p)] * 3 + [(p, q)] * 3:
+        want = torch.nn.functional.layer_norm(x, (n,), w, b)
+        assert torch.allclose(crossfuse.layer_norm(x, (n,), w, b), want, atol=1e-4)
 
 
 @pytest.mark.gpu

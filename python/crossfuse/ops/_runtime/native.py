@@ -200,38 +200,51 @@ def problem() -> str | None:
 # ----------------------------------------------------------------------------------------------------
 
 
+_recording = threading.Lock()
+
+
 def recorded(launches, run):
     """``(run(), calls)``: ``calls`` the ``(launch, args)`` of every call of ``launches`` (each a
-    :class:`crossfuse.ops.layer_norm.plan.Launch` that launches straight to its kernel) that ``run`` made."""
+    :class:`crossfuse.ops.layer_norm.plan.Launch` that launches straight to its kernel) that ``run`` made
+    in this thread; another thread's launches through them meanwhile are made, not recorded. One
+    recording at a time, so that each puts back the launchers it found."""
     calls = []
-    kept = [(launch, launch.go) for launch in launches]
+    me = threading.get_ident()
+    with _recording:
+        kept = [(launch, launch.go) for launch in launches]
 
-    def recorder(launch, go):
-        def call(*args):
-            calls.append((launch, args))
-            go(*args)
+        def recorder(launch, go):
+            def call(*args):
+                if threading.get_ident() == me:
+                    calls.append((launch, args))
+                go(*args)
 
-        return call
+            return call
 
-    try:
-        for launch, go in kept:
-            launch.go = recorder(launch, go)
-        out = run()
-    finally:
-        for launch, go in kept:
-            launch.go = go
+        try:
+            for launch, go in kept:
+                launch.go = recorder(launch, go)
+            out = run()
+        finally:
+            for launch, go in kept:
+                launch.go = go
     return out, calls
 
 
 def _slot(address: int, slots: list) -> tuple[int, int] | None:
-    """``(slot, byte offset)`` of the first slot tensor whose bytes hold ``address``."""
+    """``(slot, byte offset)`` of the slot tensor whose bytes hold ``address``; ``None`` where none does,
+    or where two slots do (one tensor as weight and bias, say: a later call of the key may pass two, and
+    the program could not tell which one the kernel was given)."""
+    found = None
     for i, t in enumerate(slots):
         if t is None:
             continue
         base = t.data_ptr()
         if base <= address < base + max(1, t.numel() * t.element_size()):
-            return i, address - base
-    return None
+            if found is not None:
+                return None
+            found = (i, address - base)
+    return found
 
 
 def _extra_params(run) -> int:

@@ -169,7 +169,11 @@ def _to_native(call: Call, x, normalized_shape, weight, bias, eps) -> None:
     (y, _, _, stats), calls = native.recorded([launch], lambda: call.forward(x, weight, bias))
     prog = native.program(calls, [x, weight, bias, y, stats])
     if prog is not None:
-        got = fast.add_layer_norm(x, normalized_shape, weight, bias, eps, prog, stats, _native_backward(call))
+        backward = _native_backward(call)
+        try:
+            got = fast.add_layer_norm(x, normalized_shape, weight, bias, eps, prog, stats, backward)
+        except Exception:  # whatever the module refuses: the Python path
+            return
         call.native = got is not False
 
 
@@ -182,7 +186,10 @@ def _native_backward(call: Call):
 
     def backward(entry, dy, x, w, stats, need_dw, need_db):
         copy_dy, plan = call.backward_plan(dy, x, w, x.shape, need_dw, need_db)
-        skip = copy_dy or not plan.ready or id(plan) in refused or plan.path in _NOT_RECORDABLE
+        # only from a gradient of the layout the module runs programs for (contiguous, x's shape and
+        # dtype): the program holds its row stride
+        like_x = dy.is_contiguous() and dy.dtype == x.dtype and dy.shape == x.shape
+        skip = not like_x or copy_dy or not plan.ready or id(plan) in refused or plan.path in _NOT_RECORDABLE
         if skip or not native.hooks_quiet():
             return call.backward(dy, x, w, stats, x.shape, need_dw, need_db)
         grads, calls = native.recorded(plan.launches, lambda: call.backward(dy, x, w, stats, x.shape, need_dw,
@@ -193,7 +200,10 @@ def _native_backward(call: Call):
             refused.add(id(plan))
         else:
             allocs = [None if plan.w_like or g is None else (False, plan.param_shape, g) for g in (dw, db)]
-            fast.add_layer_norm_backward(entry, dy.data_ptr() % 16 == 0, need_dw, need_db, prog, *allocs)
+            try:
+                fast.add_layer_norm_backward(entry, dy.data_ptr() % 16 == 0, need_dw, need_db, prog, *allocs)
+            except Exception:  # whatever the module refuses: the Python path
+                refused.add(id(plan))
         return grads
 
     return backward

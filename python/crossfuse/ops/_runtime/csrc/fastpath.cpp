@@ -17,6 +17,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <atomic>
@@ -41,15 +42,21 @@ using torch::autograd::variable_list;
 
 using LaunchEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
 using ErrorString = CUresult (*)(CUresult, const char**);
+using CtxGetCurrent = CUresult (*)(CUcontext*);
+using CtxGetDevice = CUresult (*)(CUdevice*);
 LaunchEx launch_ex = nullptr;
 ErrorString error_string = nullptr;
+CtxGetCurrent ctx_get_current = nullptr;
+CtxGetDevice ctx_get_device = nullptr;
 
 bool load_driver() {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   if (lib == nullptr) return false;
   launch_ex = reinterpret_cast<LaunchEx>(dlsym(lib, "cuLaunchKernelEx"));
   error_string = reinterpret_cast<ErrorString>(dlsym(lib, "cuGetErrorString"));
-  return launch_ex != nullptr;
+  ctx_get_current = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
+  ctx_get_device = reinterpret_cast<CtxGetDevice>(dlsym(lib, "cuCtxGetDevice"));
+  return launch_ex != nullptr && ctx_get_current != nullptr && ctx_get_device != nullptr;
 }
 
 // ---- programs --------------------------------------------------------------------------------------
@@ -94,6 +101,7 @@ void check(CUresult r, const char* what) {
 
 void run_program(const Program& p, const void* const* base, CUstream stream) {
   for (const Launch& l : p.launches) {
+    if (l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0) continue;  // nothing to launch, as Triton's
     size_t n = l.args.size();
     TORCH_CHECK(n <= kMaxArgs, "crossfuse: a recorded launch has too many arguments");
     uint64_t store[kMaxArgs];
@@ -173,9 +181,17 @@ CUstream current_stream(const at::Tensor& t) {
   return reinterpret_cast<CUstream>(guard.getStreamNativeHandle(guard.getStream(t.device())));
 }
 
-// whether t is on the current CUDA device: the programs' functions belong to its context (the Python
-// path makes the tensors' device current where another one is)
-bool on_current_device(const at::Tensor& t) { return t.device().index() == cuda_guard().getDevice().index(); }
+// Whether this thread can launch for t's device: t is on the current CUDA device, and that device's
+// context is current (the programs' functions belong to it; the Python path makes the device current
+// where another one is, and Triton's launcher binds a context where a new thread has none yet).
+bool launchable(const at::Tensor& t) {
+  int index = t.device().index();
+  if (index != cuda_guard().getDevice().index()) return false;
+  CUcontext ctx = nullptr;
+  CUdevice dev = -1;
+  return ctx_get_current(&ctx) == CUDA_SUCCESS && ctx != nullptr && ctx_get_device(&dev) == CUDA_SUCCESS &&
+         dev == index;
+}
 
 // ---- the layer norm's entries ----------------------------------------------------------------------
 
@@ -265,24 +281,6 @@ at::Tensor param_grad(const Alloc& a, const at::Tensor& w, const at::Tensor& x) 
   return at::empty(a.shape, x.options().dtype(a.dtype));
 }
 
-std::string python_error() {
-  PyObject *type, *value, *trace;
-  PyErr_Fetch(&type, &value, &trace);
-  std::string what = "a Python error";
-  if (value != nullptr) {
-    PyObject* s = PyObject_Str(value);
-    if (s != nullptr) {
-      const char* c = PyUnicode_AsUTF8(s);
-      if (c != nullptr) what = c;
-      Py_DECREF(s);
-    }
-  }
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(trace);
-  return what;
-}
-
 struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& w,
                             const std::optional<at::Tensor>& b, int64_t entry) {
@@ -309,7 +307,7 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     bool need_db = has_b && ctx->needs_input_grad(has_w ? 2 : 1);
     at::Tensor dx, dw, db;
     bool fast = dy.defined() && dy.is_cuda() && plain(dy) && dy.is_contiguous() &&
-                dy.scalar_type() == x.scalar_type() && dy.sizes() == x.sizes();
+                dy.scalar_type() == x.scalar_type() && dy.sizes() == x.sizes() && launchable(x);
     const Backward* hit = nullptr;
     int bkey = 0;
     if (fast) {
@@ -328,26 +326,27 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
       run_program(hit->program, base, current_stream(x));
     } else {
       if (!dy.defined()) dy = at::zeros_like(x);
-      PyGILState_STATE gil = PyGILState_Ensure();
+      pybind11::gil_scoped_acquire gil;
       PyObject* out = PyObject_CallFunction(e->py_backward, "LNNNNOO", static_cast<long long>(reinterpret_cast<intptr_t>(e)),
-                                            THPVariable_Wrap(dy), THPVariable_Wrap(x),
-                                            THPVariable_Wrap(w), THPVariable_Wrap(stats),
-                                            need_dw ? Py_True : Py_False, need_db ? Py_True : Py_False);
-      std::string error;
-      if (out == nullptr) {
-        error = python_error();
-      } else if (!PyTuple_Check(out) || PyTuple_GET_SIZE(out) != 3) {
-        error = "the Python backward did not return (dx, dw, db)";
-      } else {
-        at::Tensor* got[3] = {&dx, &dw, &db};
-        for (int i = 0; i < 3; ++i) {
-          PyObject* t = PyTuple_GET_ITEM(out, i);
-          if (t != Py_None) *got[i] = THPVariable_Unpack(t);
-        }
+                                            THPVariable_Wrap(dy), THPVariable_Wrap(x), THPVariable_Wrap(w),
+                                            THPVariable_Wrap(stats), need_dw ? Py_True : Py_False,
+                                            need_db ? Py_True : Py_False);
+      if (out == nullptr) {  // the Python exception itself, raised again where the backward was called
+        python_error err;
+        err.persist();
+        throw std::move(err);
       }
-      Py_XDECREF(out);
-      PyGILState_Release(gil);
-      TORCH_CHECK(error.empty(), error);
+      bool ok = PyTuple_Check(out) && PyTuple_GET_SIZE(out) == 3;
+      at::Tensor* got[3] = {&dx, &dw, &db};
+      for (int i = 0; ok && i < 3; ++i) {
+        PyObject* t = PyTuple_GET_ITEM(out, i);
+        if (THPVariable_Check(t))
+          *got[i] = THPVariable_Unpack(t);
+        else
+          ok = t == Py_None;
+      }
+      Py_DECREF(out);
+      TORCH_CHECK(ok, "crossfuse: the layer norm's Python backward did not return (dx, dw, db)");
     }
     if (!need_dw) dw = at::Tensor();
     if (!need_db) db = at::Tensor();
@@ -380,7 +379,10 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
 
 bool parse_program(PyObject* launches, Program& p) {
   // [(function, gx, gy, gz, block, smem, pdl, coop, [(kind, slot, value, real), ...]), ...]
-  if (!PyList_Check(launches)) return false;
+  if (!PyList_Check(launches)) {
+    PyErr_SetString(PyExc_TypeError, "a program is a list of launches");
+    return false;
+  }
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(launches); ++i) {
     PyObject* item = PyList_GET_ITEM(launches, i);
     unsigned long long fn;
@@ -404,7 +406,7 @@ bool parse_program(PyObject* launches, Program& p) {
       long long value;
       if (!PyArg_ParseTuple(PyList_GET_ITEM(args, j), "iiLd", &a.kind, &a.slot, &value, &a.real)) return false;
       a.value = value;
-      if (a.kind < kPtr || a.kind > kU64 || a.slot >= kMaxSlots) {
+      if (a.kind < kPtr || a.kind > kU64 || a.slot < -1 || a.slot >= kMaxSlots) {
         PyErr_SetString(PyExc_ValueError, "an argument of an unknown kind or slot");
         return false;
       }
@@ -431,6 +433,10 @@ bool is_tensor_or_none(PyObject* o) { return o == Py_None || THPVariable_Check(o
 int64_t normalised_dims(const at::Tensor& x, PyObject* shape) {
   if (PyLong_CheckExact(shape)) {
     long long n = PyLong_AsLongLong(shape);
+    if (n == -1 && PyErr_Occurred()) {  // too large for any size
+      PyErr_Clear();
+      return 0;
+    }
     return x.dim() >= 1 && x.size(-1) == n ? 1 : 0;
   }
   if (!PyTuple_Check(shape) && !PyList_CheckExact(shape)) return 0;  // torch.Size: a tuple
@@ -443,7 +449,13 @@ int64_t normalised_dims(const at::Tensor& x, PyObject* shape) {
   int64_t ok = k >= 1 && k <= x.dim() ? k : 0;
   for (Py_ssize_t i = 0; ok && i < k; ++i) {
     PyObject* d = PySequence_Fast_GET_ITEM(fast, i);
-    if (!PyLong_CheckExact(d) || PyLong_AsLongLong(d) != x.size(x.dim() - k + i)) ok = 0;
+    if (!PyLong_CheckExact(d)) {
+      ok = 0;
+      break;
+    }
+    long long v = PyLong_AsLongLong(d);
+    if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (v != x.size(x.dim() - k + i)) ok = 0;
   }
   Py_DECREF(fast);
   return ok;
@@ -481,7 +493,7 @@ PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Key key;
     if (k == 0 || launch_ex == nullptr || !call_key(x, k, w, b, eps, key)) Py_RETURN_NONE;
     Entry* e = find(key);
-    if (e == nullptr || !on_current_device(x)) Py_RETURN_NONE;
+    if (e == nullptr || !launchable(x)) Py_RETURN_NONE;
     bool grads = x.requires_grad() || (w && w->requires_grad()) || (b && b->requires_grad());
     at::Tensor y;
     if (grads && at::GradMode::is_enabled()) {
@@ -571,13 +583,22 @@ PyObject* add_layer_norm_backward(PyObject*, PyObject* const* args, Py_ssize_t n
       return nullptr;
     }
   }
-  Backward bwd;
-  if (!parse_program(args[4], bwd.program) || !parse_alloc(args[5], bwd.dw) || !parse_alloc(args[6], bwd.db))
+  int flags[3];
+  for (int i = 0; i < 3; ++i) {
+    flags[i] = PyObject_IsTrue(args[1 + i]);
+    if (flags[i] < 0) return nullptr;
+  }
+  try {
+    Backward bwd;
+    if (!parse_program(args[4], bwd.program) || !parse_alloc(args[5], bwd.dw) || !parse_alloc(args[6], bwd.db))
+      return nullptr;
+    std::unique_lock<std::shared_mutex> hold(e->lock);
+    e->backward.emplace(flags[0] * 4 + flags[1] * 2 + flags[2], std::move(bwd));
+    Py_RETURN_TRUE;
+  } catch (const std::exception& err) {
+    PyErr_SetString(PyExc_RuntimeError, err.what());
     return nullptr;
-  int bkey = PyObject_IsTrue(args[1]) * 4 + PyObject_IsTrue(args[2]) * 2 + PyObject_IsTrue(args[3]);
-  std::unique_lock<std::shared_mutex> hold(e->lock);
-  e->backward.emplace(bkey, std::move(bwd));
-  Py_RETURN_TRUE;
+  }
 }
 
 PyObject* clear(PyObject*, PyObject*) {
