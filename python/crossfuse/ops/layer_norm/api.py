@@ -3,8 +3,10 @@
 An eager call is a dictionary look-up and the launches: everything that depends only on the arguments'
 shapes, strides, dtypes, devices, 16-byte alignment, ``normalized_shape`` and ``eps`` (the checks, the
 rows' layout, the forward's plan) is kept in a :class:`Call` under that key, and the backward's plans in
-it under the gradient's layout and the gradients asked. While ``torch.compile`` or ``torch.export``
-traces, the autograd.Function calls the launchers through the custom operators of
+it under the gradient's layout and the gradients asked. Once a key's launches go straight to their
+kernels, its programs are recorded into the C++ module of :mod:`crossfuse.ops._runtime.native`, which then
+serves the key's calls without this module's Python (:func:`_to_native`). While ``torch.compile`` or
+``torch.export`` traces, the autograd.Function calls the launchers through the custom operators of
 :mod:`crossfuse.ops._library` instead, which the tracer does not enter.
 """
 

@@ -473,6 +473,27 @@ bool real_eps(PyObject* o, double& eps) {
   return false;
 }
 
+// A call's tensors and key, read from (x, normalized_shape, weight, bias, eps).
+struct CallArgs {
+  at::Tensor x, w_holder, b_holder;
+  at::Tensor* w = nullptr;
+  at::Tensor* b = nullptr;
+  Key key;
+};
+
+// false where the fast path does not take these arguments (see call_key)
+bool read_call(PyObject* const* args, CallArgs& c) {
+  double eps;
+  if (!THPVariable_Check(args[0]) || !is_tensor_or_none(args[2]) || !is_tensor_or_none(args[3]) ||
+      !real_eps(args[4], eps))
+    return false;
+  c.x = THPVariable_Unpack(args[0]);
+  int64_t k = normalised_dims(c.x, args[1]);
+  c.w = optional_tensor(args[2], c.w_holder);
+  c.b = optional_tensor(args[3], c.b_holder);
+  return k != 0 && call_key(c.x, k, c.w, c.b, eps, c.key);
+}
+
 // ---- the module's functions ------------------------------------------------------------------------
 
 // layer_norm(x, normalized_shape, weight, bias, eps) -> y, or None where no program is registered
@@ -481,18 +502,12 @@ PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "layer_norm takes 5 arguments");
     return nullptr;
   }
-  if (!THPVariable_Check(args[0]) || !is_tensor_or_none(args[2]) || !is_tensor_or_none(args[3])) Py_RETURN_NONE;
-  double eps;
-  if (!real_eps(args[4], eps)) Py_RETURN_NONE;
   try {
-    const at::Tensor& x = THPVariable_Unpack(args[0]);
-    int64_t k = normalised_dims(x, args[1]);
-    at::Tensor wh, bh;
-    at::Tensor* w = optional_tensor(args[2], wh);
-    at::Tensor* b = optional_tensor(args[3], bh);
-    Key key;
-    if (k == 0 || launch_ex == nullptr || !call_key(x, k, w, b, eps, key)) Py_RETURN_NONE;
-    Entry* e = find(key);
+    CallArgs c;
+    if (launch_ex == nullptr || !read_call(args, c)) Py_RETURN_NONE;
+    Entry* e = find(c.key);
+    const at::Tensor& x = c.x;
+    at::Tensor *w = c.w, *b = c.b;
     if (e == nullptr || !launchable(x)) Py_RETURN_NONE;
     bool grads = x.requires_grad() || (w && w->requires_grad()) || (b && b->requires_grad());
     at::Tensor y;
@@ -515,21 +530,14 @@ PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // int) or False: the forward's program for this call's key (`stats`: a statistics tensor, for its size
 // and dtype)
 PyObject* add_layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 8 || !THPVariable_Check(args[0]) || !is_tensor_or_none(args[2]) || !is_tensor_or_none(args[3]) ||
-      !THPVariable_Check(args[6]) || !PyCallable_Check(args[7])) {
+  if (nargs != 8 || !THPVariable_Check(args[6]) || !PyCallable_Check(args[7])) {
     PyErr_SetString(PyExc_TypeError, "add_layer_norm(x, normalized_shape, weight, bias, eps, forward, stats, backward)");
     return nullptr;
   }
-  double eps;
-  if (!real_eps(args[4], eps)) Py_RETURN_FALSE;
   try {
-    const at::Tensor& x = THPVariable_Unpack(args[0]);
-    int64_t k = normalised_dims(x, args[1]);
-    at::Tensor wh, bh;
-    at::Tensor* w = optional_tensor(args[2], wh);
-    at::Tensor* b = optional_tensor(args[3], bh);
-    Key key;
-    if (k == 0 || !call_key(x, k, w, b, eps, key)) Py_RETURN_FALSE;
+    CallArgs c;
+    if (!read_call(args, c)) Py_RETURN_FALSE;
+    const Key& key = c.key;
     auto e = std::make_unique<Entry>();
     if (!parse_program(args[5], e->forward)) return nullptr;
     const at::Tensor& stats = THPVariable_Unpack(args[6]);
