@@ -63,6 +63,17 @@ def _fresh_attention_caches():
 
 
 @pytest.fixture
+def fresh_layer_norm_plans():
+    """The test starts from no layer-norm plans (nor compiled programs) and leaves none: some build theirs
+    under stand-ins, and counts of what a call builds need a first call of their own."""
+    from crossfuse.ops.layer_norm import api
+
+    api.clear_plans()
+    yield
+    api.clear_plans()
+
+
+@pytest.fixture
 def launched(monkeypatch):
     """The kernels the attention launchers launch through ``_launch`` during the test, in order (a spy)."""
     from crossfuse.ops.relu_attention import launch as launch_module

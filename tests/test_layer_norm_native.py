@@ -13,12 +13,7 @@ from _layer_norm_checks import randn
 from crossfuse.ops._runtime import native
 from crossfuse.ops.layer_norm import api
 
-
-@pytest.fixture(autouse=True)
-def _fresh_plans():
-    api.clear_plans()
-    yield
-    api.clear_plans()
+pytestmark = pytest.mark.usefixtures("fresh_layer_norm_plans")
 
 
 class FakeRun:

@@ -16,13 +16,7 @@ from crossfuse.ops import layer_norm as ln_mod
 from crossfuse.ops._runtime import direct as _direct
 from crossfuse.ops.layer_norm import api, config, launch, launch_bwd, plan
 
-
-@pytest.fixture(autouse=True)
-def _fresh_plans():
-    """Each test starts from no plans and leaves none (some build theirs under stand-ins)."""
-    api.clear_plans()
-    yield
-    api.clear_plans()
+pytestmark = pytest.mark.usefixtures("fresh_layer_norm_plans")
 
 
 class CompiledStandIn:

@@ -32,6 +32,7 @@ import threading
 from pathlib import Path
 
 import torch
+import triton
 
 from ..._backend import triton_version
 from . import direct
@@ -57,18 +58,14 @@ def cache_dir() -> Path:
 
 def _compiler() -> str | None:
     for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
+        path = shutil.which(name) if name else None
+        if path:
+            return path
     return None
 
 
 def _cuda_include() -> str | None:
     """The directory of ``cuda.h``: the one Triton ships for its own launcher."""
-    try:
-        import triton
-    except ImportError:
-        return None
-
     d = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
     return str(d) if (d / "cuda.h").exists() else None
 
@@ -153,8 +150,6 @@ def usable_here() -> str | None:
 def hooks_quiet() -> bool:
     """Whether Triton's launch hooks call nothing (their default), so that a recorded program, which calls
     none, launches as the Python path would."""
-    import triton
-
     hooks = triton.knobs.runtime
     return direct._quiet(hooks.launch_enter_hook) and direct._quiet(hooks.launch_exit_hook)
 

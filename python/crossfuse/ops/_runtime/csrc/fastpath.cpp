@@ -638,7 +638,7 @@ PyMethodDef methods[] = {
     {"count", count, METH_NOARGS, "(forward programs, backward programs)"},
     {nullptr, nullptr, 0, nullptr}};
 
-PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "crossfuse_fastpath", nullptr, -1, methods};
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "crossfuse_fastpath", nullptr, -1, methods, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 
