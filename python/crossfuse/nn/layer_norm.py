@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .._module_checks import check_module_input, named
 from ..ops.layer_norm.api import layer_norm
@@ -48,7 +47,9 @@ class LayerNorm(torch.nn.LayerNorm):
                 # outside autocast, whose layer norm gives float32 (the fused one the input's dtype: a
                 # size must never change the output's dtype)
                 if not torch.is_autocast_enabled("cuda"):
-                    return F.layer_norm(input, self.normalized_shape, weight, bias, self.eps)
+                    # F.layer_norm's own op without its Python frame (which reads the deprecated
+                    # cudnn flag the op ignores): the checks above cost what that frame did
+                    return torch.layer_norm(input, self.normalized_shape, weight, bias, self.eps)
         try:
             return layer_norm(input, self.normalized_shape, weight, bias, self.eps)
         except (TypeError, ValueError) as exc:  # the op's argument errors, said of this module
