@@ -123,3 +123,15 @@ def test_an_interrupted_run_keeps_the_cases_it_measured(tmp_path, capsys, monkey
     assert len(calls) == 2 and {r["case"] for r in rows if r["table"] == "blocks"} == {calls[0]}
     md = (out / "models-quick-cpu.md").read_text()
     assert "**Partial run**: interrupted" in md and "### pre-norm blocks" in md
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_each_implementation_takes_every_place_of_a_round_alike(n):
+    names = [f"impl{i}" for i in range(n)]
+    orders = [models.round_order(names, r) for r in range(3 * n)]
+    assert all(sorted(o) == names for o in orders)  # every implementation once a round
+    for place in range(n):  # and each at each place equally often (three times over 3n rounds)
+        at = [o[place] for o in orders]
+        assert all(at.count(name) == 3 for name in names)
+    if n == 3:  # the middle place too: no implementation always right after another
+        assert {o[1] for o in orders} == set(names)

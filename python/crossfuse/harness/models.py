@@ -284,15 +284,25 @@ def inference(model, inputs, loss_fn) -> Callable[[], object]:
 
 def alternate(calls: dict[str, Callable[[], object]], rounds: int, device, config: timing.TimingConfig,
               say: Callable[[str], None]) -> dict[str, float]:  # fmt: skip
-    """The median over ``rounds`` rounds of each call's eager median, the calls taken in turn, in
-    alternating order (a drift of the card falls on every implementation alike)."""
+    """The median over ``rounds`` rounds of each call's eager median, the calls taken in turn, in the
+    order of :func:`round_order` (a drift of the card, and whatever a place in the round brings, fall on
+    every implementation alike)."""
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
+        for name in round_order(names, r):
             times[name].append(timing.time_cuda_eager(calls[name], device, config).p50)
         say(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {times[n][-1]:.3f} ms" for n in names))
     return {n: statistics.median(v) for n, v in times.items()}
+
+
+def round_order(names: list[str], r: int) -> list[str]:
+    """The order of round ``r``: ``names`` rotated by ``r``, so that over ``len(names)`` rounds each name
+    takes every place once. Reversing every other round instead would keep the middle one of three in the
+    middle, always right after another model: a bias of that place (the host's caches, say, where a step
+    is host-bound) would fall on it alone."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
 
 
 def free(device) -> None:
