@@ -10,8 +10,10 @@ A model whose step issues many small calls is held back by this number, whatever
 
 Peers: ``F.layer_norm`` and ``torch.nn.LayerNorm`` for the layer norm, ``F.scaled_dot_product_attention``
 for the op and ``torch.nn.MultiheadAttention`` for the module. ``--against`` also measures another
-checkout's crossfuse (its ``python/`` folder) in a subprocess on the same GPU, for a before/after table.
-Needs a CUDA GPU; writes ``host_time.csv`` and ``host_time.md`` into ``--out``.
+checkout's crossfuse (its ``python/`` folder) in a subprocess on the same GPU, for a before/after table;
+torch's ops measured there too get a column of their own (the host's drift between the two processes).
+The table's last line gives the rounds' spread. Needs a CUDA GPU; writes ``host_time.csv`` and
+``host_time.md`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import csv
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -122,11 +125,16 @@ def measure(calls: int, rounds: int) -> list[dict]:
         lambda: theirs(xs, xs, xs, need_weights=False)[0],
         lambda: (theirs(xs, xs, xs, need_weights=False)[0], (xs,)))  # fmt: skip
     times = [[] for _ in cases]
-    for _ in range(rounds):
-        for spent, (_, fn) in zip(times, cases, strict=True):
-            spent.append(_host_us(fn, calls))
-    medians = [statistics.median(spent) for spent in times]
-    return [dict(case, host_us=us) for us, (case, _) in zip(medians, cases, strict=True)]
+    for r in range(rounds):
+        # the listed order, then shuffles: no case keeps its place or the case before it (whatever one
+        # measurement leaves the next, in the host's caches say, falls on every case alike)
+        order = list(range(len(cases)))
+        if r:
+            random.Random(r).shuffle(order)
+        for i in order:
+            times[i].append(_host_us(cases[i][1], calls))
+    return [dict(case, host_us=statistics.median(spent), min_us=min(spent), max_us=max(spent))
+            for spent, (case, _) in zip(times, cases, strict=True)]  # fmt: skip
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
@@ -139,6 +147,17 @@ def _table(rows: list[dict], columns: list[str]) -> str:
         cells = [f"{got[c]:.1f}" if c in got else "" for c in columns]
         lines.append(f"| {entry} | {mode} | {shape} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _spread(rows: list[dict]) -> str:
+    """A line on the rounds' spread (slowest over fastest round, less one) of every row that has one."""
+    spreads = [(r["max_us"] / r["min_us"] - 1, r) for r in rows if r.get("min_us")]
+    if not spreads:
+        return ""
+    worst, r = max(spreads, key=lambda item: item[0])
+    median = statistics.median(s for s, _ in spreads)
+    return (f"Spread of the rounds (slowest over fastest, less one): {median:.0%} at the median row, "
+            f"{worst:.0%} at most ({r['label']}, {r['entry']} {r['mode']} {r['shape']}).")
 
 
 def main(argv=None) -> int:
@@ -164,19 +183,24 @@ def main(argv=None) -> int:
         env = dict(os.environ, PYTHONPATH=str(a.against))
         cmd = [sys.executable, __file__, "--json", "--calls", str(a.calls), "--rounds", str(a.rounds)]
         other = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
-        rows += [dict(r, label="crossfuse before") for r in other if r["impl"].startswith("crossfuse")]
-        columns.insert(0, "crossfuse before")
+        # its torch rows too: torch's op measured in both processes shows how far the host drifted
+        # between them, which a before/after difference of crossfuse's must exceed to mean anything
+        for r in other:
+            ours = r["impl"].startswith("crossfuse")
+            rows.append(dict(r, label="crossfuse before" if ours else "torch, before's run"))
+        columns[:0] = ["crossfuse before", "torch, before's run"]
     a.out.mkdir(parents=True, exist_ok=True)
     with open(a.out / "host_time.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["entry", "mode", "shape", "impl", "label", "host_us"])
+        fields = ["entry", "mode", "shape", "impl", "label", "host_us", "min_us", "max_us"]
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     device = torch.cuda.get_device_name(0)
     md = (f"# Host time per call (µs), bf16, {device}, torch {torch.__version__}\n\n"
           f"`python bench/host_time.py{' --against ...' if a.against else ''}`: {a.calls} calls back to "
-          f"back, no synchronisation, after a warm-up, median of {a.rounds} rounds; inputs require grad; "
-          "backward = autograd.grad of a "
-          "retained graph.\n\n" + _table(rows, columns) + "\n")  # fmt: skip
+          f"back, no synchronisation, after a warm-up, median of {a.rounds} rounds (the cases in another "
+          "order each round); inputs require grad; backward = autograd.grad of a retained graph.\n\n"
+          + _table(rows, columns) + "\n\n" + _spread(rows) + "\n")  # fmt: skip
     (a.out / "host_time.md").write_text(md)
     print(md)
     return 0

@@ -6,9 +6,10 @@
 For each (M, N), a training step's layer norm (forward, then backward of a retained graph) and an
 inference forward (no grad) are called ``--calls`` times back to back, synchronised at the end only:
 the time a model spends per layer norm when nothing else hides the host's time. crossfuse's module with
-the fused kernels at every size (``native_below=0``) and torch's module alternate, ``--rounds`` times;
-the medians are compared. The suggested threshold is the smallest element count from which the fused
-module is at least as fast as torch's at every larger size of the sweep, training and inference.
+the fused kernels at every size (``native_below=0``) and torch's module alternate, ``--rounds`` times,
+in the orders of ``crossfuse.harness.runner.round_orders`` (each first in some rounds); the medians are
+compared. The suggested threshold is the smallest element count from which the fused module is at least
+as fast as torch's at every larger size of the sweep, training and inference.
 Needs a CUDA GPU; writes ``crossover.csv`` and ``crossover.md`` into ``--out``.
 """
 
@@ -38,6 +39,7 @@ def _per_call_us(fn, calls: int) -> float:
 def measure(dtype, rounds: int, calls: int) -> list[dict]:
     import crossfuse
     import torch
+    from crossfuse.harness.runner import round_orders
 
     rows = []
     for n in COLS:
@@ -63,8 +65,10 @@ def measure(dtype, rounds: int, calls: int) -> list[dict]:
                     infer()
                 cases[name] = (train, infer)
             times = {(name, mode): [] for name in cases for mode in ("train", "infer")}
-            for _ in range(rounds):
-                for name, (train, infer) in cases.items():
+            names = list(cases)
+            for order in round_orders(len(names), rounds):  # each first in some rounds, second in others
+                for name in (names[i] for i in order):
+                    train, infer = cases[name]
                     times[name, "train"].append(_per_call_us(train, calls))
                     times[name, "infer"].append(_per_call_us(infer, calls))
             for mode in ("train", "infer"):

@@ -55,6 +55,7 @@ import torch
 
 from . import memory, timing
 from .model_blocks import BLOCK_CASES, BlockCase, block_impls
+from .runner import round_orders
 from .schema import device_name, dtype_str, now, versions
 
 
@@ -283,26 +284,19 @@ def inference(model, inputs, loss_fn) -> Callable[[], object]:
 
 
 def alternate(calls: dict[str, Callable[[], object]], rounds: int, device, config: timing.TimingConfig,
-              say: Callable[[str], None]) -> dict[str, float]:  # fmt: skip
+              say: Callable[[str], None], time_one=timing.time_cuda_eager) -> dict[str, float]:  # fmt: skip
     """The median over ``rounds`` rounds of each call's eager median, the calls taken in turn, in the
-    order of :func:`round_order` (a drift of the card, and whatever a place in the round brings, fall on
-    every implementation alike)."""
+    orders of :func:`.runner.round_orders` (a drift of the card, and whatever one measurement leaves the
+    next, fall on every implementation alike: with the order merely reversed every other round, the middle
+    one of three would always come right after another model). ``time_one(call, device, config)`` times
+    one call (its ``p50``)."""
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in round_order(names, r):
-            times[name].append(timing.time_cuda_eager(calls[name], device, config).p50)
+    for r, order in enumerate(round_orders(len(names), rounds)):
+        for name in (names[i] for i in order):
+            times[name].append(time_one(calls[name], device, config).p50)
         say(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {times[n][-1]:.3f} ms" for n in names))
     return {n: statistics.median(v) for n, v in times.items()}
-
-
-def round_order(names: list[str], r: int) -> list[str]:
-    """The order of round ``r``: ``names`` rotated by ``r``, so that over ``len(names)`` rounds each name
-    takes every place once. Reversing every other round instead would keep the middle one of three in the
-    middle, always right after another model: a bias of that place (the host's caches, say, where a step
-    is host-bound) would fall on it alone."""
-    k = r % len(names) if names else 0
-    return names[k:] + names[:k]
 
 
 def free(device) -> None:
