@@ -127,7 +127,8 @@ def measure(calls: int, rounds: int) -> list[dict]:
     times = [[] for _ in cases]
     for r in range(rounds):
         # the listed order, then shuffles: no case keeps its place or the case before it (whatever one
-        # measurement leaves the next, in the host's caches say, falls on every case alike)
+        # measurement leaves the next, in the host's caches say, falls on every case alike); as the
+        # harness's runner.round_orders does, written here for --against's older checkouts (see _host_us)
         order = list(range(len(cases)))
         if r:
             random.Random(r).shuffle(order)
