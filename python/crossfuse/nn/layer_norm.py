@@ -48,7 +48,7 @@ class LayerNorm(torch.nn.LayerNorm):
                 # size must never change the output's dtype)
                 if not torch.is_autocast_enabled("cuda"):
                     # F.layer_norm's own op without its Python frame (which reads the deprecated
-                    # cudnn flag the op ignores): the checks above cost what that frame did
+                    # cudnn flag the op ignores): host time the checks above spend instead
                     return torch.layer_norm(input, self.normalized_shape, weight, bias, self.eps)
         try:
             return layer_norm(input, self.normalized_shape, weight, bias, self.eps)
