@@ -246,3 +246,70 @@ def test_compiled_backward_refuses_a_double_backward_only_under_create_graph(gen
     (gx,) = torch.autograd.grad(y.pow(3).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         gx.sum().backward()
+
+
+def _compiled_output(x, n, w=None, b=None):
+    """``crossfuse.layer_norm(x, (n,), w, b)`` once its call runs from the C++ module (the third call)."""
+    for _ in range(3):
+        y = crossfuse.layer_norm(x, (n,), w, b)
+        wrt = [t for t in (x, w, b) if t is not None and t.requires_grad]
+        torch.autograd.grad(y, wrt, torch.ones_like(y))
+    y = crossfuse.layer_norm(x, (n,), w, b)
+    assert type(y.grad_fn).__name__ == "CrossfuseLayerNormBackward"
+    return y
+
+
+@pytest.mark.gpu
+def test_compiled_node_keeps_autograds_rules_for_saved_tensors(gen):
+    # freed after a backward that does not retain the graph; an input changed in place since the forward
+    # is an error, not a silent wrong gradient; saved-tensor hooks see what the node saves
+    _module()
+    n = 1024
+    x = randn((512, n), torch.bfloat16, "cuda", gen).requires_grad_(True)
+    w, b = (randn((n,), torch.bfloat16, "cuda", gen).requires_grad_(True) for _ in range(2))
+    dy = randn((512, n), torch.bfloat16, "cuda", gen)
+    y = _compiled_output(x, n, w, b)
+    torch.autograd.grad(y, (x, w, b), dy)
+    with pytest.raises(RuntimeError, match="second time"):
+        torch.autograd.grad(y, (x, w, b), dy)
+    leaf = randn((512, n), torch.bfloat16, "cuda", gen)
+    z = leaf.clone().requires_grad_(True)
+    h = z * 1  # a non-leaf input, changed in place below
+    y = _compiled_output(h, n, w, b)
+    with torch.no_grad():
+        h.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y, (z, w, b), dy)
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = crossfuse.layer_norm(x, (n,), w, b)
+    assert type(y.grad_fn).__name__ == "CrossfuseLayerNormBackward"
+    assert torch.Size((512, n)) in packed and torch.Size((n,)) in packed  # x and the weight
+    want = torch.autograd.grad(torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double()),
+                               (x, w, b), dy.double())  # fmt: skip
+    for got, ref in zip(torch.autograd.grad(y, (x, w, b), dy), want, strict=True):
+        assert (got.double() - ref).abs().max().item() < 0.1 * max(1.0, ref.abs().max().item())
+
+
+@pytest.mark.gpu
+def test_compiled_node_computes_only_the_gradients_asked(gen):
+    _module()
+    n = 768
+    x = randn((300, n), torch.float32, "cuda", gen)
+    w, b = (randn((n,), torch.float32, "cuda", gen).requires_grad_(True) for _ in range(2))
+    dy = randn((300, n), torch.float32, "cuda", gen)
+    y = _compiled_output(x, n, w, b)  # x needs no gradient: its edge is empty
+    wd, bd = w.double().requires_grad_(True), b.double().requires_grad_(True)
+    ref = torch.nn.functional.layer_norm(x.double(), (n,), wd, bd)
+    (gw,) = torch.autograd.grad(y, (w,), dy, retain_graph=True)  # db not asked
+    (rw,) = torch.autograd.grad(ref, (wd,), dy.double(), retain_graph=True)
+    assert torch.allclose(gw.double(), rw, atol=1e-3, rtol=1e-3)
+    y.backward(dy)
+    assert x.grad is None and w.grad is not None and b.grad is not None
+    (rb,) = torch.autograd.grad(ref, (bd,), dy.double())
+    assert torch.allclose(b.grad.double(), rb, atol=1e-3, rtol=1e-3)

@@ -15,7 +15,9 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -29,13 +31,14 @@
 #include <shared_mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <cuda.h>
 
 namespace {
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // ---- the driver ------------------------------------------------------------------------------------
@@ -281,99 +284,131 @@ at::Tensor param_grad(const Alloc& a, const at::Tensor& w, const at::Tensor& x) 
   return at::empty(a.shape, x.options().dtype(a.dtype));
 }
 
-struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& w,
-                            const std::optional<at::Tensor>& b, int64_t entry) {
-    Entry* e = reinterpret_cast<Entry*>(entry);
-    at::Tensor y, stats;
-    const at::Tensor* wp = w.has_value() ? &*w : nullptr;
-    const at::Tensor* bp = b.has_value() ? &*b : nullptr;
-    run_forward(e, x, wp, bp, y, stats);
-    ctx->save_for_backward({x, wp ? *wp : at::Tensor(), stats});
-    ctx->saved_data["entry"] = entry;
-    ctx->saved_data["has_w"] = wp != nullptr;
-    ctx->saved_data["has_b"] = bp != nullptr;
-    return y;
-  }
+// The autograd node of a call that records a graph. A Node of its own, as torch's generated ones are,
+// rather than a torch::autograd::Function: no context object, no saved_data map of strings, no lock; the
+// saved tensors are SavedVariables (version checks, saved-tensor hooks, freed after a backward that does
+// not retain the graph, as for any node).
+struct LayerNormBackward : public torch::autograd::Node {
+  Entry* entry = nullptr;
+  bool has_w = false, has_b = false;
+  torch::autograd::SavedVariable x_, w_, stats_;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Entry* e = reinterpret_cast<Entry*>(ctx->saved_data["entry"].toInt());
-    bool has_w = ctx->saved_data["has_w"].toBool(), has_b = ctx->saved_data["has_b"].toBool();
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1], &stats = saved[2];
-    at::Tensor dy = grads[0];
-    // the edges: x, then the weight and the bias where given
-    bool need_dw = has_w && ctx->needs_input_grad(1);
-    bool need_db = has_b && ctx->needs_input_grad(has_w ? 2 : 1);
-    at::Tensor dx, dw, db;
-    bool fast = dy.defined() && dy.is_cuda() && plain(dy) && dy.is_contiguous() &&
-                dy.scalar_type() == x.scalar_type() && dy.sizes() == x.sizes() && launchable(x);
-    const Backward* hit = nullptr;
-    int bkey = 0;
-    if (fast) {
-      bkey = int(reinterpret_cast<uintptr_t>(dy.data_ptr()) % 16 == 0) * 4 + int(need_dw) * 2 + int(need_db);
-      std::shared_lock<std::shared_mutex> hold(e->lock);
-      auto it = e->backward.find(bkey);
-      if (it != e->backward.end()) hit = &it->second;
-    }
-    if (hit != nullptr) {
-      dx = at::empty_like(x);
-      if (need_dw) dw = param_grad(hit->dw, w, x);
-      if (need_db) db = param_grad(hit->db, w, x);
-      const void* base[kMaxSlots] = {dy.data_ptr(), x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
-                                     stats.data_ptr(), dx.data_ptr(), dw.defined() ? dw.data_ptr() : nullptr,
-                                     db.defined() ? db.data_ptr() : nullptr};
-      run_program(hit->program, base, current_stream(x));
-    } else {
-      if (!dy.defined()) dy = at::zeros_like(x);
-      pybind11::gil_scoped_acquire gil;
-      PyObject* out = PyObject_CallFunction(e->py_backward, "LNNNNOO", static_cast<long long>(reinterpret_cast<intptr_t>(e)),
-                                            THPVariable_Wrap(dy), THPVariable_Wrap(x), THPVariable_Wrap(w),
-                                            THPVariable_Wrap(stats), need_dw ? Py_True : Py_False,
-                                            need_db ? Py_True : Py_False);
-      if (out == nullptr) {  // the Python exception itself, raised again where the backward was called
-        python_error err;
-        err.persist();
-        throw std::move(err);
-      }
-      bool ok = PyTuple_Check(out) && PyTuple_GET_SIZE(out) == 3;
-      at::Tensor* got[3] = {&dx, &dw, &db};
-      for (int i = 0; ok && i < 3; ++i) {
-        PyObject* t = PyTuple_GET_ITEM(out, i);
-        if (THPVariable_Check(t))
-          *got[i] = THPVariable_Unpack(t);
-        else
-          ok = t == Py_None;
-      }
-      Py_DECREF(out);
-      TORCH_CHECK(ok, "crossfuse: the layer norm's Python backward did not return (dx, dw, db)");
-    }
-    if (!need_dw) dw = at::Tensor();
-    if (!need_db) db = at::Tensor();
-    if (at::GradMode::is_enabled() && dy.requires_grad()) {
-      // create_graph: as once_differentiable does, outputs whose own gradient raises (this backward is
-      // not differentiable), rather than a silent zero
-      variable_list fake;
-      for (at::Tensor* t : {&dx, &dw, &db}) {
-        at::Tensor v;
-        if (t->defined()) {
-          v = t->detach();
-          v.set_requires_grad(true);
-        }
-        fake.push_back(v);
-      }
-      torch::autograd::DelayedError err(
-          "trying to differentiate twice crossfuse.layer_norm, whose backward is not differentiable "
-          "(a function marked with @once_differentiable)",
-          3);
-      variable_list out = err.apply(std::move(fake));
-      dx = out[0];
-      dw = out[1];
-      db = out[2];
-    }
-    return {dx, dw, db, at::Tensor()};
+  std::string name() const override { return "CrossfuseLayerNormBackward"; }
+  void release_variables() override {
+    x_.reset_data();
+    w_.reset_data();
+    stats_.reset_data();
   }
+  variable_list apply(variable_list&& grads) override;
 };
+
+// torch's nodes are held by std::shared_ptr (with torch's deleter, which frees long chains without
+// recursion) in some versions and by c10::intrusive_ptr in others: the edges' own type says which
+using NodePtr = decltype(std::declval<torch::autograd::Edge>().function);
+
+template <class T>
+NodePtr make_node() {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
+    // deleteNode found by argument-dependent look-up when instantiated: only the versions that have it
+    return std::shared_ptr<T>(new T(), [](auto* p) { deleteNode(p); });
+  } else {
+    return c10::make_intrusive<T>();
+  }
+}
+
+// The forward of a call that records a graph: the kernels, then the node, its edges (x, weight, bias;
+// an absent one's edge is empty) and what it saves.
+at::Tensor forward_with_node(Entry* e, const at::Tensor& x, const at::Tensor* w, const at::Tensor* b) {
+  at::Tensor y, stats;
+  run_forward(e, x, w, b, y, stats);
+  NodePtr node_ptr = make_node<LayerNormBackward>();
+  auto* node = static_cast<LayerNormBackward*>(node_ptr.get());
+  at::Tensor none;
+  node->set_next_edges(torch::autograd::collect_next_edges(x, w ? *w : none, b ? *b : none));
+  node->entry = e;
+  node->has_w = w != nullptr;
+  node->has_b = b != nullptr;
+  node->x_ = torch::autograd::SavedVariable(x, false);
+  node->w_ = torch::autograd::SavedVariable(w ? *w : none, false);
+  node->stats_ = torch::autograd::SavedVariable(stats, false);
+  torch::autograd::set_history(y, node_ptr);
+  return y;
+}
+
+variable_list LayerNormBackward::apply(variable_list&& grads) {
+  Entry* e = entry;
+  at::Tensor x = x_.unpack(), w = w_.unpack(), stats = stats_.unpack();
+  at::Tensor dy = grads[0];
+  bool need_dw = has_w && task_should_compute_output(1);
+  bool need_db = has_b && task_should_compute_output(2);
+  at::Tensor dx, dw, db;
+  bool fast = dy.defined() && dy.is_cuda() && plain(dy) && dy.is_contiguous() &&
+              dy.scalar_type() == x.scalar_type() && dy.sizes() == x.sizes() && launchable(x);
+  const Backward* hit = nullptr;
+  if (fast) {
+    int bkey = int(reinterpret_cast<uintptr_t>(dy.data_ptr()) % 16 == 0) * 4 + int(need_dw) * 2 + int(need_db);
+    std::shared_lock<std::shared_mutex> hold(e->lock);
+    auto it = e->backward.find(bkey);
+    if (it != e->backward.end()) hit = &it->second;
+  }
+  if (hit != nullptr) {
+    dx = at::empty_like(x);
+    if (need_dw) dw = param_grad(hit->dw, w, x);
+    if (need_db) db = param_grad(hit->db, w, x);
+    const void* base[kMaxSlots] = {dy.data_ptr(), x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+                                   stats.data_ptr(), dx.data_ptr(), dw.defined() ? dw.data_ptr() : nullptr,
+                                   db.defined() ? db.data_ptr() : nullptr};
+    run_program(hit->program, base, current_stream(x));
+  } else {
+    if (!dy.defined()) dy = at::zeros_like(x);
+    pybind11::gil_scoped_acquire gil;
+    PyObject* out = PyObject_CallFunction(e->py_backward, "LNNNNOO", static_cast<long long>(reinterpret_cast<intptr_t>(e)),
+                                          THPVariable_Wrap(dy), THPVariable_Wrap(x), THPVariable_Wrap(w),
+                                          THPVariable_Wrap(stats), need_dw ? Py_True : Py_False,
+                                          need_db ? Py_True : Py_False);
+    if (out == nullptr) {  // the Python exception itself, raised again where the backward was called
+      python_error err;
+      err.persist();
+      throw std::move(err);
+    }
+    bool ok = PyTuple_Check(out) && PyTuple_GET_SIZE(out) == 3;
+    at::Tensor* got[3] = {&dx, &dw, &db};
+    for (int i = 0; ok && i < 3; ++i) {
+      PyObject* t = PyTuple_GET_ITEM(out, i);
+      if (THPVariable_Check(t))
+        *got[i] = THPVariable_Unpack(t);
+      else
+        ok = t == Py_None;
+    }
+    Py_DECREF(out);
+    TORCH_CHECK(ok, "crossfuse: the layer norm's Python backward did not return (dx, dw, db)");
+  }
+  if (!need_dw) dw = at::Tensor();
+  if (!need_db) db = at::Tensor();
+  if (!task_should_compute_output(0)) dx = at::Tensor();
+  if (at::GradMode::is_enabled() && dy.requires_grad()) {
+    // create_graph: as once_differentiable does, outputs whose own gradient raises (this backward is
+    // not differentiable), rather than a silent zero
+    variable_list fake;
+    for (at::Tensor* t : {&dx, &dw, &db}) {
+      at::Tensor v;
+      if (t->defined()) {
+        v = t->detach();
+        v.set_requires_grad(true);
+      }
+      fake.push_back(v);
+    }
+    torch::autograd::DelayedError err(
+        "trying to differentiate twice crossfuse.layer_norm, whose backward is not differentiable "
+        "(a function marked with @once_differentiable)",
+        3);
+    variable_list out = err.apply(std::move(fake));
+    dx = out[0];
+    dw = out[1];
+    db = out[2];
+  }
+  return {dx, dw, db};
+}
 
 // ---- parsing the registrations ---------------------------------------------------------------------
 
@@ -509,12 +544,13 @@ PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const at::Tensor& x = c.x;
     at::Tensor *w = c.w, *b = c.b;
     if (e == nullptr || !launchable(x)) Py_RETURN_NONE;
+    // forward-mode AD (dual tensors): the Python path, whose autograd.Function says what it supports
+    for (const at::Tensor* t : {&x, static_cast<const at::Tensor*>(w), static_cast<const at::Tensor*>(b)})
+      if (t != nullptr && t->_fw_grad(0).defined()) Py_RETURN_NONE;
     bool grads = x.requires_grad() || (w && w->requires_grad()) || (b && b->requires_grad());
     at::Tensor y;
     if (grads && at::GradMode::is_enabled()) {
-      std::optional<at::Tensor> wo = w ? std::optional<at::Tensor>(*w) : std::nullopt;
-      std::optional<at::Tensor> bo = b ? std::optional<at::Tensor>(*b) : std::nullopt;
-      y = LayerNormFn::apply(x, wo, bo, int64_t(reinterpret_cast<intptr_t>(e)));
+      y = forward_with_node(e, x, w, b);
     } else {
       at::Tensor stats;
       run_forward(e, x, w, b, y, stats);
