@@ -294,7 +294,8 @@ struct LayerNormBackward : public torch::autograd::Node {
   torch::autograd::SavedVariable x_, w_, stats_;
 
   std::string name() const override { return "CrossfuseLayerNormBackward"; }
-  void release_variables() override {
+  void release_variables() override {  // under the node's lock, as torch's nodes (two threads' backwards)
+    std::lock_guard<std::mutex> hold(mutex_);
     x_.reset_data();
     w_.reset_data();
     stats_.reset_data();
@@ -337,7 +338,13 @@ at::Tensor forward_with_node(Entry* e, const at::Tensor& x, const at::Tensor* w,
 
 variable_list LayerNormBackward::apply(variable_list&& grads) {
   Entry* e = entry;
-  at::Tensor x = x_.unpack(), w = w_.unpack(), stats = stats_.unpack();
+  at::Tensor x, w, stats;
+  {
+    std::lock_guard<std::mutex> hold(mutex_);
+    x = x_.unpack();
+    w = w_.unpack();
+    stats = stats_.unpack();
+  }
   at::Tensor dy = grads[0];
   bool need_dw = has_w && task_should_compute_output(1);
   bool need_db = has_b && task_should_compute_output(2);
