@@ -249,13 +249,14 @@ def test_compiled_backward_refuses_a_double_backward_only_under_create_graph(gen
 
 
 def _compiled_output(x, n, w=None, b=None):
-    """``crossfuse.layer_norm(x, (n,), w, b)`` once its call runs from the C++ module (the third call)."""
+    """``crossfuse.layer_norm(x, (n,), w, b)`` once its call runs from the C++ module (after three calls:
+    Triton's dispatch, the forward's program, the backward's)."""
     for _ in range(3):
         y = crossfuse.layer_norm(x, (n,), w, b)
         wrt = [t for t in (x, w, b) if t is not None and t.requires_grad]
         torch.autograd.grad(y, wrt, torch.ones_like(y))
     y = crossfuse.layer_norm(x, (n,), w, b)
-    assert type(y.grad_fn).__name__ == "CrossfuseLayerNormBackward"
+    assert y.grad_fn.name() == "CrossfuseLayerNormBackward"
     return y
 
 
@@ -264,7 +265,7 @@ def test_compiled_node_keeps_autograds_rules_for_saved_tensors(gen):
     # freed after a backward that does not retain the graph; an input changed in place since the forward
     # is an error, not a silent wrong gradient; saved-tensor hooks see what the node saves
     _module()
-    n = 1024
+    n = 768
     x = randn((512, n), torch.bfloat16, "cuda", gen).requires_grad_(True)
     w, b = (randn((n,), torch.bfloat16, "cuda", gen).requires_grad_(True) for _ in range(2))
     dy = randn((512, n), torch.bfloat16, "cuda", gen)
@@ -283,13 +284,13 @@ def test_compiled_node_keeps_autograds_rules_for_saved_tensors(gen):
     packed = []
 
     def pack(t):
-        packed.append(t.shape)
+        packed.append(t.data_ptr())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = crossfuse.layer_norm(x, (n,), w, b)
-    assert type(y.grad_fn).__name__ == "CrossfuseLayerNormBackward"
-    assert torch.Size((512, n)) in packed and torch.Size((n,)) in packed  # x and the weight
+    assert y.grad_fn.name() == "CrossfuseLayerNormBackward"
+    assert {x.data_ptr(), w.data_ptr()} <= set(packed)  # x and the weight themselves
     want = torch.autograd.grad(torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double()),
                                (x, w, b), dy.double())  # fmt: skip
     for got, ref in zip(torch.autograd.grad(y, (x, w, b), dy), want, strict=True):
@@ -297,19 +298,57 @@ def test_compiled_node_keeps_autograds_rules_for_saved_tensors(gen):
 
 
 @pytest.mark.gpu
-def test_compiled_node_computes_only_the_gradients_asked(gen):
+@pytest.mark.parametrize("has_w", [True, False], ids=["weight and bias", "bias only"])
+def test_compiled_node_computes_only_the_gradients_asked(has_w, gen, monkeypatch):
+    # the flags the node passes on (to its Python backward, where it has no program yet) and the
+    # gradients it gives: the bias's edge is the third whether or not there is a weight
     _module()
     n = 768
-    x = randn((300, n), torch.float32, "cuda", gen)
-    w, b = (randn((n,), torch.float32, "cuda", gen).requires_grad_(True) for _ in range(2))
+    x = randn((300, n), torch.float32, "cuda", gen)  # needs no gradient: its edge is empty
+    w = randn((n,), torch.float32, "cuda", gen).requires_grad_(True) if has_w else None
+    b = randn((n,), torch.float32, "cuda", gen).requires_grad_(True)
     dy = randn((300, n), torch.float32, "cuda", gen)
-    y = _compiled_output(x, n, w, b)  # x needs no gradient: its edge is empty
-    wd, bd = w.double().requires_grad_(True), b.double().requires_grad_(True)
+    asked = []
+    plan_of = api.Call.backward_plan
+
+    def backward_plan(self, dy, x, w, x_shape, need_dw, need_db):
+        asked.append((need_dw, need_db))
+        return plan_of(self, dy, x, w, x_shape, need_dw, need_db)
+
+    monkeypatch.setattr(api.Call, "backward_plan", backward_plan)
+    y = _compiled_output(x, n, w, b)
+    assert set(asked) == {(has_w, True)}
+    wd = w.double().requires_grad_(True) if has_w else None
+    bd = b.double().requires_grad_(True)
     ref = torch.nn.functional.layer_norm(x.double(), (n,), wd, bd)
-    (gw,) = torch.autograd.grad(y, (w,), dy, retain_graph=True)  # db not asked
-    (rw,) = torch.autograd.grad(ref, (wd,), dy.double(), retain_graph=True)
-    assert torch.allclose(gw.double(), rw, atol=1e-3, rtol=1e-3)
+    one = w if has_w else b  # the weight alone where there is one (a new layout of flags), else the bias
+    asked.clear()
+    (got,) = torch.autograd.grad(y, (one,), dy, retain_graph=True)
+    (want,) = torch.autograd.grad(ref, (wd if has_w else bd,), dy.double(), retain_graph=True)
+    assert torch.allclose(got.double(), want, atol=1e-3, rtol=1e-3)
+    assert asked == ([(True, False)] * 2 if has_w else [])  # dw alone: the Python plan once, then recorded
     y.backward(dy)
-    assert x.grad is None and w.grad is not None and b.grad is not None
+    assert x.grad is None and b.grad is not None and (w.grad is not None if has_w else True)
     (rb,) = torch.autograd.grad(ref, (bd,), dy.double())
     assert torch.allclose(b.grad.double(), rb, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_compiled_autograd_takes_the_python_path(gen):
+    # compiled autograd cannot trace the C++ node (it has no compiled_args): while it is on, calls take
+    # the Python path, whose autograd.Function it can
+    from torch._dynamo import compiled_autograd
+
+    _module()
+    n = 1024
+    x = randn((256, n), torch.float32, "cuda", gen).requires_grad_(True)
+    w = randn((n,), torch.float32, "cuda", gen).requires_grad_(True)
+    _compiled_output(x, n, w)
+    with compiled_autograd._enable(lambda gm: gm):
+        y = crossfuse.layer_norm(x, (n,), w)
+        assert y.grad_fn.name() != "CrossfuseLayerNormBackward"
+        y.pow(2).sum().backward()
+    xd, wd = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    torch.nn.functional.layer_norm(xd, (n,), wd).pow(2).sum().backward()
+    assert torch.allclose(x.grad.double(), xd.grad, atol=1e-3, rtol=1e-3)
+    assert torch.allclose(w.grad.double(), wd.grad, atol=1e-3, rtol=1e-3)

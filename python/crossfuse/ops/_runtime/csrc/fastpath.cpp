@@ -346,10 +346,13 @@ variable_list LayerNormBackward::apply(variable_list&& grads) {
     stats = stats_.unpack();
   }
   at::Tensor dy = grads[0];
+  if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};  // a zero gradient's are zero
   bool need_dw = has_w && task_should_compute_output(1);
   bool need_db = has_b && task_should_compute_output(2);
   at::Tensor dx, dw, db;
-  bool fast = dy.defined() && dy.is_cuda() && plain(dy) && dy.is_contiguous() &&
+  // the saved tensors as the program expects them (a saved-tensor hook's unpack may give others)
+  bool saved_ok = x.is_contiguous() && stats.is_contiguous() && (!w.defined() || w.is_contiguous());
+  bool fast = saved_ok && dy.is_cuda() && plain(dy) && dy.is_contiguous() &&
               dy.scalar_type() == x.scalar_type() && dy.sizes() == x.sizes() && launchable(x);
   const Backward* hit = nullptr;
   if (fast) {
@@ -367,7 +370,6 @@ variable_list LayerNormBackward::apply(variable_list&& grads) {
                                    db.defined() ? db.data_ptr() : nullptr};
     run_program(hit->program, base, current_stream(x));
   } else {
-    if (!dy.defined()) dy = at::zeros_like(x);
     pybind11::gil_scoped_acquire gil;
     PyObject* out = PyObject_CallFunction(e->py_backward, "LNNNNOO", static_cast<long long>(reinterpret_cast<intptr_t>(e)),
                                           THPVariable_Wrap(dy), THPVariable_Wrap(x), THPVariable_Wrap(w),
