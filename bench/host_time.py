@@ -73,6 +73,11 @@ def measure(calls: int, rounds: int) -> list[dict]:
         cases.append((dict(entry=entry, mode="fwd", shape=shape, impl=impl), fwd))
         out, inputs = out_and_inputs()
         dout = torch.randn_like(out)
+        # the graph of a call after the first ones, as in a training loop: a shape's first calls compile,
+        # plan and record the compiled path's programs, and their graphs keep the Python backward
+        for _ in range(3):
+            torch.autograd.grad(out, inputs, dout)
+            out, inputs = out_and_inputs()
         bwd = lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)  # noqa: E731
         cases.append((dict(entry=entry, mode="bwd", shape=shape, impl=impl), bwd))
 

@@ -63,10 +63,11 @@ def check_against_reference(x, weight, bias, eps=1e-5, gen=None):
     return errors
 
 
-def check_backward_and_repeat(got, dy, x, w, w_ref, mean, rstd, grads, cfg):
-    """``got`` = layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg) against float64 autograd of the
-    reference with weight ``w_ref`` (dx, and dw/db where ``grads`` asks, else None), each within its
-    tolerance; then the same call again gives the same gradients bit for bit."""
+def check_backward_and_repeat(got, dy, x, w, w_ref, mean, rstd, grads, cfg, few=None):
+    """``got`` = layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg, few=few) against float64 autograd
+    of the reference with weight ``w_ref`` (dx, and dw/db where ``grads`` asks, else None), each within its
+    tolerance; then the same call again gives the same gradients bit for bit. ``few`` None: the default
+    few-rows rule."""
     m, n = x.shape
     leaves = [t.double().requires_grad_(True) for t in (x, w_ref, torch.zeros(n, device=x.device))]
     layer_norm_ref(*leaves, 1e-5).backward(dy.double())
@@ -76,6 +77,7 @@ def check_backward_and_repeat(got, dy, x, w, w_ref, mean, rstd, grads, cfg):
             continue
         tol = ln_tol(x.dtype, kind, m, got[i].dtype)
         assert relerr(got[i], leaves[i].grad) <= tol, (i, relerr(got[i], leaves[i].grad), tol)
-    again = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    rule = {} if few is None else {"few": few}
+    again = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg, **rule)
     for a, b in zip(got, again, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)

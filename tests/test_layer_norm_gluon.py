@@ -19,6 +19,8 @@ from crossfuse.tolerances import relerr
 
 # the whole-row Gluon entry of bf16 rows of 16384 before the grouped kernel took the table's place
 _WHOLE_16384 = ln_mod.LaunchConfig(1, 16384, 16, 1, tma_stages=3, smem_rows=True)
+# the kernels under test, not the few-rows kernel that takes short inputs whose partials need a buffer
+NEVER = ln_mod.FewRowsConfig(max_rows=0)
 
 
 def _gluon_launches(monkeypatch, launcher: str, programs_arg: int) -> list:
@@ -70,10 +72,10 @@ def test_smem_rows_backward_against_float64(dtype, m, n, cfg, weight, grads, gen
         pytest.skip("needs Gluon in Triton 3.6 (GLUON_TRITON) and compute capability 9+")
     calls = _smem_rows_launches(monkeypatch)
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
-    got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg, few=NEVER)
     assert len(calls) == 1 and 1 <= calls[0] <= m, calls  # the Gluon kernel ran, with at most m programs
     ones = torch.ones(n, device="cuda")  # without weight, dw is the gradient of a weight of ones
-    check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg)
+    check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg, NEVER)
 
 
 def _grouped(n: int, slices: int, stages: int, lag: int, warps: int, paired: bool = False, per_sm: int = 1):
@@ -128,13 +130,13 @@ def test_grouped_backward_against_float64(dtype, m, n, cfg, weight, grads, gen, 
     plans, plan = [], launch_bwd.finish_plan  # where the partials live, how its scratch rows end
     monkeypatch.setattr(launch_bwd, "finish_plan", lambda *a: plans.append(plan(*a)) or plans[-1])
     _, mean, rstd = ln_mod.layer_norm_fwd(x, w, None, 1e-5)
-    got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg)
+    got = ln_mod.layer_norm_bwd(dy, x, w, mean, rstd, *grads, config=cfg, few=NEVER)
     assert len(calls) == 1 and 1 <= calls[0] <= m, calls  # the grouped kernel ran, at most a group a row
     # the scratch rows from the posted sums (_ln_bwd_finish_kernel), not the two-pass kernel (where the sums
     # of 16-bit scratch rows of 4096 in 8 slices take 6 rows too: five of them are stored in parallel)
     assert None not in plans, plans
     ones = torch.ones(n, device="cuda", dtype=dtype)  # without weight, dw is the gradient of a weight of ones
-    check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg)
+    check_backward_and_repeat(got, dy, x, w, w if weight else ones, mean, rstd, grads, cfg, NEVER)
 
 
 def _post(v: torch.Tensor) -> torch.Tensor:
