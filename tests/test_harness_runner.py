@@ -3,6 +3,7 @@ report's details (GPU-only parts are marked ``gpu``)."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import math
@@ -241,6 +242,38 @@ def test_side_measure_and_vjp_are_used():
     assert m.gbps == pytest.approx(2 * 8 * 32 * 4 / 2e-3 / 1e9) and m.relerr < 1e-5
     assert by["test_vjp", "bwd"].status == "skip" and "not separable" in by["test_vjp", "bwd"].note
     assert by["test_vjp", "fwd+bwd"].status == "ok" and by["test_vjp", "fwd+bwd"].ms_p50 > 0
+
+
+def test_bwd_times_the_graph_of_a_later_call_than_the_first():
+    # a shape's first calls may build a graph with another backward than later calls do (crossfuse's
+    # layer norm: Triton's dispatch, then the forward's and the backward's programs recorded, their graphs
+    # keeping the Python backward): the bwd row times the graph of a call after at least three others,
+    # whatever the correctness check before it called
+    calls, ran = [], []
+
+    class Tagged(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y, index):
+            ctx.index = index
+            return y.clone()
+
+        @staticmethod
+        def backward(ctx, dy):
+            ran.append(ctx.index)
+            return dy, None
+
+    ln = registry.get("layer_norm", "torch").fn
+
+    def fn(**kw):
+        calls.append(len(calls))
+        return Tagged.apply(ln(**kw), calls[-1])
+
+    tagged = registry.Implementation("layer_norm", "test_tagged", "python", fn)
+    with registered(tagged):
+        (r,) = runner.Runner("cpu", quick=True).run(tiny_suite(modes=("bwd",)), impls=["test_tagged"])
+    assert r.status == "ok", r.note
+    timed, count = collections.Counter(ran).most_common(1)[0]
+    assert count > 2 and timed >= 3, ran
 
 
 def test_speed_only_peer_gets_no_relerr():

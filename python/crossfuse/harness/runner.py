@@ -383,9 +383,9 @@ class Runner:
             return lambda: impl.fn(**ins)
         dy = data.dy_like(out)
         if mode == "bwd" and impl.vjp is None and out.requires_grad:
-            # the graph of a later call, as in a training loop: a shape's first calls plan and record the
-            # compiled path's programs, and their graphs keep the Python backward
-            for _ in range(2):
+            # the graph of a later call, as in a training loop: a shape's first calls (Triton's dispatch,
+            # then the compiled path's programs recorded) build graphs that keep the Python backward
+            for _ in range(3):
                 torch.autograd.grad(out, lv, dy, allow_unused=True)
                 out = impl.fn(**ins)
         if impl.vjp is not None:
