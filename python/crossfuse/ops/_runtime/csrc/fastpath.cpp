@@ -8,7 +8,7 @@
 // Python side records a program from a plan that already launches straight to its compiled kernels
 // (crossfuse/ops/_runtime/native.py) and registers it here; a call without one returns None and goes
 // the Python way. The backward is a C++ autograd node: the engine calls it without the GIL; a
-// gradient layout without a program yet calls back into Python once.
+// gradient layout without a program calls back into Python, which records one where it can.
 
 #include <Python.h>
 #include <dlfcn.h>
@@ -285,7 +285,7 @@ at::Tensor param_grad(const Alloc& a, const at::Tensor& w, const at::Tensor& x) 
 }
 
 // The autograd node of a call that records a graph. A Node of its own, as torch's generated ones are,
-// rather than a torch::autograd::Function: no context object, no saved_data map of strings, no lock; the
+// rather than a torch::autograd::Function: no context object and no saved_data map of strings; the
 // saved tensors are SavedVariables (version checks, saved-tensor hooks, freed after a backward that does
 // not retain the graph, as for any node).
 struct LayerNormBackward : public torch::autograd::Node {
