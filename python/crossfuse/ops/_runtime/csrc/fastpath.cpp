@@ -232,6 +232,8 @@ bool plain(const at::Tensor& t) {  // a dense tensor of this process's memory: n
   return t.layout() == at::kStrided && !t.key_set().has_any(wrappers) && !t.is_neg() && !t.is_conj();
 }
 
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
 void push_tensor(Key& key, const at::Tensor& t) {
   key.push_back(int64_t(t.scalar_type()));
   key.push_back(t.dim());
@@ -291,6 +293,10 @@ at::Tensor param_grad(const Alloc& a, const at::Tensor& w, const at::Tensor& x) 
 struct LayerNormBackward : public torch::autograd::Node {
   Entry* entry = nullptr;
   bool has_w = false, has_b = false;
+  // what the programs were recorded for, of the tensors saved: a saved-tensor hook may unpack others
+  bool x_aligned = false, w_aligned = false;
+  at::ScalarType w_dtype = at::kFloat;
+  int64_t w_numel = 0;
   torch::autograd::SavedVariable x_, w_, stats_;
 
   std::string name() const override { return "CrossfuseLayerNormBackward"; }
@@ -329,6 +335,12 @@ at::Tensor forward_with_node(Entry* e, const at::Tensor& x, const at::Tensor* w,
   node->entry = e;
   node->has_w = w != nullptr;
   node->has_b = b != nullptr;
+  node->x_aligned = aligned16(x);
+  if (w != nullptr) {
+    node->w_aligned = aligned16(*w);
+    node->w_dtype = w->scalar_type();
+    node->w_numel = w->numel();
+  }
   node->x_ = torch::autograd::SavedVariable(x, false);
   node->w_ = torch::autograd::SavedVariable(w ? *w : none, false);
   node->stats_ = torch::autograd::SavedVariable(stats, false);
@@ -350,13 +362,19 @@ variable_list LayerNormBackward::apply(variable_list&& grads) {
   bool need_dw = has_w && task_should_compute_output(1);
   bool need_db = has_b && task_should_compute_output(2);
   at::Tensor dx, dw, db;
-  // the saved tensors as the program expects them (a saved-tensor hook's unpack may give others)
-  bool saved_ok = x.is_contiguous() && stats.is_contiguous() && (!w.defined() || w.is_contiguous());
+  // the saved tensors as the programs expect them (a saved-tensor hook's unpack may give others): else
+  // the Python path, which plans for what it is given
+  bool saved_ok = plain(x) && x.is_contiguous() && aligned16(x) == x_aligned && plain(stats) &&
+                  stats.is_contiguous() && stats.device() == x.device() && aligned16(stats) &&
+                  stats.scalar_type() == e->stats_dtype && stats.numel() == e->stats_numel &&
+                  w.defined() == has_w &&
+                  (!has_w || (plain(w) && w.is_contiguous() && w.device() == x.device() &&
+                              aligned16(w) == w_aligned && w.scalar_type() == w_dtype && w.numel() == w_numel));
   bool fast = saved_ok && dy.is_cuda() && plain(dy) && dy.is_contiguous() &&
               dy.scalar_type() == x.scalar_type() && dy.sizes() == x.sizes() && launchable(x);
   const Backward* hit = nullptr;
   if (fast) {
-    int bkey = int(reinterpret_cast<uintptr_t>(dy.data_ptr()) % 16 == 0) * 4 + int(need_dw) * 2 + int(need_db);
+    int bkey = int(aligned16(dy)) * 4 + int(need_dw) * 2 + int(need_db);
     std::shared_lock<std::shared_mutex> hold(e->lock);
     auto it = e->backward.find(bkey);
     if (it != e->backward.end()) hit = &it->second;
@@ -565,6 +583,9 @@ PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       run_forward(e, x, w, b, y, stats);
     }
     return THPVariable_Wrap(y);
+  } catch (python_error& err) {  // a saved-tensor hook's own exception, as it was raised
+    err.restore();
+    return nullptr;
   } catch (const std::exception& err) {
     PyErr_SetString(PyExc_RuntimeError, err.what());
     return nullptr;
