@@ -296,6 +296,21 @@ def test_compiled_node_keeps_autograds_rules_for_saved_tensors(gen):
                                (x, w, b), dy.double())  # fmt: skip
     for got, ref in zip(torch.autograd.grad(y, (x, w, b), dy), want, strict=True):
         assert (got.double() - ref).abs().max().item() < 0.1 * max(1.0, ref.abs().max().item())
+    # copies saved (other addresses, as saved-tensor offloading gives back): the backward reads those
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        y = crossfuse.layer_norm(x, (n,), w, b)
+    for got, ref in zip(torch.autograd.grad(y, (x, w, b), dy), want, strict=True):
+        assert (got.double() - ref).abs().max().item() < 0.1 * max(1.0, ref.abs().max().item())
+
+    class Refused(Exception):
+        pass
+
+    def refuse(t):
+        raise Refused("nothing saved here")
+
+    with torch.autograd.graph.saved_tensors_hooks(refuse, lambda t: t):
+        with pytest.raises(Refused, match="nothing"):  # the hook's own exception, not the module's
+            crossfuse.layer_norm(x, (n,), w, b)
 
 
 @pytest.mark.gpu
