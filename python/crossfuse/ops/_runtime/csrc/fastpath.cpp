@@ -242,7 +242,7 @@ void push_tensor(Key& key, const at::Tensor& t) {
     key.push_back(t.stride(d));
   }
   key.push_back(t.device().index());
-  key.push_back(int64_t(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0));
+  key.push_back(int64_t(aligned16(t)));
 }
 
 // The key of a call, or false where the fast path does not take it: x and the parameters contiguous
