@@ -413,7 +413,9 @@ def test_a_gluon_descriptors_key_holds_its_layout_and_a_plan_names_its_base(monk
     u = torch.zeros(2, 32, 32)
     plan = ra._make_plan([(("slot", 0), (1, 1), (u, desc(rows), 5))], (t, u))
     spec = ([64, 32], [32, 1], [16, 32], layout(0))
-    assert plan.launches == (({1: spec}, (ra._Tensor(1), ra._Tensor(0), 5), ((0, 1), (1, 0))),)
+    ((go, template, places, step),) = plan.launches
+    assert (go, template, places) == ({1: spec}, (ra._Tensor(1), ra._Tensor(0), 5), ((0, 1), (1, 0)))
+    assert step == ra.Step("compiled", (), (1, 1), {1: spec})  # what the compiled eager path records
     copy = torch.zeros(64, 32)
     assert ra._make_plan([(("slot", 0), (1, 1), (desc(copy),))], (t, u)) is None
     assert ra._make_plan([(("slot", 0), (1, 1), (desc(rows),))], (t, t.view(2, 32, 32))) is None

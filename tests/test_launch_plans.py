@@ -188,7 +188,7 @@ def test_a_plan_names_views_of_the_calls_scratch_and_replays_them_over_its_own(m
     plan = ra._make_plan([(("slot", 0), (1, 1), (t, buf, 7)), (("slot", 1), (1, 1), (view, t))], (t,), (buf,))
     assert plan.scratch == (((2, 3, 4, 5), torch.float32, torch.device("cpu")),)
     assert plan.views == ((0, (2, 3, 4, 5), (60, 20, 5, 1), 0), (0, (3, 5, 4), (20, 1, 5), 60))
-    assert [p for _, _, p in plan.launches] == [((0, 0), (1, 1)), ((0, 2), (1, 0))]
+    assert [p for _, _, p, _ in plan.launches] == [((0, 0), (1, 1)), ((0, 2), (1, 0))]
     other = torch.ones(2, 3, 4)
     ra._replay(plan, (other,))
     (a, b, seven), (c, d) = made
@@ -206,7 +206,8 @@ def test_a_plan_keeps_literal_arguments_and_refuses_foreign_tensors(monkeypatch)
                                                                                           descs))  # fmt: skip
     t = torch.zeros(2)
     plan = ra._make_plan([(("slot", 0), (1, 1), (t, None, 3, 0.5))], (t,))
-    assert plan == ra.Plan(((("launcher", (1, 1), None), (ra._Tensor(0), None, 3, 0.5), ((0, 0),)),))
+    step = ra.Step("compiled", (), (1, 1), None)
+    assert plan == ra.Plan(((("launcher", (1, 1), None), (ra._Tensor(0), None, 3, 0.5), ((0, 0),), step),))
     assert ra._make_plan([(("slot",), (1, 1), (torch.zeros(2),))], (t,)) is None
     assert ra._make_plan([(None, (1, 1), (t,))], (t,)) is None  # a launch without a compiled kernel's key
 
@@ -222,7 +223,9 @@ def test_a_plan_passes_a_descriptors_base_and_its_launcher_makes_the_descriptor(
     desc = TensorDescriptor(o, list(o.shape), list(o.stride()), [1, 1, 16, 8])
     plan = ra._make_plan([(("slot", 0), (1, 1), (q, 7, desc))], (q, o))
     spec = (list(o.shape), list(o.stride()), [1, 1, 16, 8])
-    assert plan == ra.Plan(((("launcher", {2: spec}), (ra._Tensor(0), 7, ra._Tensor(1)), ((0, 0), (2, 1))),))
+    step = ra.Step("compiled", (), (1, 1), {2: spec})
+    places = ((0, 0), (2, 1))
+    assert plan == ra.Plan(((("launcher", {2: spec}), (ra._Tensor(0), 7, ra._Tensor(1)), places, step),))
     # a descriptor over a tensor that is not the call's: no plan
     other = TensorDescriptor(torch.zeros(1, 2, 16, 8), list(o.shape), list(o.stride()), [1, 1, 16, 8])
     assert ra._make_plan([(("slot", 0), (1, 1), (q, other))], (q, o)) is None

@@ -4,6 +4,8 @@ bit for bit, with no Python plan code on the way."""
 
 from __future__ import annotations
 
+import ctypes
+import types
 from types import SimpleNamespace
 
 import crossfuse
@@ -53,7 +55,7 @@ def test_program_maps_addresses_to_slots_and_skips_constexprs():
 @pytest.mark.parametrize(
     "change, why",
     [
-        (dict(descs={0: ()}), "a descriptor: its tensor map is encoded per address"),
+        (dict(descs={1: ()}), "a descriptor where the launcher's handling of them is not the one read"),
         (dict(global_scratch_size=64), "scratch memory"),
         (dict(num_ctas=2), "clusters"),
         (dict(shared=300 * 1024), "oversized shared memory"),
@@ -76,6 +78,61 @@ def test_program_refuses_an_address_that_two_slots_hold():
     launch = fake_launch(SIG, tail=(64,))
     assert native.program([(launch, (x, p, 1, 1.0, 1))], [x, p, p]) is None
     assert native.program([(launch, (x, p, 1, 1.0, 1))], [x, p, None]) is not None
+
+
+class FakeMap:
+    """A tensor map as Triton's ``make_tensordesc_arg`` returns it: its bytes behind ``tma_desc_cpu_ptr``
+    (here the base address repeated, or, with ``blind``, bytes that ignore it)."""
+
+    def __init__(self, address: int, blind: bool = False):
+        self.bytes = ctypes.create_string_buffer((7 if blind else address).to_bytes(8, "little") * 16, 128)
+
+    def tma_desc_cpu_ptr(self) -> int:
+        return ctypes.addressof(self.bytes)
+
+
+def _tensordesc_launch(blind: bool = False):
+    """A launch whose kernel takes a tensor descriptor at position 1 (given by its base), its compiled
+    launcher wrapped as Triton's ``wrap_handle_tensordesc`` leaves it: a closure over the C launcher, the
+    descriptors' positions and metadata, in a module whose globals hold ``make_tensordesc_arg`` and
+    ``expand_signature`` (what ``direct.tensordesc_handling`` reads)."""
+
+    def make(desc, meta):
+        return [FakeMap(desc.base.data_ptr(), blind), *desc.shape, *desc.strides]
+
+    def expand(signature, metas):
+        ndim = 2
+        return ["nvTmaDesc"] + ["i32"] * ndim + ["i64"] * ndim
+
+    launcher, tensordesc_indices, tensordesc_meta = object(), {1}, [{"swizzle": 3}]
+
+    def wrapped(*args):
+        return launcher, tensordesc_indices, tensordesc_meta
+
+    raw = types.FunctionType(wrapped.__code__, {"make_tensordesc_arg": make, "expand_signature": expand},
+                             closure=wrapped.__closure__)  # fmt: skip
+    signature = {"X": "*bf16", "D": "tensordesc<bf16[16, 64]>", "M": "i32", "BLOCK": "constexpr"}
+    launch = fake_launch(signature, tail=(64,), descs={1: ([64, 64], [64, 1], [16, 64])})
+    launch.compiled.run.launch = raw
+    return launch
+
+
+def test_program_keeps_a_descriptors_tensor_map_per_address():
+    # a descriptor's base becomes a tensor-map argument over its slot (the C++ module keeps the map per
+    # address and calls the encoder on a miss), then its shape and strides as Triton's launcher expands
+    # them; where the bytes read do not follow the address, no program
+    x = torch.empty(64 * 64 + 64, dtype=torch.bfloat16)
+    row = x[64:]  # a descriptor over a view: the map's address is 128 bytes into the slot
+    (got,) = native.program([(_tensordesc_launch(), (x, row, 5))], [x])
+    packed = got[-1]
+    assert packed[0] == (native.PTR, 0, 0, 0.0)
+    kind, slot, offset, real, encode = packed[1]
+    assert (kind, slot, offset, real) == (native.MAP, 0, 128, 0.0)
+    assert encode(x, 128) == (row.data_ptr()).to_bytes(8, "little") * 16  # the map of that address
+    assert packed[2:7] == [(native.I32, -1, 64, 0.0), (native.I32, -1, 64, 0.0), (native.I64, -1, 64, 0.0),
+                           (native.I64, -1, 1, 0.0), (native.I32, -1, 5, 0.0)]  # fmt: skip
+    assert native.program([(_tensordesc_launch(blind=True), (x, row, 5))], [x]) is None
+    assert native.program([(_tensordesc_launch(), (x, torch.empty(64, 64), 5))], [x]) is None  # no slot
 
 
 def test_recorded_keeps_only_this_threads_launches():
@@ -123,6 +180,14 @@ def test_the_module_builds_loads_and_takes_no_cpu_call(tmp_path, monkeypatch):
     assert fast.add_layer_norm(x, (8,), None, None, 1e-5, [], torch.empty(2), lambda *a: None) is False
     with pytest.raises(ValueError, match="entry"):
         fast.add_layer_norm_backward(12345, True, True, True, [], None, None)
+    # the attention's functions too: CPU tensors, flags that are not bools, take no program
+    q = torch.randn(1, 2, 8, 16)
+    assert fast.count_attention() == (0, 0)
+    assert fast.relu_attention(q, q, q, False, False, None, None, "bhld") is None
+    assert fast.relu_attention(q, q, q, 0, False, None, None, "bhld") is None
+    assert fast.add_relu_attention(q, q, q, False, False, None, None, "bhld", [], q, lambda *a: None) is False
+    with pytest.raises(ValueError, match="entry"):
+        fast.add_relu_attention_backward(12345, q, [], q, q, q)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -171,10 +236,9 @@ def test_compiled_path_gives_the_python_paths_results_bit_for_bit(shape, has_w, 
     forwards, backwards = fast.count()
     ((_, plan),) = next(iter(api.CALLS.plans.values())).bwd.values()
     own_scratch = plan.path != "few" and plan.total and not plan.R  # not in dx's last rows: not a slot
-    plain = plan.path in ("whole_rows", "split", "few") and not any(launch.descs for launch in plan.launches)
-    plain = plain and not own_scratch
-    # the backward of pointer kernels has its program; one with descriptors, with scratch memory outside
-    # dx, or that zeroes scratch first, keeps the Python path (native.program, api._NOT_RECORDABLE)
+    plain = plan.path in ("whole_rows", "split", "few") and not own_scratch
+    # the backward has its program, its descriptors' tensor maps kept per address; one with scratch memory
+    # outside dx, or that zeroes scratch first, keeps the Python path (native.program, api._NOT_RECORDABLE)
     assert forwards == 1 and backwards == int(plain), (plan.path, backwards)
     calls = []
     for name in ("forward", "backward", "backward_plan"):

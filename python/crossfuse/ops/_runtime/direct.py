@@ -297,6 +297,22 @@ def build_descriptor(t: torch.Tensor, spec: tuple):
 MAX_ENCODED = 128  # tensor maps kept per descriptor argument of a plan's launch (addresses: then afresh)
 
 
+def tensordesc_handling(raw) -> tuple | None:
+    """``(C launcher, descriptor positions, their metadata, make_tensordesc_arg, expand_signature)`` of a
+    compiled kernel's launch (``CudaLauncher.launch``) in RAW_LAUNCH's Triton versions, where it wraps the
+    C launcher in Triton's handling of tensor descriptors (``wrap_handle_tensordesc``); else ``None``."""
+    code, cells = getattr(raw, "__code__", None), getattr(raw, "__closure__", None)
+    if code is None or not cells:
+        return None
+    found = dict(zip(code.co_freevars, (c.cell_contents for c in cells), strict=False))
+    c_launch, indices, metas = found.get("launcher"), found.get("tensordesc_indices"), found.get(
+        "tensordesc_meta")  # fmt: skip
+    make, expand = raw.__globals__.get("make_tensordesc_arg"), raw.__globals__.get("expand_signature")
+    if c_launch is None or make is None or not isinstance(indices, set) or not isinstance(metas, list):
+        return None
+    return c_launch, indices, metas, make, expand
+
+
 def _beneath_descriptors(raw, descs: dict) -> tuple | None:
     """``(C launcher, slots)`` where the launch of RAW_LAUNCH's Triton versions can skip its handling of
     tensor descriptors, else ``None``. That handling (``wrap_handle_tensordesc``: Python around the C
@@ -306,15 +322,10 @@ def _beneath_descriptors(raw, descs: dict) -> tuple | None:
     on nothing else here (the plan fixes shape, strides, box and dtype), and ``encode(t)`` adds ``t``'s.
     Only where every descriptor is lowered to a tensor map (``make_tensordesc_arg`` then keeps no
     reference to the tensor) and the descriptor positions are exactly those of ``descs``."""
-    code, cells = getattr(raw, "__code__", None), getattr(raw, "__closure__", None)
-    if code is None or not cells:
+    handling = tensordesc_handling(raw)
+    if handling is None:
         return None
-    found = dict(zip(code.co_freevars, (c.cell_contents for c in cells), strict=False))
-    c_launch, indices, metas = found.get("launcher"), found.get("tensordesc_indices"), found.get(
-        "tensordesc_meta")  # fmt: skip
-    make = raw.__globals__.get("make_tensordesc_arg")
-    if c_launch is None or make is None or not isinstance(indices, set) or not isinstance(metas, list):
-        return None
+    c_launch, indices, metas, make, _ = handling
     if sorted(indices) != sorted(descs) or len(metas) != len(indices) or any(m is None for m in metas):
         return None
     slots = []

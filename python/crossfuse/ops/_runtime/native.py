@@ -1,5 +1,5 @@
-"""The layer norm's compiled eager path: building the C++ module (``csrc/fastpath.cpp``) and recording
-the programs it runs.
+"""The ops' compiled eager path: building the C++ module (``csrc/fastpath.cpp`` and its headers) and
+recording the programs it runs (the layer norm's and the ReLU attention's).
 
 A Python ``autograd.Function`` and the Python around its launches cost more host time per call than
 torch's whole C++ operator. Once a call's plans launch straight to their compiled kernels, the plan is
@@ -19,6 +19,7 @@ before a hook was set keeps its program (``crossfuse.ops.layer_norm.clear_plans(
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
 import importlib.machinery
@@ -37,11 +38,12 @@ import triton
 from ..._backend import triton_version
 from . import direct
 
-SOURCE = Path(__file__).with_name("csrc") / "fastpath.cpp"
+SOURCE = Path(__file__).with_name("csrc") / "fastpath.cpp"  # with the headers beside it (programs.h, ...)
 NAME = "crossfuse_fastpath"
 
-# the C++ module's argument kinds (fastpath.cpp's Kind), by Triton's signature type
-PTR, I32, I64, F32, F64, I8, U32, U64 = range(8)
+# the C++ module's argument kinds (programs.h's Kind), by Triton's signature type; MAP: a tensor map
+PTR, I32, I64, F32, F64, I8, U32, U64, MAP = range(9)
+MAP_BYTES = 128  # a CUtensorMap
 _SCALARS = {"i32": I32, "i64": I64, "u32": U32, "u64": U64, "fp32": F32, "f32": F32, "fp64": F64, "i8": I8}
 MAX_SHARED = 228 * 1024  # above it Triton's launcher adds an attribute the C++ module does not
 
@@ -85,7 +87,10 @@ def _command(cxx: str, out: Path) -> list[str]:
 
 
 def _tag() -> str:
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for path in sorted(SOURCE.parent.iterdir()):  # the module and the headers it includes
+        if path.suffix in (".cpp", ".h"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(f"{torch.__version__} {sys.version} {triton_version()} {sysconfig.get_platform()}".encode())
     return h.hexdigest()[:20]
 
@@ -173,16 +178,26 @@ def module():
         return None
 
 
+def compiled_autograd() -> bool:
+    """Whether torch's compiled autograd is on (its module is imported once it can be): it cannot trace
+    the compiled path's C++ nodes (no ``compiled_args``), so calls take the Python path meanwhile."""
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return ca is not None and bool(ca.compiled_autograd_enabled)
+
+
 def loaded() -> dict:
     """The module's state: ``"module"`` once loaded (read on every call: a dictionary look-up)."""
     return _state
 
 
-def clear() -> None:
-    """Forget every registered program (the next calls take the Python path and record them again)."""
+def clear(op: str = "layer_norm") -> None:
+    """Forget every registered program of ``op`` (``"layer_norm"`` or ``"relu_attention"``): its next calls
+    take the Python path, whose entries must be forgotten too to record them again."""
     fast = _state.get("module")
-    if fast is not None:
+    if fast is not None and op == "layer_norm":
         fast.clear()
+    elif fast is not None:
+        fast.clear_attention()
 
 
 def problem() -> str | None:
@@ -248,16 +263,83 @@ def _extra_params(run) -> int:
     return int(hasattr(run, "global_scratch_size")) + int(hasattr(run, "profile_scratch_size"))
 
 
+def map_bytes(obj) -> bytes | None:
+    """The 128 bytes of the tensor map Triton's ``make_tensordesc_arg`` made (the first item it returns):
+    through ``tma_desc_cpu_ptr`` where the object has it, else from Triton's ``PyCUtensorMap``, whose map is
+    its last member (``{PyObject_HEAD; aligned CUtensorMap tensorMap;}``: the map ends where the object
+    does); ``None`` for another object."""
+    cpu_ptr = getattr(obj, "tma_desc_cpu_ptr", None)
+    if callable(cpu_ptr):
+        address = cpu_ptr()
+    elif type(obj).__name__ == "PyCUtensorMap" and type(obj).__basicsize__ >= 16 + MAP_BYTES:
+        address = id(obj) + type(obj).__basicsize__ - MAP_BYTES
+    else:
+        return None
+    return ctypes.string_at(address, MAP_BYTES) if address else None
+
+
+def _at_offset(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A view of ``t``'s memory starting ``offset`` bytes into it (a descriptor reads only its base's
+    address: the program fixes its shape, strides and box)."""
+    if not offset:
+        return t
+    return t.as_strided((1,), (1,), t.storage_offset() + offset // t.element_size())
+
+
+def _map_args(launch, position: int, value, ty: str, slots: list) -> list | None:
+    """The packed arguments of the tensor descriptor at ``position`` of ``launch``, whose base is
+    ``value``: its tensor map (the C++ module keeps one per address and calls the encoder returned here on
+    a miss: Triton's own encoding), then its shape and strides as Triton's launcher expands them, as
+    constants. ``None`` where the launcher's handling is not the one read (see
+    ``direct.tensordesc_handling``) or the map's bytes cannot be read back: the same address must give the
+    same bytes, another address others."""
+    handling = direct.tensordesc_handling(getattr(launch.compiled.run, "launch", None))
+    if handling is None or not isinstance(value, torch.Tensor):
+        return None
+    _, indices, metas, make, expand = handling
+    if expand is None or position not in indices or len(metas) != len(indices):
+        return None
+    meta, spec = metas[sorted(indices).index(position)], launch.descs[position]
+    at = _slot(value.data_ptr(), slots)
+    if meta is None or at is None:
+        return None
+
+    def parts(t):
+        return make(direct.build_descriptor(t, spec), meta)
+
+    def encode(t: torch.Tensor, offset: int) -> bytes:
+        return map_bytes(parts(_at_offset(t, offset))[0])
+
+    try:
+        got, types = parts(value), expand([ty], [meta])
+        first = map_bytes(got[0])
+        other = map_bytes(parts(_at_offset(value, 16))[0])
+    except Exception:  # whatever Triton refuses: no program
+        return None
+    if len(got) != len(types) or types[0] != "nvTmaDesc" or first is None or other == first:
+        return None
+    if first != encode(slots[at[0]], at[1]):
+        return None
+    packed = [(MAP, at[0], at[1], 0.0, encode)]
+    for t, v in zip(types[1:], got[1:], strict=True):
+        if _SCALARS.get(t) not in (I32, I64) or type(v) is not int:
+            return None
+        packed.append((_SCALARS[t], -1, v, 0.0))
+    return packed
+
+
 def program(calls: list, slots: list) -> list | None:
-    """The C++ module's program of recorded ``calls`` (see :func:`recorded`), every pointer argument an
-    address within one of ``slots`` (tensors, or None); ``None`` where a launch cannot be made there: a
-    descriptor argument (its tensor map is encoded per base address, which the module does not do), a
-    kernel that asks for scratch memory, clusters, an argument type the module does not pack, or an
-    address outside the slots."""
+    """The C++ module's program of recorded ``calls`` (see :func:`recorded`; a launch given as anything with
+    the attributes ``compiled``, ``tail``, ``grid`` and ``descs`` of :class:`crossfuse.ops.layer_norm.plan.
+    Launch`), every pointer argument an address within one of ``slots`` (tensors, or None), every tensor
+    descriptor's base too (:func:`_map_args`); ``None`` where a launch cannot be made there: a kernel that
+    asks for scratch memory, clusters, an argument type the module does not pack, a descriptor whose map
+    cannot be kept, or an address outside the slots."""
     out = []
     for launch, args in calls:
-        compiled, tail = getattr(launch, "compiled", None), getattr(launch, "tail", None)
-        if compiled is None or launch.descs:
+        compiled, tail, descs = getattr(launch, "compiled", None), getattr(launch, "tail", None), getattr(
+            launch, "descs", None)  # fmt: skip
+        if compiled is None:
             return None
         run, meta = compiled.run, compiled.metadata
         if getattr(run, "global_scratch_size", 0) or getattr(run, "profile_scratch_size", 0):
@@ -269,10 +351,15 @@ def program(calls: list, slots: list) -> list | None:
         if len(types) != len(values):
             return None
         packed = []
-        for ty, v in zip(types, values, strict=True):
+        for i, (ty, v) in enumerate(zip(types, values, strict=True)):
             if ty == "constexpr":
                 continue
-            if ty.startswith("*"):
+            if descs and i in descs:
+                maps = _map_args(launch, i, v, ty, slots)
+                if maps is None:
+                    return None
+                packed += maps
+            elif ty.startswith("*"):
                 address = v.data_ptr() if isinstance(v, torch.Tensor) else v
                 if type(address) is not int:
                     return None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import sys
 
 import torch
 
@@ -331,13 +330,6 @@ def _new_call(x, normalized_shape, weight, bias, eps) -> Call:
     return Call(x, n, shape, weight, bias, float(eps))
 
 
-def _compiled_autograd() -> bool:
-    """Whether torch's compiled autograd is on (its module is imported once it can be): it cannot trace
-    the compiled path's C++ node (no ``compiled_args``), so calls take the Python path meanwhile."""
-    ca = sys.modules.get("torch._dynamo.compiled_autograd")
-    return ca is not None and bool(ca.compiled_autograd_enabled)
-
-
 def layer_norm(
     x: torch.Tensor,
     normalized_shape,
@@ -356,7 +348,7 @@ def layer_norm(
         x, weight, bias = _library.distinct(x, weight, bias)  # one tensor as weight and bias: see distinct
         return LayerNormFunction.apply(x, n, weight, bias, float(eps), None)
     fast = _NATIVE.get("module")
-    if fast is not None and not _compiled_autograd():  # the compiled path, where it has this call's key
+    if fast is not None and not native.compiled_autograd():  # the compiled path, where it has this call's key
         y = fast.layer_norm(x, normalized_shape, weight, bias, eps)
         if y is not None:
             return y

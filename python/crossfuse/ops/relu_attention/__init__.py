@@ -124,6 +124,7 @@ from .plans import (
     _STAGES_THAT_FIT,
     MAX_PLANS,
     Plan,
+    Step,
     _launch,
     _make_plan,
     _replay,

@@ -29,11 +29,12 @@ from ..._validate import (
 )
 from .. import _library
 from .._runtime import direct as _direct
+from .._runtime import native
 from .._runtime.autograd import backward_once, plain_apply
 from .config import DEFAULT, HEAD_DIMS, LAYOUTS, MAX_GRID_1, Choices
 from .kernels_fwd import _relu_attn_fwd_kernel
 from .launch import _backward, _forward, relu_attention_bwd, relu_attention_fwd
-from .plans import _replay
+from .plans import _replay, steps
 
 
 def _to_bhld(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -167,8 +168,8 @@ class _Entry:
     """What a key of :func:`relu_attention`'s arguments decides once: the checked flags and scales, the
     output's shape, and the launch plans of the forward and (per key of dout) the backward."""
 
-    __slots__ = ("bwd_plans", "causal", "device", "dtype", "fwd_plan", "layout", "like", "out_shape",
-                 "relu_scale", "scale", "squared")  # fmt: skip
+    __slots__ = ("bwd_plans", "causal", "device", "dtype", "fwd_plan", "layout", "like", "native",
+                 "out_shape", "relu_scale", "scale", "squared")  # fmt: skip
 
     def __init__(self, q, k, v, causal, squared, scale, relu_scale, layout):
         self.causal, self.squared, self.scale, self.layout = causal, squared, scale, layout
@@ -179,10 +180,14 @@ class _Entry:
         self.like = tuple(t.is_contiguous() for t in (q, k, v))
         self.fwd_plan = None
         self.bwd_plans: dict[tuple, tuple] = {}
+        self.native = None if q.is_cuda else False  # the compiled path: None until tried (_to_native)
+
+    def empty_out(self, q):
+        return torch.empty_like(q) if self.like[0] else torch.empty(self.out_shape, dtype=self.dtype,
+                                                                       device=self.device)  # fmt: skip
 
     def forward(self, q, k, v):
-        out = torch.empty_like(q) if self.like[0] else torch.empty(self.out_shape, dtype=self.dtype,
-                                                                      device=self.device)  # fmt: skip
+        out = self.empty_out(q)
         plan = self.fwd_plan
         if plan is not None:
             _replay(plan, (q, k, v, out))
@@ -214,6 +219,56 @@ class _Entry:
         return grads
 
 
+def _to_native(entry: _Entry, q, k, v, causal, squared, scale, relu_scale, layout) -> None:
+    """Give the C++ module (:mod:`.._runtime.native`) this call's key once its forward has a launch plan:
+    the plan's program over (q, k, v, out), and the backward that records its own programs
+    (:func:`_native_backward`). Marks ``entry.native`` tried either way; a plan the module cannot make
+    (scratch buffers, what :func:`.._runtime.native.program` refuses) keeps the Python path."""
+    if entry.fwd_plan is None:
+        return  # not yet: the first call records the plan
+    entry.native = False
+    fast = native.module()
+    if fast is None or not native.hooks_quiet():
+        return
+    out = entry.empty_out(q)
+    calls = steps(entry.fwd_plan, (q, k, v, out))
+    prog = native.program(calls, [q, k, v, out]) if calls is not None else None
+    if prog is None:
+        return
+    try:
+        got = fast.add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, prog, out,
+                                      _native_backward(entry))  # fmt: skip
+    except Exception:  # whatever the module refuses: the Python path
+        return
+    entry.native = got is not False
+
+
+def _native_backward(entry: _Entry):
+    """The C++ node's backward where it has no program for a gradient's layout yet: the entry's Python
+    backward, and once its plan for that layout is known, the plan's program registered (tried once per
+    plan)."""
+    fast = native.module()
+    tried: set[int] = set()  # the plans (by id: each lives as long as the entry) already offered
+
+    def backward(handle, q, k, v, dout):
+        grads = entry.backward(q, k, v, dout)
+        key = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16)
+        plan = entry.bwd_plans.get(key)
+        if plan is None or id(plan) in tried or not native.hooks_quiet():
+            return grads
+        tried.add(id(plan))
+        calls = steps(plan, (q, k, v, dout, *grads))
+        prog = native.program(calls, [q, k, v, dout, *grads]) if calls is not None else None
+        if prog is not None:
+            try:
+                fast.add_relu_attention_backward(handle, dout, prog, *grads)
+            except Exception:  # whatever the module refuses: the Python path
+                pass
+        return grads
+
+    return backward
+
+
 def _eager_backward(ctx, dout):
     return *ctx.entry.backward(*ctx.saved_tensors, dout), None
 
@@ -233,6 +288,7 @@ class _EagerFunction(torch.autograd.Function):
 _eager_apply = plain_apply(_EagerFunction)  # the fast path's tensors are plain ones (_PLAIN)
 
 
+_NATIVE = native.loaded()  # the compiled path's module once loaded (see native.module)
 # key of relu_attention's arguments -> _Entry (see the module docstring)
 _EAGER: dict[tuple, _Entry] = {}
 MAX_ENTRIES = 1024
@@ -285,12 +341,19 @@ def relu_attention(
     gives zeros and no query (Lq = 0) an empty output. See :mod:`crossfuse.ops.relu_attention`.
     """
     if not _library.tracing():
+        fast = _NATIVE.get("module")
+        if fast is not None and not native.compiled_autograd():  # the compiled path, where it has the key
+            out = fast.relu_attention(q, k, v, causal, squared, scale, relu_scale, layout)
+            if out is not None:
+                return out
         try:
             key = _eager_key(q, k, v, causal, squared, scale, relu_scale, layout)
             entry = _EAGER.get(key)
         except Exception:  # not tensors, unhashable flags: the full path says what is wrong
             key = entry = None
         if entry is not None:
+            if entry.native is None:
+                _to_native(entry, q, k, v, causal, squared, scale, relu_scale, layout)
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
                 return _eager_apply(q, k, v, entry)
             return entry.forward(q, k, v)
@@ -327,5 +390,6 @@ def relu_attention_with(q, k, v, causal: bool = False, squared: bool = False, sc
 
 
 def clear_eager() -> None:
-    """Forget every key the fast path has seen (tests)."""
+    """Forget every key the fast path has seen, and the compiled path's programs (tests)."""
     _EAGER.clear()
+    native.clear("relu_attention")

@@ -71,14 +71,25 @@ class _Tensor(NamedTuple):
     index: int
 
 
+class Step(NamedTuple):
+    """What a plan's launch is made of, for the compiled eager path (``.._runtime.native.program``): the
+    compiled kernel, the values of its parameters after the positional ones, the grid, and the
+    descriptors' specs (``{position: spec}``, as :func:`.._runtime.direct.launcher` takes them)."""
+
+    compiled: object
+    tail: tuple
+    grid: tuple
+    descs: dict | None
+
+
 class Plan(NamedTuple):
     """A call's launches, made again on another call's tensors (:func:`_replay`).
 
-    ``launches``: ``(launcher, template, places)`` per launch (see :func:`_make_plan`). ``scratch``:
-    ``(shape, dtype, device)`` of each buffer the launchers allocated and wrote during the call (float32's
-    copies, :func:`scratch`): a replay allocates its own, as the call did, and drops them once its
-    launches are queued (the stream orders their reuse). ``views``: ``(buffer, size, stride, offset)`` of
-    each tensor over those buffers that a launch took; ``_Tensor(len(call's tensors) + i)`` names view
+    ``launches``: ``(launcher, template, places, step)`` per launch (see :func:`_make_plan`, :class:`Step`).
+    ``scratch``: ``(shape, dtype, device)`` of each buffer the launchers allocated and wrote during the call
+    (float32's copies, :func:`scratch`): a replay allocates its own, as the call did, and drops them once its
+    launches are queued (the stream orders their reuse). ``views``: ``(buffer, size, stride, offset)`` of each
+    tensor over those buffers that a launch took; ``_Tensor(len(call's tensors) + i)`` names view
     ``i``."""
 
     launches: tuple
@@ -121,20 +132,35 @@ def _replay(plan: Plan, tensors: tuple) -> None:
     if plan.scratch:
         buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in plan.scratch]
         tensors = (*tensors, *[buffers[j].as_strided(*view) for j, *view in plan.views])
-    for go, template, places in plan.launches:
+    for go, template, places, _ in plan.launches:
         args = list(template)
         for i, index in places:
             args[i] = tensors[index]
         go(*args)
 
 
+def steps(plan: Plan, tensors: tuple) -> list | None:
+    """``[(step, args)]``: each launch of ``plan`` on ``tensors`` as a :class:`Step` and its positional
+    arguments (descriptors given by their bases), what the compiled eager path records; ``None`` for a plan
+    with scratch buffers (the C++ module allocates only a call's outputs)."""
+    if plan.scratch:
+        return None
+    out = []
+    for _, template, places, step in plan.launches:
+        args = list(template)
+        for i, index in places:
+            args[i] = tensors[index]
+        out.append((step, tuple(args)))
+    return out
+
+
 def _make_plan(launches: list, tensors: tuple, buffers: tuple = ()) -> Plan | None:
     """A plan from the recorded ``launches`` of a call on ``tensors``: per launch ``(launcher, template,
-    places)`` (the compiled kernel's :func:`.._runtime.direct.launcher`), the template's arguments with
-    the call's tensors (or descriptors' bases) as :class:`_Tensor` items, whose places ``(position,
-    index)`` are listed. A tensor over one of ``buffers`` (the call's scratch, :func:`scratch`) becomes a
-    view the replay makes over its own buffer. ``None`` where one of the launches had no key or took a
-    tensor that is neither one of ``tensors`` nor over a buffer (float32's copies beyond a grid's limit,
+    places, step)`` (the compiled kernel's :func:`.._runtime.direct.launcher`; :class:`Step`), the template's
+    arguments with the call's tensors (or descriptors' bases) as :class:`_Tensor` items, whose places
+    ``(position, index)`` are listed. A tensor over one of ``buffers`` (the call's scratch, :func:`scratch`)
+    becomes a view the replay makes over its own buffer. ``None`` where one of the launches had no key or took
+    a tensor that is neither one of ``tensors`` nor over a buffer (float32's copies beyond a grid's limit,
     made by torch), or where one tensor was given twice (its places could not be told apart: another call
     may pass two tensors there)."""
     if len({id(t) for t in tensors}) < len(tensors):
@@ -181,7 +207,7 @@ def _make_plan(launches: list, tensors: tuple, buffers: tuple = ()) -> Plan | No
             places.append((i, index))
             template.append(_Tensor(index))
         go = _direct.launcher(hit[0], grid, hit[1], slot[1], descs or None)
-        plan.append((go, tuple(template), tuple(places)))
+        plan.append((go, tuple(template), tuple(places), Step(hit[0], hit[1], grid, descs or None)))
     if not plan:
         return None
     return Plan(tuple(plan), tuple((tuple(b.shape), b.dtype, b.device) for b in buffers), tuple(views))
