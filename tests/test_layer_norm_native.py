@@ -91,11 +91,12 @@ class FakeMap:
         return ctypes.addressof(self.bytes)
 
 
-def _tensordesc_launch(blind: bool = False):
+def _tensordesc_launch(blind: bool = False, expand_kept: bool = True):
     """A launch whose kernel takes a tensor descriptor at position 1 (given by its base), its compiled
     launcher wrapped as Triton's ``wrap_handle_tensordesc`` leaves it: a closure over the C launcher, the
     descriptors' positions and metadata, in a module whose globals hold ``make_tensordesc_arg`` and
-    ``expand_signature`` (what ``direct.tensordesc_handling`` reads)."""
+    ``expand_signature`` (what ``direct.tensordesc_handling`` reads; some versions keep the latter inside
+    their launcher's builder, where ``native.expanded`` stands in: ``expand_kept=False``)."""
 
     def make(desc, meta):
         return [FakeMap(desc.base.data_ptr(), blind), *desc.shape, *desc.strides]
@@ -109,21 +110,22 @@ def _tensordesc_launch(blind: bool = False):
     def wrapped(*args):
         return launcher, tensordesc_indices, tensordesc_meta
 
-    raw = types.FunctionType(wrapped.__code__, {"make_tensordesc_arg": make, "expand_signature": expand},
-                             closure=wrapped.__closure__)  # fmt: skip
+    found = {"make_tensordesc_arg": make, **({"expand_signature": expand} if expand_kept else {})}
+    raw = types.FunctionType(wrapped.__code__, found, closure=wrapped.__closure__)
     signature = {"X": "*bf16", "D": "tensordesc<bf16[16, 64]>", "M": "i32", "BLOCK": "constexpr"}
     launch = fake_launch(signature, tail=(64,), descs={1: ([64, 64], [64, 1], [16, 64])})
     launch.compiled.run.launch = raw
     return launch
 
 
-def test_program_keeps_a_descriptors_tensor_map_per_address():
+@pytest.mark.parametrize("expand_kept", [True, False], ids=["expand_signature kept", "its rule"])
+def test_program_keeps_a_descriptors_tensor_map_per_address(expand_kept):
     # a descriptor's base becomes a tensor-map argument over its slot (the C++ module keeps the map per
     # address and calls the encoder on a miss), then its shape and strides as Triton's launcher expands
     # them; where the bytes read do not follow the address, no program
     x = torch.empty(64 * 64 + 64, dtype=torch.bfloat16)
     row = x[64:]  # a descriptor over a view: the map's address is 128 bytes into the slot
-    (got,) = native.program([(_tensordesc_launch(), (x, row, 5))], [x])
+    (got,) = native.program([(_tensordesc_launch(expand_kept=expand_kept), (x, row, 5))], [x])
     packed = got[-1]
     assert packed[0] == (native.PTR, 0, 0, 0.0)
     kind, slot, offset, real, encode = packed[1]

@@ -53,8 +53,10 @@ def test_compiled_path_gives_the_python_paths_results_bit_for_bit(shape, layout,
     for a, c in zip(python, step(), strict=True):
         assert torch.equal(a, c)
     third = step()  # the compiled forward; its backward records the backward's program
-    compiled = dtype != torch.float32
-    assert fast.count_attention() == ((1, 1) if compiled else (0, 0))
+    forwards, backwards = fast.count_attention()
+    # 16-bit kernels have both programs (their descriptors' maps kept per address); float32's backward
+    # copies q and dout into scratch buffers (tf32 copies), which keeps it on the Python path
+    assert (forwards, backwards) == ((1, 1) if dtype != torch.float32 else (1, 0))
     calls = []
     for name in ("forward", "backward"):
         fn = getattr(api._Entry, name)
@@ -62,14 +64,13 @@ def test_compiled_path_gives_the_python_paths_results_bit_for_bit(shape, layout,
     for got in (third, step(), step()):
         for a, c in zip(python, got, strict=True):
             assert torch.equal(a, c)
-    assert calls == [] if compiled else set(calls) == {"forward", "backward"}
-    if compiled:
-        out = crossfuse.relu_attention(q, k, v, causal=causal, layout=layout)
-        assert out.grad_fn.name() == "CrossfuseReLUAttentionBackward"
+    assert calls == ([] if backwards else ["backward"] * 2)  # no Python but a backward without a program
+    out = crossfuse.relu_attention(q, k, v, causal=causal, layout=layout)
+    assert out.grad_fn.name() == "CrossfuseReLUAttentionBackward"
     calls.clear()
     with torch.no_grad():  # and without an autograd node
         assert torch.equal(crossfuse.relu_attention(q, k, v, causal=causal, layout=layout), python[0])
-    assert calls == [] if compiled else calls == ["forward"]
+    assert calls == []
 
 
 def _compiled_output(q, k, v, **kw):
@@ -145,8 +146,8 @@ def test_compiled_node_keeps_autograds_rules(gen):
     with torch.autograd.graph.saved_tensors_hooks(refuse, lambda t: t):
         with pytest.raises(Refused, match="nothing"):
             crossfuse.relu_attention(q, k, v)
-    out = crossfuse.relu_attention(q, k, v)
-    (gq,) = torch.autograd.grad(out, (q,), dout, create_graph=True)
+    out = crossfuse.relu_attention(q, k, v)  # under create_graph, a gradient that requires grad
+    (gq,) = torch.autograd.grad(out.float().pow(2).sum(), (q,), create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         gq.sum().backward()
     vk = v.detach().requires_grad_(True)

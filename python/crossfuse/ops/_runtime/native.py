@@ -25,6 +25,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -271,11 +272,27 @@ def map_bytes(obj) -> bytes | None:
     cpu_ptr = getattr(obj, "tma_desc_cpu_ptr", None)
     if callable(cpu_ptr):
         address = cpu_ptr()
-    elif type(obj).__name__ == "PyCUtensorMap" and type(obj).__basicsize__ >= 16 + MAP_BYTES:
+    elif "tensormap" in type(obj).__name__.lower() and type(obj).__basicsize__ >= 16 + MAP_BYTES:
         address = id(obj) + type(obj).__basicsize__ - MAP_BYTES
     else:
         return None
     return ctypes.string_at(address, MAP_BYTES) if address else None
+
+
+def expanded(signature: list, metas: list) -> list:
+    """The types Triton's launcher passes for each of ``signature``'s tensor descriptors, each lowered to a
+    tensor map (``metas``' entries not None): the map, then the shape as i32 and the strides as i64 per
+    dim; the rule of Triton's own ``expand_signature``, for the versions whose driver module keeps it
+    inside its launcher's builder."""
+    out = []
+    for ty in signature:
+        found = re.match(r"tensordesc<([^[>]*)\[([^]]*)\]", ty)
+        if found is None:
+            out.append(ty)
+            continue
+        ndim = found.group(2).count(",") + 1
+        out += ["nvTmaDesc", *["i32"] * ndim, *["i64"] * ndim]
+    return out
 
 
 def _at_offset(t: torch.Tensor, offset: int) -> torch.Tensor:
@@ -297,7 +314,7 @@ def _map_args(launch, position: int, value, ty: str, slots: list) -> list | None
     if handling is None or not isinstance(value, torch.Tensor):
         return None
     _, indices, metas, make, expand = handling
-    if expand is None or position not in indices or len(metas) != len(indices):
+    if position not in indices or len(metas) != len(indices):
         return None
     meta, spec = metas[sorted(indices).index(position)], launch.descs[position]
     at = _slot(value.data_ptr(), slots)
@@ -311,7 +328,7 @@ def _map_args(launch, position: int, value, ty: str, slots: list) -> list | None
         return map_bytes(parts(_at_offset(t, offset))[0])
 
     try:
-        got, types = parts(value), expand([ty], [meta])
+        got, types = parts(value), (expand or expanded)([ty], [meta])
         first = map_bytes(got[0])
         other = map_bytes(parts(_at_offset(value, 16))[0])
     except Exception:  # whatever Triton refuses: no program
