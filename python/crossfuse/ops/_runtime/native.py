@@ -3,10 +3,12 @@ recording the programs it runs (the layer norm's and the ReLU attention's).
 
 A Python ``autograd.Function`` and the Python around its launches cost more host time per call than
 torch's whole C++ operator. Once a call's plans launch straight to their compiled kernels, the plan is
-run once more with its launches recorded (:func:`recorded`); :func:`program` turns the record into a
-program of the C++ module: per launch the kernel's function handle, grid, block, shared memory and each
-argument as a constant or an address within one of the call's tensors (a slot). The C++ module then
-makes such calls itself: its key look-up, allocations, autograd node and ``cuLaunchKernelEx``.
+run once more with its launches recorded (:func:`recorded`; the attention's plans list theirs, see
+``relu_attention.plans.steps``); :func:`program` turns the record into a program of the C++ module: per
+launch the kernel's function handle, grid, block, shared memory and each argument as a constant, an
+address within one of the call's tensors (a slot), or a tensor descriptor's map over one (kept per
+address by the module, encoded by Triton on a miss: :func:`_map_args`). The C++ module then makes such
+calls itself: its key look-up, allocations, autograd node and ``cuLaunchKernelEx``.
 
 It is built once per source, torch, Python and Triton, by the C++ compiler Triton itself needs on this
 machine, into crossfuse's cache (``CROSSFUSE_CACHE_DIR``, else ``~/.cache/crossfuse``); where it cannot
@@ -14,7 +16,8 @@ be built (no compiler, no headers) every call stays on the Python path, and :fun
 Only with the Triton versions whose launcher it mirrors (``direct.RAW_LAUNCH``) and where launches go
 straight to their kernels (``CROSSFUSE_DIRECT_LAUNCH`` not 0). The compiled path calls none of Triton's
 launch hooks: programs are recorded only while no hook is set (:func:`hooks_quiet`), and a key recorded
-before a hook was set keeps its program (``crossfuse.ops.layer_norm.clear_plans()`` forgets them all).
+before a hook was set keeps its program (``crossfuse.ops.layer_norm.clear_plans()`` and
+``crossfuse.ops.relu_attention.clear_eager()`` forget them).
 """
 
 from __future__ import annotations

@@ -182,7 +182,7 @@ def _to_native(call: Call, x, normalized_shape, weight, bias, eps) -> None:
 def _native_backward(call: Call):
     """The C++ node's backward where it has no program for a gradient's layout yet: the Python plan's, and
     once that plan launches straight to its kernels, its program recorded and registered (tried once per
-    plan: one the module cannot make, with descriptors say, keeps the Python path)."""
+    plan: one the module cannot make, with scratch of its own say, keeps the Python path)."""
     fast = native.module()
     refused: set[int] = set()  # the plans (by id: each lives as long as the call) that gave no program
 

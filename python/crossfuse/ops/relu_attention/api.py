@@ -8,7 +8,8 @@ key (:mod:`.plans`), forward and backward, through the thin :class:`_EagerFuncti
 (a first call, one while ``torch.compile`` traces, one whose plan cannot be replayed) takes the full path:
 checks, then :class:`ReLUAttentionFunction`, which calls the launchers directly in eager mode and through
 the custom operators ``torch.ops.crossfuse.relu_attention_fwd``/``_bwd`` (see ``.._library``) while
-tracing.
+tracing. Once a key's plans are known, the C++ module of ``.._runtime.native`` runs its calls before any
+of this (:func:`_to_native`): a look-up, an allocation, its own autograd node and the plans' launches.
 """
 
 from __future__ import annotations
