@@ -14,6 +14,7 @@ from crossfuse.ops import relu_attention as ra
 from crossfuse.ops._runtime import direct as _direct
 from crossfuse.ops.relu_attention import launch as launch_module
 from crossfuse.ops.relu_attention import plans as plans_module
+from crossfuse.ops.relu_attention.plans import steps
 from crossfuse.reference import relu_attention_ref
 from crossfuse.tolerances import relerr, tolerance
 
@@ -229,3 +230,19 @@ def test_a_plan_passes_a_descriptors_base_and_its_launcher_makes_the_descriptor(
     # a descriptor over a tensor that is not the call's: no plan
     other = TensorDescriptor(torch.zeros(1, 2, 16, 8), list(o.shape), list(o.stride()), [1, 1, 16, 8])
     assert ra._make_plan([(("slot", 0), (1, 1), (q, other))], (q, o)) is None
+
+
+def test_steps_give_a_plans_launches_on_a_calls_tensors(monkeypatch):
+    # what the compiled eager path records: each launch's Step and its arguments with the call's tensors
+    # at their places; none for a plan with scratch buffers (the C++ module allocates only outputs)
+    monkeypatch.setattr(_direct, "kept", lambda slot: ("compiled", ("tail",)))
+    monkeypatch.setattr(_direct, "launcher", lambda *args: "launcher")
+    t, u = torch.zeros(2), torch.zeros(3)
+    plan = ra._make_plan([(("slot", 0), (4, 1), (t, 7, u)), (("slot", 1), (2,), (u,))], (t, u))
+    a, b = torch.ones(2), torch.ones(3)
+    (s1, args1), (s2, args2) = steps(plan, (a, b))
+    assert s1 == ra.Step("compiled", ("tail",), (4, 1), None) and s2.grid == (2,)
+    assert args1[0] is a and args1[1] == 7 and args1[2] is b and args2[0] is b
+    buf = torch.empty(2, 3)
+    scratched = ra._make_plan([(("slot", 0), (1,), (t, buf[0]))], (t,), (buf,))
+    assert scratched.scratch and steps(scratched, (a,)) is None

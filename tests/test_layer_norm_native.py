@@ -137,6 +137,13 @@ def test_program_keeps_a_descriptors_tensor_map_per_address(expand_kept):
     assert native.program([(_tensordesc_launch(), (x, torch.empty(64, 64), 5))], [x]) is None  # no slot
 
 
+def test_expanded_follows_tritons_rule_for_descriptors_lowered_to_tensor_maps():
+    # per descriptor: the map, then its shape as i32 and its strides as i64; Gluon's types carry a layout
+    sig = ["*bf16", "tensordesc<bf16[64, 64]>", "i32", "tensordesc<fp16[1, 1, 128, 64],NVMMASharedLayout(x)>"]
+    two, four = ["i32"] * 2 + ["i64"] * 2, ["i32"] * 4 + ["i64"] * 4
+    assert native.expanded(sig, [{}, {}]) == ["*bf16", "nvTmaDesc", *two, "i32", "nvTmaDesc", *four]
+
+
 def test_recorded_keeps_only_this_threads_launches():
     import threading
 
