@@ -140,3 +140,30 @@ def test_fast_path_is_bit_identical_to_the_dispatched_path(layout, causal, dtype
         for leaf, g in zip(leaves, want_grads, strict=True):
             assert torch.equal(leaf.grad, g)
     assert len(ra._EAGER) == 1
+
+
+def test_the_compiled_nodes_python_backward_records_only_what_it_may(monkeypatch):
+    # the C++ node's fallback records a program only where the node says the saved tensors and the
+    # gradient are as the entry's programs expect them (a saved-tensor hook may give back others), once
+    # per gradient key, and its gradients stand whatever recording does
+    from types import SimpleNamespace
+
+    from crossfuse.ops._runtime import native
+
+    added = []
+    monkeypatch.setattr(native, "module", lambda: SimpleNamespace(add_relu_attention_backward=lambda *a:
+                                                                  added.append(a)))  # fmt: skip
+    monkeypatch.setattr(native, "program", lambda calls, slots: ["program"])
+    monkeypatch.setattr(api_module, "steps", lambda plan, tensors: ["step"])
+    q = k = v = dout = torch.zeros(1, 1, 4, 16)
+    grads = (torch.ones(1), torch.ones(2), torch.ones(3))
+    key = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16)
+    entry = SimpleNamespace(bwd_plans={key: "plan"}, backward=lambda *a: grads)
+    backward = api_module._native_backward(entry)
+    assert backward(7, q, k, v, dout, False) is grads and added == []  # saved tensors not as recorded
+    assert backward(7, q, k, v, dout, True) is grads and added == [(7, dout, ["program"], *grads)]
+    assert backward(7, q, k, v, dout, True) is grads and len(added) == 1  # offered once
+    monkeypatch.setattr(native, "program", lambda calls, slots: 1 / 0)
+    other = torch.zeros(1, 1, 4, 16)[..., :8]
+    entry.bwd_plans[(other.shape, other.stride(), other.dtype, other.data_ptr() % 16)] = "plan"
+    assert backward(7, q, k, v, other, True) is grads and len(added) == 1  # a failing recording: no harm

@@ -334,11 +334,10 @@ def _map_args(launch, position: int, value, ty: str, slots: list) -> list | None
         got, types = parts(value), (expand or expanded)([ty], [meta])
         first = map_bytes(got[0])
         other = map_bytes(parts(_at_offset(value, 16))[0])
+        again = encode(slots[at[0]], at[1])
     except Exception:  # whatever Triton refuses: no program
         return None
-    if len(got) != len(types) or types[0] != "nvTmaDesc" or first is None or other == first:
-        return None
-    if first != encode(slots[at[0]], at[1]):
+    if len(got) != len(types) or types[0] != "nvTmaDesc" or first is None or other == first or again != first:
         return None
     packed = [(MAP, at[0], at[1], 0.0, encode)]
     for t, v in zip(types[1:], got[1:], strict=True):

@@ -186,18 +186,23 @@ def _native_backward(call: Call):
     fast = native.module()
     refused: set[int] = set()  # the plans (by id: each lives as long as the call) that gave no program
 
-    def backward(entry, dy, x, w, stats, need_dw, need_db):
+    def backward(entry, dy, x, w, stats, need_dw, need_db, recordable):
         copy_dy, plan = call.backward_plan(dy, x, w, x.shape, need_dw, need_db)
-        # only from a gradient of the layout the module runs programs for (contiguous, x's shape and
-        # dtype): the program holds its row stride
+        # only from a call whose saved tensors and gradient are as the entry's programs expect them
+        # (``recordable``, which the node tells: a saved-tensor hook may have given back others) and of
+        # the layout the module runs programs for (contiguous, x's shape and dtype: the program holds its
+        # row stride)
         like_x = dy.is_contiguous() and dy.dtype == x.dtype and dy.shape == x.shape
-        skip = not like_x or copy_dy or not plan.ready or id(plan) in refused or plan.path in _NOT_RECORDABLE
-        if skip or not native.hooks_quiet():
+        skip = not (recordable and like_x) or copy_dy or not plan.ready or id(plan) in refused
+        if skip or plan.path in _NOT_RECORDABLE or not native.hooks_quiet():
             return call.backward(dy, x, w, stats, x.shape, need_dw, need_db)
         grads, calls = native.recorded(plan.launches, lambda: call.backward(dy, x, w, stats, x.shape, need_dw,
                                                                            need_db))  # fmt: skip
         dx, dw, db = grads
-        prog = native.program(calls, [dy, x, w, stats, dx, dw, db])
+        try:
+            prog = native.program(calls, [dy, x, w, stats, dx, dw, db])
+        except Exception:  # an unforeseen refusal while recording: this call's results stand
+            prog = None
         if prog is None:
             refused.add(id(plan))
         else:

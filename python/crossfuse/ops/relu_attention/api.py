@@ -231,15 +231,15 @@ def _to_native(entry: _Entry, q, k, v, causal, squared, scale, relu_scale, layou
     fast = native.module()
     if fast is None or not native.hooks_quiet():
         return
-    out = entry.empty_out(q)
-    calls = steps(entry.fwd_plan, (q, k, v, out))
-    prog = native.program(calls, [q, k, v, out]) if calls is not None else None
-    if prog is None:
-        return
     try:
+        out = entry.empty_out(q)
+        calls = steps(entry.fwd_plan, (q, k, v, out))
+        prog = native.program(calls, [q, k, v, out]) if calls is not None else None
+        if prog is None:
+            return
         got = fast.add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, prog, out,
                                       _native_backward(entry))  # fmt: skip
-    except Exception:  # whatever the module refuses: the Python path
+    except Exception:  # whatever recording or the module refuses: the Python path, this call unharmed
         return
     entry.native = got is not False
 
@@ -249,22 +249,24 @@ def _native_backward(entry: _Entry):
     backward, and once its plan for that layout is known, the plan's program registered (tried once per
     plan)."""
     fast = native.module()
-    tried: set[int] = set()  # the plans (by id: each lives as long as the entry) already offered
+    tried: set[tuple] = set()  # the keys of the gradients whose plans were offered
 
-    def backward(handle, q, k, v, dout):
+    def backward(handle, q, k, v, dout, recordable):
         grads = entry.backward(q, k, v, dout)
+        # only from a call whose saved tensors and gradient are as the entry's programs expect them
+        # (``recordable``, which the node tells: a saved-tensor hook may have given back others)
         key = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16)
         plan = entry.bwd_plans.get(key)
-        if plan is None or id(plan) in tried or not native.hooks_quiet():
+        if not recordable or plan is None or key in tried or not native.hooks_quiet():
             return grads
-        tried.add(id(plan))
-        calls = steps(plan, (q, k, v, dout, *grads))
-        prog = native.program(calls, [q, k, v, dout, *grads]) if calls is not None else None
-        if prog is not None:
-            try:
+        tried.add(key)
+        try:
+            calls = steps(plan, (q, k, v, dout, *grads))
+            prog = native.program(calls, [q, k, v, dout, *grads]) if calls is not None else None
+            if prog is not None:
                 fast.add_relu_attention_backward(handle, dout, prog, *grads)
-            except Exception:  # whatever the module refuses: the Python path
-                pass
+        except Exception:  # whatever recording or the module refuses: the Python path, these grads stand
+            pass
         return grads
 
     return backward

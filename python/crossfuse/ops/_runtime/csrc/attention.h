@@ -22,7 +22,7 @@ struct Entry {
   Program forward;
   Layout q, k, v, out;  // the tensors' layouts (a saved-tensor hook may unpack others)
   bool q_aligned, k_aligned, v_aligned;
-  PyObject* py_backward;  // (entry, q, k, v, dout) -> (dq, dk, dv); records a program
+  PyObject* py_backward;  // (entry, q, k, v, dout, recordable) -> (dq, dk, dv); records a program
   std::shared_mutex lock;
   std::map<int, Backward> backward;  // by dout's 16-byte alignment; dout laid out as the output
 };
@@ -113,9 +113,10 @@ variable_list AttentionBackward::apply(variable_list&& grads) {
     run_program(hit->program, slots, current_stream(q));
   } else {
     pybind11::gil_scoped_acquire gil;
-    PyObject* out = PyObject_CallFunction(e->py_backward, "LNNNN", static_cast<long long>(reinterpret_cast<intptr_t>(e)),
+    // `fast`: whether a program recorded from this call may serve later ones (see the layer norm's)
+    PyObject* out = PyObject_CallFunction(e->py_backward, "LNNNNO", static_cast<long long>(reinterpret_cast<intptr_t>(e)),
                                           THPVariable_Wrap(q), THPVariable_Wrap(k), THPVariable_Wrap(v),
-                                          THPVariable_Wrap(dout));
+                                          THPVariable_Wrap(dout), fast ? Py_True : Py_False);
     if (out == nullptr) raise_python_error();  // raised again where the backward was called
     unpack_grads(out, {&dq, &dk, &dv}, "crossfuse.relu_attention");
   }
@@ -210,12 +211,12 @@ PyObject* relu_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, forward, out, py_backward) ->
 // the entry (an int) or False: the forward's program for this call's key (`out`: an output, for its layout)
 PyObject* add_relu_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 11 || !THPVariable_Check(args[9]) || !PyCallable_Check(args[10])) {
-    PyErr_SetString(PyExc_TypeError, "add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, "
-                                     "forward, out, backward)");
-    return nullptr;
-  }
   try {
+    if (nargs != 11 || !THPVariable_Check(args[9]) || !PyCallable_Check(args[10])) {
+      PyErr_SetString(PyExc_TypeError, "add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, "
+                                       "forward, out, backward)");
+      return nullptr;
+    }
     CallArgs c;
     if (!read_call(args, c)) Py_RETURN_FALSE;
     auto e = std::make_unique<Entry>();
@@ -244,20 +245,20 @@ PyObject* add_relu_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs)
 // add_relu_attention_backward(entry, dout, program, dq, dk, dv) -> bool: the backward's program for a
 // gradient laid out as dout (it must be as the output), its gradients allocated as dq, dk, dv
 PyObject* add_relu_attention_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 6 || !PyLong_Check(args[0]) || !THPVariable_Check(args[1]) || !THPVariable_Check(args[3]) ||
-      !THPVariable_Check(args[4]) || !THPVariable_Check(args[5])) {
-    PyErr_SetString(PyExc_TypeError, "add_relu_attention_backward(entry, dout, program, dq, dk, dv)");
-    return nullptr;
-  }
-  Entry* e = reinterpret_cast<Entry*>(static_cast<intptr_t>(PyLong_AsLongLong(args[0])));
-  {
-    std::shared_lock<std::shared_mutex> hold(entries_lock);
-    if (!handles.count(e)) {
-      PyErr_SetString(PyExc_ValueError, "not an entry of add_relu_attention");
+  try {
+    if (nargs != 6 || !PyLong_Check(args[0]) || !THPVariable_Check(args[1]) || !THPVariable_Check(args[3]) ||
+        !THPVariable_Check(args[4]) || !THPVariable_Check(args[5])) {
+      PyErr_SetString(PyExc_TypeError, "add_relu_attention_backward(entry, dout, program, dq, dk, dv)");
       return nullptr;
     }
-  }
-  try {
+    Entry* e = reinterpret_cast<Entry*>(static_cast<intptr_t>(PyLong_AsLongLong(args[0])));
+    {
+      std::shared_lock<std::shared_mutex> hold(entries_lock);
+      if (!handles.count(e)) {
+        PyErr_SetString(PyExc_ValueError, "not an entry of add_relu_attention");
+        return nullptr;
+      }
+    }
     const at::Tensor& dout = THPVariable_Unpack(args[1]);
     if (!(e->out == dout)) Py_RETURN_FALSE;
     Backward bwd;

@@ -26,7 +26,7 @@ struct Entry {
   Program forward;
   int64_t stats_numel;
   at::ScalarType stats_dtype;
-  PyObject* py_backward;  // (entry, dy, x, w, stats, need_dw, need_db) -> (dx, dw, db); records a program
+  PyObject* py_backward;  // (entry, dy, x, w, stats, need_dw, need_db, recordable) -> (dx, dw, db)
   std::shared_mutex lock;
   std::map<int, Backward> backward;  // by dy's 16-byte alignment, need_dw, need_db
 };
@@ -164,10 +164,12 @@ variable_list LayerNormBackward::apply(variable_list&& grads) {
     run_program(hit->program, slots, current_stream(x));
   } else {
     pybind11::gil_scoped_acquire gil;
-    PyObject* out = PyObject_CallFunction(e->py_backward, "LNNNNOO", static_cast<long long>(reinterpret_cast<intptr_t>(e)),
+    // `fast`: whether a program recorded from this call may serve later ones (the saved tensors and the
+    // gradient as the entry's programs expect them); else the Python backward records none
+    PyObject* out = PyObject_CallFunction(e->py_backward, "LNNNNOOO", static_cast<long long>(reinterpret_cast<intptr_t>(e)),
                                           THPVariable_Wrap(dy), THPVariable_Wrap(x), THPVariable_Wrap(w),
                                           THPVariable_Wrap(stats), need_dw ? Py_True : Py_False,
-                                          need_db ? Py_True : Py_False);
+                                          need_db ? Py_True : Py_False, fast ? Py_True : Py_False);
     if (out == nullptr) raise_python_error();  // raised again where the backward was called
     unpack_grads(out, {&dx, &dw, &db}, "crossfuse.layer_norm");
   }
@@ -290,11 +292,11 @@ PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // int) or False: the forward's program for this call's key (`stats`: a statistics tensor, for its size
 // and dtype)
 PyObject* add_layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 8 || !THPVariable_Check(args[6]) || !PyCallable_Check(args[7])) {
-    PyErr_SetString(PyExc_TypeError, "add_layer_norm(x, normalized_shape, weight, bias, eps, forward, stats, backward)");
-    return nullptr;
-  }
   try {
+    if (nargs != 8 || !THPVariable_Check(args[6]) || !PyCallable_Check(args[7])) {
+      PyErr_SetString(PyExc_TypeError, "add_layer_norm(x, normalized_shape, weight, bias, eps, forward, stats, backward)");
+      return nullptr;
+    }
     CallArgs c;
     if (!read_call(args, c)) Py_RETURN_FALSE;
     const Key& key = c.key;

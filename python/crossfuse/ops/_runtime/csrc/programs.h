@@ -76,6 +76,14 @@ struct MapCache {
   PyObject* encode = nullptr;  // (tensor, byte offset) -> bytes of the map
   std::mutex lock;
   std::unordered_map<uint64_t, std::array<unsigned char, kMapBytes>> known;
+  // programs live as long as the process; a discarded registration (a key that had one) lets go here
+  ~MapCache() {
+    if (encode != nullptr && Py_IsInitialized()) {
+      PyGILState_STATE gil = PyGILState_Ensure();
+      Py_DECREF(encode);
+      PyGILState_Release(gil);
+    }
+  }
 };
 
 struct Arg {
