@@ -27,16 +27,7 @@ struct Entry {
   std::map<int, Backward> backward;  // by dout's 16-byte alignment; dout laid out as the output
 };
 
-std::shared_mutex entries_lock;
-std::map<Key, Entry*> entries;  // entries are never freed: a saved node may point to one
-std::set<Entry*> handles;        // every entry ever made (add_relu_attention_backward's check)
-constexpr size_t kMaxEntries = 1024;
-
-Entry* find(const Key& key) {
-  std::shared_lock<std::shared_mutex> hold(entries_lock);
-  auto it = entries.find(key);
-  return it == entries.end() ? nullptr : it->second;
-}
+Registry<Entry> registry(1024);
 
 at::Tensor empty_as(const Layout& l, const at::Tensor& like) {
   return at::empty_strided(l.sizes, l.strides, like.options());
@@ -190,28 +181,22 @@ PyObject* relu_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "relu_attention takes 8 arguments");
     return nullptr;
   }
-  try {
+  return guarded([&]() -> PyObject* {
     CallArgs c;
     if (launch_ex == nullptr || !read_call(args, c)) Py_RETURN_NONE;
-    Entry* e = find(c.key);
+    Entry* e = registry.find(c.key);
     if (e == nullptr || !launchable(c.q)) Py_RETURN_NONE;
     if (dual(&c.q) || dual(&c.k) || dual(&c.v)) Py_RETURN_NONE;  // forward-mode AD: the Python path
     bool grads = c.q.requires_grad() || c.k.requires_grad() || c.v.requires_grad();
     if (grads && at::GradMode::is_enabled()) return THPVariable_Wrap(forward_with_node(e, c.q, c.k, c.v));
     return THPVariable_Wrap(run_forward(e, c.q, c.k, c.v));
-  } catch (python_error& err) {  // a tensor map's encoder's own exception, as it was raised
-    err.restore();
-    return nullptr;
-  } catch (const std::exception& err) {
-    PyErr_SetString(PyExc_RuntimeError, err.what());
-    return nullptr;
-  }
+  });
 }
 
 // add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, forward, out, py_backward) ->
 // the entry (an int) or False: the forward's program for this call's key (`out`: an output, for its layout)
 PyObject* add_relu_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  try {
+  return guarded([&]() -> PyObject* {
     if (nargs != 11 || !THPVariable_Check(args[9]) || !PyCallable_Check(args[10])) {
       PyErr_SetString(PyExc_TypeError, "add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, "
                                        "forward, out, backward)");
@@ -228,37 +213,22 @@ PyObject* add_relu_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs)
     e->k_aligned = aligned16(c.k);
     e->v_aligned = aligned16(c.v);
     e->out = layout_of(THPVariable_Unpack(args[9]));
-    std::unique_lock<std::shared_mutex> hold(entries_lock);
-    if (entries.size() >= kMaxEntries || entries.count(c.key)) Py_RETURN_FALSE;
-    Py_INCREF(args[10]);
     e->py_backward = args[10];
-    Entry* made = e.release();
-    entries[c.key] = made;
-    handles.insert(made);
-    return PyLong_FromLongLong(static_cast<long long>(reinterpret_cast<intptr_t>(made)));
-  } catch (const std::exception& err) {
-    PyErr_SetString(PyExc_RuntimeError, err.what());
-    return nullptr;
-  }
+    return registry.add(c.key, std::move(e));
+  });
 }
 
 // add_relu_attention_backward(entry, dout, program, dq, dk, dv) -> bool: the backward's program for a
 // gradient laid out as dout (it must be as the output), its gradients allocated as dq, dk, dv
 PyObject* add_relu_attention_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  try {
+  return guarded([&]() -> PyObject* {
     if (nargs != 6 || !PyLong_Check(args[0]) || !THPVariable_Check(args[1]) || !THPVariable_Check(args[3]) ||
         !THPVariable_Check(args[4]) || !THPVariable_Check(args[5])) {
       PyErr_SetString(PyExc_TypeError, "add_relu_attention_backward(entry, dout, program, dq, dk, dv)");
       return nullptr;
     }
-    Entry* e = reinterpret_cast<Entry*>(static_cast<intptr_t>(PyLong_AsLongLong(args[0])));
-    {
-      std::shared_lock<std::shared_mutex> hold(entries_lock);
-      if (!handles.count(e)) {
-        PyErr_SetString(PyExc_ValueError, "not an entry of add_relu_attention");
-        return nullptr;
-      }
-    }
+    Entry* e = registry.entry_of(args[0], "add_relu_attention");
+    if (e == nullptr) return nullptr;
     const at::Tensor& dout = THPVariable_Unpack(args[1]);
     if (!(e->out == dout)) Py_RETURN_FALSE;
     Backward bwd;
@@ -269,25 +239,7 @@ PyObject* add_relu_attention_backward(PyObject*, PyObject* const* args, Py_ssize
     std::unique_lock<std::shared_mutex> hold(e->lock);
     e->backward.emplace(int(aligned16(dout)), std::move(bwd));
     Py_RETURN_TRUE;
-  } catch (const std::exception& err) {
-    PyErr_SetString(PyExc_RuntimeError, err.what());
-    return nullptr;
-  }
-}
-
-void forget() {
-  std::unique_lock<std::shared_mutex> hold(entries_lock);
-  entries.clear();
-}
-
-std::pair<size_t, size_t> counts() {
-  std::shared_lock<std::shared_mutex> hold(entries_lock);
-  size_t n = 0;
-  for (auto& kv : entries) {
-    std::shared_lock<std::shared_mutex> inner(kv.second->lock);
-    n += kv.second->backward.size();
-  }
-  return {entries.size(), n};
+  });
 }
 
 }  // namespace attn

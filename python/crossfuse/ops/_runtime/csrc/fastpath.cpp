@@ -21,24 +21,18 @@ namespace {
 
 // entries stay allocated (a saved node may point to one); only the look-up forgets them
 PyObject* clear(PyObject*, PyObject*) {
-  ln::forget();
+  ln::registry.forget();
   Py_RETURN_NONE;
 }
 
 PyObject* clear_attention(PyObject*, PyObject*) {
-  attn::forget();
+  attn::registry.forget();
   Py_RETURN_NONE;
 }
 
-PyObject* count(PyObject*, PyObject*) {
-  auto [forwards, backwards] = ln::counts();
-  return Py_BuildValue("(nn)", Py_ssize_t(forwards), Py_ssize_t(backwards));
-}
+PyObject* count(PyObject*, PyObject*) { return ln::registry.counts(); }
 
-PyObject* count_attention(PyObject*, PyObject*) {
-  auto [forwards, backwards] = attn::counts();
-  return Py_BuildValue("(nn)", Py_ssize_t(forwards), Py_ssize_t(backwards));
-}
+PyObject* count_attention(PyObject*, PyObject*) { return attn::registry.counts(); }
 
 template <PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t)>
 PyCFunction fastcall() {

@@ -31,10 +31,7 @@ struct Entry {
   std::map<int, Backward> backward;  // by dy's 16-byte alignment, need_dw, need_db
 };
 
-std::shared_mutex entries_lock;
-std::map<Key, Entry*> entries;  // entries are never freed: a saved node may point to one
-std::set<Entry*> handles;        // every entry ever made (add_layer_norm_backward's check)
-constexpr size_t kMaxEntries = 4096;
+Registry<Entry> registry(4096);
 
 // The key of a call, or false where the fast path does not take it: x and the parameters contiguous
 // CUDA tensors on one device, normalized_shape x's trailing dims.
@@ -55,12 +52,6 @@ bool call_key(const at::Tensor& x, int64_t k, const at::Tensor* w, const at::Ten
     push_tensor(key, *p);
   }
   return true;
-}
-
-Entry* find(const Key& key) {
-  std::shared_lock<std::shared_mutex> hold(entries_lock);
-  auto it = entries.find(key);
-  return it == entries.end() ? nullptr : it->second;
 }
 
 void run_forward(Entry* e, const at::Tensor& x, const at::Tensor* w, const at::Tensor* b, at::Tensor& y,
@@ -260,16 +251,15 @@ PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "layer_norm takes 5 arguments");
     return nullptr;
   }
-  try {
+  return guarded([&]() -> PyObject* {
     CallArgs c;
     if (launch_ex == nullptr || !read_call(args, c)) Py_RETURN_NONE;
-    Entry* e = find(c.key);
+    Entry* e = registry.find(c.key);
     const at::Tensor& x = c.x;
     at::Tensor *w = c.w, *b = c.b;
     if (e == nullptr || !launchable(x)) Py_RETURN_NONE;
     // forward-mode AD (dual tensors): the Python path, whose autograd.Function says what it supports
-    for (const at::Tensor* t : {&x, static_cast<const at::Tensor*>(w), static_cast<const at::Tensor*>(b)})
-      if (t != nullptr && t->_fw_grad(0).defined()) Py_RETURN_NONE;
+    if (dual(&x) || dual(w) || dual(b)) Py_RETURN_NONE;
     bool grads = x.requires_grad() || (w && w->requires_grad()) || (b && b->requires_grad());
     at::Tensor y;
     if (grads && at::GradMode::is_enabled()) {
@@ -279,47 +269,28 @@ PyObject* layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       run_forward(e, x, w, b, y, stats);
     }
     return THPVariable_Wrap(y);
-  } catch (python_error& err) {  // a saved-tensor hook's own exception, as it was raised
-    err.restore();
-    return nullptr;
-  } catch (const std::exception& err) {
-    PyErr_SetString(PyExc_RuntimeError, err.what());
-    return nullptr;
-  }
+  });
 }
 
 // add_layer_norm(x, normalized_shape, weight, bias, eps, forward, stats, py_backward) -> the entry (an
 // int) or False: the forward's program for this call's key (`stats`: a statistics tensor, for its size
 // and dtype)
 PyObject* add_layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  try {
+  return guarded([&]() -> PyObject* {
     if (nargs != 8 || !THPVariable_Check(args[6]) || !PyCallable_Check(args[7])) {
       PyErr_SetString(PyExc_TypeError, "add_layer_norm(x, normalized_shape, weight, bias, eps, forward, stats, backward)");
       return nullptr;
     }
     CallArgs c;
     if (!read_call(args, c)) Py_RETURN_FALSE;
-    const Key& key = c.key;
     auto e = std::make_unique<Entry>();
     if (!parse_program(args[5], e->forward)) return nullptr;
     const at::Tensor& stats = THPVariable_Unpack(args[6]);
     e->stats_numel = stats.numel();
     e->stats_dtype = stats.scalar_type();
-    Py_INCREF(args[7]);
     e->py_backward = args[7];
-    std::unique_lock<std::shared_mutex> hold(entries_lock);
-    if (entries.size() >= kMaxEntries || entries.count(key)) {
-      Py_DECREF(args[7]);
-      Py_RETURN_FALSE;
-    }
-    Entry* made = e.release();
-    entries[key] = made;
-    handles.insert(made);
-    return PyLong_FromLongLong(static_cast<long long>(reinterpret_cast<intptr_t>(made)));
-  } catch (const std::exception& err) {
-    PyErr_SetString(PyExc_RuntimeError, err.what());
-    return nullptr;
-  }
+    return registry.add(c.key, std::move(e));
+  });
 }
 
 bool parse_alloc(PyObject* o, Alloc& a) {
@@ -341,49 +312,25 @@ bool parse_alloc(PyObject* o, Alloc& a) {
 
 // add_layer_norm_backward(entry, dy_aligned, need_dw, need_db, program, dw_alloc, db_alloc) -> bool
 PyObject* add_layer_norm_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 7 || !PyLong_Check(args[0])) {
-    PyErr_SetString(PyExc_TypeError, "add_layer_norm_backward takes 7 arguments, an entry first");
-    return nullptr;
-  }
-  Entry* e = reinterpret_cast<Entry*>(static_cast<intptr_t>(PyLong_AsLongLong(args[0])));
-  {
-    std::shared_lock<std::shared_mutex> hold(entries_lock);
-    if (!handles.count(e)) {
-      PyErr_SetString(PyExc_ValueError, "not an entry of add_layer_norm");
+  return guarded([&]() -> PyObject* {
+    if (nargs != 7 || !PyLong_Check(args[0])) {
+      PyErr_SetString(PyExc_TypeError, "add_layer_norm_backward takes 7 arguments, an entry first");
       return nullptr;
     }
-  }
-  int flags[3];
-  for (int i = 0; i < 3; ++i) {
-    flags[i] = PyObject_IsTrue(args[1 + i]);
-    if (flags[i] < 0) return nullptr;
-  }
-  try {
+    Entry* e = registry.entry_of(args[0], "add_layer_norm");
+    if (e == nullptr) return nullptr;
+    int flags[3];
+    for (int i = 0; i < 3; ++i) {
+      flags[i] = PyObject_IsTrue(args[1 + i]);
+      if (flags[i] < 0) return nullptr;
+    }
     Backward bwd;
     if (!parse_program(args[4], bwd.program) || !parse_alloc(args[5], bwd.dw) || !parse_alloc(args[6], bwd.db))
       return nullptr;
     std::unique_lock<std::shared_mutex> hold(e->lock);
     e->backward.emplace(flags[0] * 4 + flags[1] * 2 + flags[2], std::move(bwd));
     Py_RETURN_TRUE;
-  } catch (const std::exception& err) {
-    PyErr_SetString(PyExc_RuntimeError, err.what());
-    return nullptr;
-  }
-}
-
-void forget() {  // entries stay allocated (a saved node may point to one); only the look-up forgets them
-  std::unique_lock<std::shared_mutex> hold(entries_lock);
-  entries.clear();
-}
-
-std::pair<size_t, size_t> counts() {  // (forward programs, backward programs)
-  std::shared_lock<std::shared_mutex> hold(entries_lock);
-  size_t n = 0;
-  for (auto& kv : entries) {
-    std::shared_lock<std::shared_mutex> inner(kv.second->lock);
-    n += kv.second->backward.size();
-  }
-  return {entries.size(), n};
+  });
 }
 
 }  // namespace ln

@@ -297,6 +297,77 @@ struct Layout {
 
 Layout layout_of(const at::Tensor& t) { return {t.sizes().vec(), t.strides().vec()}; }
 
+// ---- an op's entries -------------------------------------------------------------------------------
+
+// An op's entries by key: E has a `lock` (std::shared_mutex), a `backward` map of its backward programs
+// and its Python backward `py_backward`. Entries are never freed: a saved node may point to one; forget() only empties the look-up.
+template <class E>
+struct Registry {
+  std::shared_mutex lock;
+  std::map<Key, E*> entries;
+  std::set<E*> handles;  // every entry ever made (the backward registrations' check)
+  size_t max_entries;
+
+  explicit Registry(size_t max) : max_entries(max) {}
+
+  E* find(const Key& key) {
+    std::shared_lock<std::shared_mutex> hold(lock);
+    auto it = entries.find(key);
+    return it == entries.end() ? nullptr : it->second;
+  }
+
+  // the new entry's handle (an int), or False where the key has one or the table is full; the entry's
+  // `py_backward` is taken a reference to where the entry is kept
+  PyObject* add(const Key& key, std::unique_ptr<E> e) {
+    std::unique_lock<std::shared_mutex> hold(lock);
+    if (entries.size() >= max_entries || entries.count(key)) Py_RETURN_FALSE;
+    Py_INCREF(e->py_backward);
+    E* made = e.release();
+    entries[key] = made;
+    handles.insert(made);
+    return PyLong_FromLongLong(static_cast<long long>(reinterpret_cast<intptr_t>(made)));
+  }
+
+  // the entry of a handle add() returned, or nullptr with a ValueError set
+  E* entry_of(PyObject* handle, const char* op) {
+    E* e = reinterpret_cast<E*>(static_cast<intptr_t>(PyLong_AsLongLong(handle)));
+    std::shared_lock<std::shared_mutex> hold(lock);
+    if (handles.count(e)) return e;
+    PyErr_Format(PyExc_ValueError, "not an entry of %s", op);
+    return nullptr;
+  }
+
+  void forget() {
+    std::unique_lock<std::shared_mutex> hold(lock);
+    entries.clear();
+  }
+
+  PyObject* counts() {  // (forward programs, backward programs)
+    std::shared_lock<std::shared_mutex> hold(lock);
+    size_t n = 0;
+    for (auto& kv : entries) {
+      std::shared_lock<std::shared_mutex> inner(kv.second->lock);
+      n += kv.second->backward.size();
+    }
+    return Py_BuildValue("(nn)", Py_ssize_t(entries.size()), Py_ssize_t(n));
+  }
+};
+
+// A module function's body, its C++ exceptions as Python ones: a Python exception raised inside (a
+// saved-tensor hook's, a tensor map's encoder's) as it was raised, any other as a RuntimeError.
+template <class F>
+PyObject* guarded(F body) {
+  try {
+    return body();
+  } catch (python_error& err) {
+    err.restore();
+    return nullptr;
+  } catch (const std::exception& err) {
+    PyErr_SetString(PyExc_RuntimeError, err.what());
+    return nullptr;
+  }
+}
+
 // ---- autograd --------------------------------------------------------------------------------------
 
 // torch's nodes are held by std::shared_ptr (with torch's deleter, which frees long chains without
