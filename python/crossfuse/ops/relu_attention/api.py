@@ -246,8 +246,8 @@ def _to_native(entry: _Entry, q, k, v, causal, squared, scale, relu_scale, layou
 
 def _native_backward(entry: _Entry):
     """The C++ node's backward where it has no program for a gradient's layout yet: the entry's Python
-    backward, and once its plan for that layout is known, the plan's program registered (tried once per
-    plan)."""
+    backward, and once its plan for that layout is known, the plan's program registered (offered once per
+    key of the gradient)."""
     fast = native.module()
     tried: set[tuple] = set()  # the keys of the gradients whose plans were offered
 
