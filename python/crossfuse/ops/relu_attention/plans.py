@@ -133,10 +133,15 @@ def _replay(plan: Plan, tensors: tuple) -> None:
         buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in plan.scratch]
         tensors = (*tensors, *[buffers[j].as_strided(*view) for j, *view in plan.views])
     for go, template, places, _ in plan.launches:
-        args = list(template)
-        for i, index in places:
-            args[i] = tensors[index]
-        go(*args)
+        go(*_filled(template, places, tensors))
+
+
+def _filled(template: tuple, places: tuple, tensors: tuple) -> list:
+    """A launch's arguments: its template with the call's tensors at their places."""
+    args = list(template)
+    for i, index in places:
+        args[i] = tensors[index]
+    return args
 
 
 def steps(plan: Plan, tensors: tuple) -> list | None:
@@ -145,13 +150,7 @@ def steps(plan: Plan, tensors: tuple) -> list | None:
     with scratch buffers (the C++ module allocates only a call's outputs)."""
     if plan.scratch:
         return None
-    out = []
-    for _, template, places, step in plan.launches:
-        args = list(template)
-        for i, index in places:
-            args[i] = tensors[index]
-        out.append((step, tuple(args)))
-    return out
+    return [(step, tuple(_filled(template, places, tensors))) for _, template, places, step in plan.launches]
 
 
 def _make_plan(launches: list, tensors: tuple, buffers: tuple = ()) -> Plan | None:

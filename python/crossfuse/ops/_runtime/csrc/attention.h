@@ -108,17 +108,9 @@ variable_list AttentionBackward::apply(variable_list&& grads) {
     PyObject* out = PyObject_CallFunction(e->py_backward, "LNNNNO", static_cast<long long>(reinterpret_cast<intptr_t>(e)),
                                           THPVariable_Wrap(q), THPVariable_Wrap(k), THPVariable_Wrap(v),
                                           THPVariable_Wrap(dout), fast ? Py_True : Py_False);
-    if (out == nullptr) raise_python_error();  // raised again where the backward was called
     unpack_grads(out, {&dq, &dk, &dv}, "crossfuse.relu_attention");
   }
-  if (!task_should_compute_output(0)) dq = at::Tensor();
-  if (!task_should_compute_output(1)) dk = at::Tensor();
-  if (!task_should_compute_output(2)) dv = at::Tensor();
-  if (at::GradMode::is_enabled() && dout.requires_grad()) {
-    variable_list got = once_differentiable({dq, dk, dv}, "crossfuse.relu_attention");
-    return got;
-  }
-  return {dq, dk, dv};
+  return node_outputs(*this, {dq, dk, dv}, dout, "crossfuse.relu_attention");
 }
 
 // ---- a call's arguments ----------------------------------------------------------------------------

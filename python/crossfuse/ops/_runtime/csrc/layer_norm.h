@@ -161,22 +161,20 @@ variable_list LayerNormBackward::apply(variable_list&& grads) {
                                           THPVariable_Wrap(dy), THPVariable_Wrap(x), THPVariable_Wrap(w),
                                           THPVariable_Wrap(stats), need_dw ? Py_True : Py_False,
                                           need_db ? Py_True : Py_False, fast ? Py_True : Py_False);
-    if (out == nullptr) raise_python_error();  // raised again where the backward was called
     unpack_grads(out, {&dx, &dw, &db}, "crossfuse.layer_norm");
   }
-  if (!need_dw) dw = at::Tensor();
-  if (!need_db) db = at::Tensor();
-  if (!task_should_compute_output(0)) dx = at::Tensor();
-  if (at::GradMode::is_enabled() && dy.requires_grad()) {
-    variable_list out = once_differentiable({dx, dw, db}, "crossfuse.layer_norm");
-    dx = out[0];
-    dw = out[1];
-    db = out[2];
-  }
-  return {dx, dw, db};
+  return node_outputs(*this, {dx, dw, db}, dy, "crossfuse.layer_norm");
 }
 
 // ---- a call's arguments ------------------------------------------------------------------------------
+
+bool is_tensor_or_none(PyObject* o) { return o == Py_None || THPVariable_Check(o); }
+
+at::Tensor* optional_tensor(PyObject* o, at::Tensor& holder) {
+  if (o == Py_None) return nullptr;
+  holder = THPVariable_Unpack(o);
+  return &holder;
+}
 
 // the number of normalised dims where normalized_shape is x's trailing dims, else 0
 int64_t normalised_dims(const at::Tensor& x, PyObject* shape) {

@@ -300,7 +300,8 @@ Layout layout_of(const at::Tensor& t) { return {t.sizes().vec(), t.strides().vec
 // ---- an op's entries -------------------------------------------------------------------------------
 
 // An op's entries by key: E has a `lock` (std::shared_mutex), a `backward` map of its backward programs
-// and its Python backward `py_backward`. Entries are never freed: a saved node may point to one; forget() only empties the look-up.
+// and its Python backward `py_backward`. Entries are never freed: a saved node may point to one; forget()
+// only empties the look-up.
 template <class E>
 struct Registry {
   std::shared_mutex lock;
@@ -403,9 +404,21 @@ variable_list once_differentiable(variable_list grads, const char* op) {
   return err.apply(std::move(fake));
 }
 
-// The tuple of gradients a Python backward returned, each a tensor or None, into `out`.
+// A node's gradients as it returns them: those its edges do not ask for dropped, and under create_graph
+// (an incoming gradient that requires grad) the once_differentiable ones.
+variable_list node_outputs(const torch::autograd::Node& node, variable_list grads, const at::Tensor& incoming,
+                           const char* op) {
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (!node.task_should_compute_output(i)) grads[i] = at::Tensor();
+  if (at::GradMode::is_enabled() && incoming.requires_grad()) return once_differentiable(std::move(grads), op);
+  return grads;
+}
+
+// The tuple of gradients a Python backward returned, each a tensor or None, into `out`; its exception
+// (`got` null) raised again where the backward was called.
 void unpack_grads(PyObject* got, std::initializer_list<at::Tensor*> out, const char* op) {
-  bool ok = got != nullptr && PyTuple_Check(got) && PyTuple_GET_SIZE(got) == Py_ssize_t(out.size());
+  if (got == nullptr) raise_python_error();
+  bool ok = PyTuple_Check(got) && PyTuple_GET_SIZE(got) == Py_ssize_t(out.size());
   Py_ssize_t i = 0;
   for (at::Tensor* t : out) {
     if (!ok) break;
@@ -477,14 +490,6 @@ bool parse_program(PyObject* launches, Program& p) {
     p.launches.push_back(std::move(l));
   }
   return true;
-}
-
-bool is_tensor_or_none(PyObject* o) { return o == Py_None || THPVariable_Check(o); }
-
-at::Tensor* optional_tensor(PyObject* o, at::Tensor& holder) {
-  if (o == Py_None) return nullptr;
-  holder = THPVariable_Unpack(o);
-  return &holder;
 }
 
 }  // namespace
