@@ -13,7 +13,7 @@ import pytest
 import torch
 from _layer_norm_checks import ln_tol, randn
 from crossfuse.ops._runtime import native
-from crossfuse.ops.layer_norm import api
+from crossfuse.ops.layer_norm import api, launch_bwd, plan
 from crossfuse.tolerances import relerr
 
 pytestmark = pytest.mark.usefixtures("fresh_layer_norm_plans")
@@ -69,6 +69,29 @@ def test_program_refuses_what_the_module_cannot_launch(change, why):
     address = change.pop("address", x.data_ptr())
     launch = fake_launch(change.pop("signature", SIG), tail=(64,), **change)
     assert native.program([(launch, (address, x, 1, 1.0, 1))], [x]) is None, why
+
+
+def test_program_zeroes_contiguous_bytes_within_one_slot_in_order():
+    scratch, other = torch.empty(64, dtype=torch.float32), torch.empty(8, dtype=torch.float32)
+    launch = fake_launch(SIG, tail=(64,))
+    args = (scratch.data_ptr(), scratch, 1, 1e-5, 2)
+    zero = plan.Zeroing()
+    got = native.program([(zero, (scratch[8:24],)), (launch, args)], [None, scratch])
+    assert got[0] == (1, 32, 64) and got[1][0] == 1234  # slot 1, 32 bytes in, 16 float32s; then the launch
+    # outside the slots, strided, or past its slot's end (a view of other memory): no program
+    assert native.program([(zero, (other[:4],))], [None, scratch]) is None
+    assert native.program([(zero, (scratch[::2],))], [None, scratch]) is None
+    past = torch.empty(0).set_(scratch.untyped_storage(), 60, (8,))
+    assert native.program([(zero, (past,))], [None, scratch[:62]]) is None
+
+
+def test_fewer_programs_only_where_the_partials_then_fit_into_dx():
+    # float32 1000x5000 on 132 SMs: 132 programs' partials take 264 rows, more than a quarter; 124 take 248
+    assert launch_bwd.fitting_programs(132, 1000, 1, 20000, 5000, 4, 2) == 124
+    assert launch_bwd.scratch_rows(1000, 20000, 2 * 124 * 5000 * 4) == (248, 15040000)
+    assert launch_bwd.fitting_programs(132, 1000, 1, 20000, 5000, 4, 1) == 132  # dw alone fits as it is
+    # 100 rows: no program count within one more row each fits; the plan keeps its own buffer
+    assert launch_bwd.fitting_programs(100, 100, 1, 20000, 5000, 4, 2) == 100
 
 
 def test_program_refuses_an_address_that_two_slots_hold():
@@ -206,11 +229,12 @@ def test_the_module_builds_loads_and_takes_no_cpu_call(tmp_path, monkeypatch):
 CASES = [
     ((4096, 1024), True, True),  # whole rows
     ((64, 8192), True, True),  # few rows
-    ((3, 700, 5000), True, True),  # 3-D; on the H100 whole rows, its partial sums in a buffer of their own
+    ((3, 700, 5000), True, True),  # 3-D; on the H100 whole rows
+    ((1000, 5000), True, True),  # float32 on the H100: fewer programs, so that the partials fit into dx
     ((2048, 768), False, True),  # bias only
     ((1000, 1000), True, False),  # weight only
     ((512, 256), False, False),
-    ((4101, 16384), True, True),  # the grouped Gluon kernel: the Python path
+    ((4101, 16384), True, True),  # the grouped Gluon kernel: its counters zeroed by the program
 ]
 
 
@@ -245,9 +269,9 @@ def test_compiled_path_gives_the_python_paths_results_bit_for_bit(shape, has_w, 
     forwards, backwards = fast.count()
     ((_, plan),) = next(iter(api.CALLS.plans.values())).bwd.values()
     own_scratch = plan.path != "few" and plan.total and not plan.R  # not in dx's last rows: not a slot
-    plain = plan.path in ("whole_rows", "split", "few") and not own_scratch
-    # the backward has its program, its descriptors' tensor maps kept per address; one with scratch memory
-    # outside dx, or that zeroes scratch first, keeps the Python path (native.program, api._NOT_RECORDABLE)
+    plain = not own_scratch
+    # the backward has its program, its descriptors' tensor maps kept per address, its zeroings of scratch
+    # in stream order; one with scratch memory outside dx keeps the Python path (native.program)
     assert forwards == 1 and backwards == int(plain), (plan.path, backwards)
     calls = []
     for name in ("forward", "backward", "backward_plan"):

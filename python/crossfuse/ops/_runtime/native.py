@@ -347,15 +347,37 @@ def _map_args(launch, position: int, value, ty: str, slots: list) -> list | None
     return packed
 
 
+def _zeroing(args: tuple, slots: list) -> tuple | None:
+    """``(slot, byte offset, bytes)`` of a recorded zeroing of ``args``' one contiguous tensor, where its
+    bytes lie within one slot's; else ``None``."""
+    if len(args) != 1 or not isinstance(args[0], torch.Tensor) or not args[0].is_contiguous():
+        return None
+    view = args[0]
+    size = view.numel() * view.element_size()
+    at = _slot(view.data_ptr(), slots)
+    if at is None or size == 0:
+        return None
+    whole = slots[at[0]]
+    return (*at, size) if at[1] + size <= whole.numel() * whole.element_size() else None
+
+
 def program(calls: list, slots: list) -> list | None:
     """The C++ module's program of recorded ``calls`` (see :func:`recorded`; a launch given as anything with
     the attributes ``compiled``, ``tail``, ``grid`` and ``descs`` of :class:`crossfuse.ops.layer_norm.plan.
     Launch`), every pointer argument an address within one of ``slots`` (tensors, or None), every tensor
     descriptor's base too (:func:`_map_args`); ``None`` where a launch cannot be made there: a kernel that
     asks for scratch memory, clusters, an argument type the module does not pack, a descriptor whose map
-    cannot be kept, or an address outside the slots."""
+    cannot be kept, or an address outside the slots. A recorded zeroing (a step with ``zeroes``, see
+    :class:`crossfuse.ops.layer_norm.plan.Zeroing`) becomes ``(slot, byte offset, bytes)``, which the
+    module zeroes in stream order."""
     out = []
     for launch, args in calls:
+        if getattr(launch, "zeroes", False):  # a zeroing of contiguous bytes within one slot
+            zero = _zeroing(args, slots)
+            if zero is None:
+                return None
+            out.append(zero)
+            continue
         compiled, tail, descs = getattr(launch, "compiled", None), getattr(launch, "tail", None), getattr(
             launch, "descs", None)  # fmt: skip
         if compiled is None:

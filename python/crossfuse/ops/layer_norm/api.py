@@ -152,9 +152,8 @@ CALLS = PlanCache(lambda *args: _new_call(*args))
 # the compiled path (crossfuse.ops._runtime.native)
 # ----------------------------------------------------------------------------------------------------
 
-# the backward's paths that do more than launches (the cooperative and grouped kernels zero parts of their
-# scratch first), or nothing at all: no program, the Python path
-_NOT_RECORDABLE = ("empty", "coop", "grouped")
+# the backward's path that launches nothing (zero rows): no program, the Python path
+_NOT_RECORDABLE = ("empty",)
 
 
 def _to_native(call: Call, x, normalized_shape, weight, bias, eps) -> None:

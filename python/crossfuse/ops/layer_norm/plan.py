@@ -64,6 +64,26 @@ class Launch:
             self.compiled, self.tail = hit
 
 
+class Zeroing:
+    """A plan's zeroing of part of its scratch (a kernel's counters and flags) before a launch, as a step
+    of its own: ``go(view)`` zeroes the contiguous ``view``. A step like a :class:`Launch` for recording
+    (:func:`crossfuse.ops._runtime.native.recorded`), so that the C++ module's program zeroes the same
+    bytes in stream order (:func:`crossfuse.ops._runtime.native.program`)."""
+
+    __slots__ = ("go",)
+    zeroes = True  # what native.program looks for
+
+    def __init__(self):
+        self.go = _zero
+
+    def __call__(self, view: torch.Tensor) -> None:
+        self.go(view)
+
+
+def _zero(view: torch.Tensor) -> None:
+    view.zero_()
+
+
 class PlanCache:
     """Plans by key, built by ``build(*args)`` on a miss; at most MAX_PLANS, then it starts afresh."""
 

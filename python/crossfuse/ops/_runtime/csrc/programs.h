@@ -43,7 +43,9 @@ using LaunchEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**)
 using ErrorString = CUresult (*)(CUresult, const char**);
 using CtxGetCurrent = CUresult (*)(CUcontext*);
 using CtxGetDevice = CUresult (*)(CUdevice*);
+using MemsetD8Async = CUresult (*)(CUdeviceptr, unsigned char, size_t, CUstream);
 LaunchEx launch_ex = nullptr;
+MemsetD8Async memset_d8_async = nullptr;
 ErrorString error_string = nullptr;
 CtxGetCurrent ctx_get_current = nullptr;
 CtxGetDevice ctx_get_device = nullptr;
@@ -55,7 +57,9 @@ bool load_driver() {
   error_string = reinterpret_cast<ErrorString>(dlsym(lib, "cuGetErrorString"));
   ctx_get_current = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
   ctx_get_device = reinterpret_cast<CtxGetDevice>(dlsym(lib, "cuCtxGetDevice"));
-  return launch_ex != nullptr && ctx_get_current != nullptr && ctx_get_device != nullptr;
+  memset_d8_async = reinterpret_cast<MemsetD8Async>(dlsym(lib, "cuMemsetD8Async"));
+  return launch_ex != nullptr && ctx_get_current != nullptr && ctx_get_device != nullptr &&
+         memset_d8_async != nullptr;
 }
 
 // ---- programs --------------------------------------------------------------------------------------
@@ -94,8 +98,12 @@ struct Arg {
   int map = -1;   // kMap: its cache in the launch's `maps`
 };
 
+// A kernel launch, or (fn null) the zeroing of `zero_bytes` bytes at `zero_at`'s address, in stream order:
+// a kernel's counters and flags zeroed before it runs.
 struct Launch {
-  CUfunction fn;
+  CUfunction fn = nullptr;
+  Arg zero_at{kPtr, -1, 0, 0.0};
+  size_t zero_bytes = 0;
   unsigned grid[3];
   unsigned block;
   unsigned smem;
@@ -163,6 +171,11 @@ void tensor_map(MapCache& cache, const Arg& a, const Slots& slots, unsigned char
 
 void run_program(const Program& p, const Slots& slots, CUstream stream) {
   for (const Launch& l : p.launches) {
+    if (l.fn == nullptr) {
+      TORCH_CHECK(slots[l.zero_at.slot] != nullptr, "crossfuse: a zeroing of an absent tensor");
+      check(memset_d8_async(CUdeviceptr(address(l.zero_at, slots)), 0, l.zero_bytes, stream), "a memset");
+      continue;
+    }
     if (l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0) continue;  // nothing to launch, as Triton's
     size_t n = l.args.size();
     TORCH_CHECK(n <= kMaxArgs, "crossfuse: a recorded launch has too many arguments");
@@ -435,13 +448,29 @@ void unpack_grads(PyObject* got, std::initializer_list<at::Tensor*> out, const c
 // ---- parsing a registration ------------------------------------------------------------------------
 
 bool parse_program(PyObject* launches, Program& p) {
-  // [(function, gx, gy, gz, block, smem, pdl, coop, [(kind, slot, value, real[, encoder]), ...]), ...]
+  // [(function, gx, gy, gz, block, smem, pdl, coop, [(kind, slot, value, real[, encoder]), ...]), ...],
+  // a zeroing as (slot, byte offset, bytes)
   if (!PyList_Check(launches)) {
     PyErr_SetString(PyExc_TypeError, "a program is a list of launches");
     return false;
   }
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(launches); ++i) {
     PyObject* item = PyList_GET_ITEM(launches, i);
+    if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 3) {
+      Launch z;
+      int slot;
+      long long offset, bytes;
+      if (!PyArg_ParseTuple(item, "iLL", &slot, &offset, &bytes)) return false;
+      if (slot < 0 || slot >= kMaxSlots || offset < 0 || bytes <= 0) {
+        PyErr_SetString(PyExc_ValueError, "a zeroing outside the slots");
+        return false;
+      }
+      z.zero_at.slot = slot;
+      z.zero_at.value = offset;
+      z.zero_bytes = size_t(bytes);
+      p.launches.push_back(std::move(z));
+      continue;
+    }
     unsigned long long fn;
     unsigned gx, gy, gz, block, smem;
     int pdl, coop;
