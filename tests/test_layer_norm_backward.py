@@ -155,6 +155,33 @@ def test_dependent_launches_change_nothing(dtype, m, n, cfg, grads, gen, monkeyp
             assert (a is None and b is None) or torch.equal(a, b)
 
 
+def test_cooperative_backward_zeroes_its_counters_in_a_step_of_its_own(device, gen):
+    # the counters the cooperative kernel's programs wait on are zeroed by the plan's Zeroing step, its
+    # first, which the compiled path records as a memset: the counters' bytes in dx's scratch rows, no more
+    m, n = 24 * device_parallelism(torch.empty(0, device=device)), 300
+    cfg = ln_mod.LaunchConfig(2, 512, 4, 1, coop=True)
+    x = randn((m, n), torch.float32, device, gen, mean=1.0)
+    w = randn((n,), torch.float32, device, gen, mean=1.0, std=0.5)
+    dy = randn((m, n), torch.float32, device, gen)
+    var, mean = torch.var_mean(x, dim=1, correction=0)
+    rstd = torch.rsqrt(var + 1e-5)
+    plan = launch_bwd.BwdPlan(dy, x, w, True, True, cfg)
+    assert plan.path == "coop" and plan.launches[0] is plan.zero and plan.R > 0
+    seen = []
+
+    def zero(view):
+        seen.append((view.data_ptr(), view.numel() * view.element_size()))
+        view.zero_()
+
+    plan.zero.go = zero
+    dx, dw, db = plan(dy, x, w, mean, rstd)
+    start = dx.data_ptr() + plan.start + plan.at_c2 * 4
+    assert seen == [(start, (plan.programs + 1) * 4)]
+    want = launch_bwd.BwdPlan(dy, x, w, True, True, cfg)(dy, x, w, mean, rstd)
+    for a, c in zip((dx, dw, db), want, strict=True):
+        assert torch.equal(a, c)
+
+
 def test_backward_is_deterministic_and_repeatable(device, gen):
     # no atomics: the same gradients bit for bit on every call, and a second backward through the same
     # graph (retain_graph) finds the saved tensors intact; rows enough for the partials to live in dx

@@ -323,7 +323,8 @@ def backward_programs(cfg: LaunchConfig, m: int, esize: int, sms: int) -> int:
     """Persistent programs of the backward: ``programs_per_sm`` per SM, no more than there are tiles, and
     few enough that the float32 dw/db partials (written once, read once: 16 bytes per program and column)
     stay under an eighth of the 3·M·N·esize bytes the backward must move; a whole number of programs per
-    SM, at least one (an SM with one program more than the others would set the time)."""
+    SM, at least one (an SM with one program more than the others would set the time). The plan may take
+    fewer where that lets the partials fit into dx (``launch_bwd.fitting_programs``)."""
     tiles = triton.cdiv(m, cfg.block_m)
     per_sm = max(1, min(cfg.programs_per_sm, (3 * m * esize) // (8 * 16 * sms)))
     return max(1, min(tiles, per_sm * sms))

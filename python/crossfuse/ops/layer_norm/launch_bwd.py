@@ -6,7 +6,8 @@ counters) live in the bytes of the last R rows of dx, whose dx the main kernels 
 still add those rows to dw and db, last, so that the rows are still in L2 for the end); after the partials
 are reduced, a last launch writes the R rows' dx. Where R would exceed a quarter of the rows (few rows),
 one launch of the few-rows kernel (:mod:`.kernels_few`) sums dw and db straight into their outputs instead
-where it is the faster (``FewRowsConfig.takes``); elsewhere the partials get a buffer of their own.
+where it is the faster (``FewRowsConfig.takes``); elsewhere the whole-row backward takes fewer programs where
+that lets the partials fit (:func:`fitting_programs`), and otherwise they get a buffer of their own.
 Everything but the tensors is decided once per plan key.
 """
 

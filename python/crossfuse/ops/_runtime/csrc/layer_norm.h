@@ -26,6 +26,8 @@ struct Entry {
   Program forward;
   int64_t stats_numel;
   at::ScalarType stats_dtype;
+  std::vector<int64_t> x_sizes;  // x as the key has it (a saved-tensor hook may unpack another)
+  at::ScalarType x_dtype;
   PyObject* py_backward;  // (entry, dy, x, w, stats, need_dw, need_db, recordable) -> (dx, dw, db)
   std::shared_mutex lock;
   std::map<int, Backward> backward;  // by dy's 16-byte alignment, need_dw, need_db
@@ -131,7 +133,8 @@ variable_list LayerNormBackward::apply(variable_list&& grads) {
   at::Tensor dx, dw, db;
   // the saved tensors as the programs expect them (a saved-tensor hook's unpack may give others): else
   // the Python path, which plans for what it is given
-  bool saved_ok = plain(x) && x.is_contiguous() && aligned16(x) == x_aligned && plain(stats) &&
+  bool saved_ok = plain(x) && x.is_contiguous() && aligned16(x) == x_aligned && x.sizes().equals(e->x_sizes) &&
+                  x.scalar_type() == e->x_dtype && plain(stats) &&
                   stats.is_contiguous() && stats.device() == x.device() && aligned16(stats) &&
                   stats.scalar_type() == e->stats_dtype && stats.numel() == e->stats_numel &&
                   w.defined() == has_w &&
@@ -286,6 +289,8 @@ PyObject* add_layer_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const at::Tensor& stats = THPVariable_Unpack(args[6]);
     e->stats_numel = stats.numel();
     e->stats_dtype = stats.scalar_type();
+    e->x_sizes = c.x.sizes().vec();
+    e->x_dtype = c.x.scalar_type();
     e->py_backward = args[7];
     return registry.add(c.key, std::move(e));
   });

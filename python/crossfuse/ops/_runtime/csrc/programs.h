@@ -58,8 +58,10 @@ bool load_driver() {
   ctx_get_current = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
   ctx_get_device = reinterpret_cast<CtxGetDevice>(dlsym(lib, "cuCtxGetDevice"));
   memset_d8_async = reinterpret_cast<MemsetD8Async>(dlsym(lib, "cuMemsetD8Async"));
-  return launch_ex != nullptr && ctx_get_current != nullptr && ctx_get_device != nullptr &&
-         memset_d8_async != nullptr;
+  bool ok = launch_ex != nullptr && ctx_get_current != nullptr && ctx_get_device != nullptr &&
+            memset_d8_async != nullptr;
+  if (!ok) launch_ex = nullptr;  // what the module functions look at: no call is taken without all of them
+  return ok;
 }
 
 // ---- programs --------------------------------------------------------------------------------------
@@ -104,11 +106,11 @@ struct Launch {
   CUfunction fn = nullptr;
   Arg zero_at{kPtr, -1, 0, 0.0};
   size_t zero_bytes = 0;
-  unsigned grid[3];
-  unsigned block;
-  unsigned smem;
-  bool pdl;
-  bool coop;
+  unsigned grid[3] = {0, 0, 0};
+  unsigned block = 0;
+  unsigned smem = 0;
+  bool pdl = false;
+  bool coop = false;
   std::vector<Arg> args;
   std::vector<std::shared_ptr<MapCache>> maps;
 };
