@@ -70,6 +70,9 @@ def fitting_programs(programs: int, m: int, block_m: int, row_bytes: int, n: int
     ``row_bytes`` (:func:`scratch_rows`), where no program gets more than one tile more than it had: then
     the partials need no buffer of their own, and the backward's peak memory is torch's (float32
     1000×5000: 124 programs on an H100's 132 SMs, 9 rows a program at most instead of 8)."""
+    if not sums:  # no partials
+        return programs
+
     def fits(p: int) -> bool:
         return scratch_rows(m, row_bytes, sums * align(p * n) * acc_size)[0] > 0
 
@@ -227,6 +230,9 @@ class BwdPlan(Plan):
             programs = min(M, max_programs)
         elif whole_rows:
             programs = backward_programs(cfg, M, esize, sms)
+            if not few.takes(M, N * esize):  # fewer, where that lets the partials fit into dx after all
+                programs = fitting_programs(programs, M, cfg.block_m, N * esize, N, acc.itemsize,
+                                            compute_dw + compute_db)  # fmt: skip
             max_programs = max(1, cfg.programs_per_sm) * sms
         else:
             max_programs = math.ceil(cfg.programs_per_sm * sms / col_blocks)  # row groups
@@ -252,16 +258,6 @@ class BwdPlan(Plan):
         at_c2 = self.at_c2 = at_c1 + extra[0]
         total = self.total = at_c2 + extra[1]
         R, start = scratch_rows(M, N * esize, total * acc.itemsize) if total else (0, 0)
-        if whole_rows and total and not R and not few.takes(M, N * esize):
-            fewer = fitting_programs(programs, M, cfg.block_m, N * esize, N, acc.itemsize,
-                                     compute_dw + compute_db)  # fmt: skip
-            if fewer != programs:  # the partials fit into dx's last rows after all: no buffer of their own
-                programs = slots = self.slots = fewer
-                part = align(slots * N)
-                at_db = self.at_db = part if compute_dw else 0
-                at_c1 = self.at_c1 = self.at_c2 = at_db + part if compute_db else at_db
-                total = self.total = at_c1
-                R, start = scratch_rows(M, N * esize, total * acc.itemsize)
         self.R, self.start = R, start
         has_w = weight is not None
         flags = dict(HAS_WEIGHT=has_w, IS_FP64=x.dtype == torch.float64)
