@@ -234,15 +234,18 @@ def test_a_plan_passes_a_descriptors_base_and_its_launcher_makes_the_descriptor(
 
 def test_steps_give_a_plans_launches_on_a_calls_tensors(monkeypatch):
     # what the compiled eager path records: each launch's Step and its arguments with the call's tensors
-    # at their places; none for a plan with scratch buffers (the C++ module allocates only outputs)
+    # at their places, and a plan's scratch buffers allocated for them, its views over them in their places
     monkeypatch.setattr(_direct, "kept", lambda slot: ("compiled", ("tail",)))
     monkeypatch.setattr(_direct, "launcher", lambda *args: "launcher")
     t, u = torch.zeros(2), torch.zeros(3)
     plan = ra._make_plan([(("slot", 0), (4, 1), (t, 7, u)), (("slot", 1), (2,), (u,))], (t, u))
     a, b = torch.ones(2), torch.ones(3)
-    (s1, args1), (s2, args2) = steps(plan, (a, b))
+    ((s1, args1), (s2, args2)), none = steps(plan, (a, b))
+    assert none == ()
     assert s1 == ra.Step("compiled", ("tail",), (4, 1), None) and s2.grid == (2,)
     assert args1[0] is a and args1[1] == 7 and args1[2] is b and args2[0] is b
     buf = torch.empty(2, 3)
     scratched = ra._make_plan([(("slot", 0), (1,), (t, buf[0]))], (t,), (buf,))
-    assert scratched.scratch and steps(scratched, (a,)) is None
+    ((_, args),), (fresh,) = steps(scratched, (a,))
+    assert scratched.scratch and fresh.shape == (2, 3) and fresh.data_ptr() != buf.data_ptr()
+    assert args[0] is a and args[1].data_ptr() == fresh.data_ptr() and args[1].shape == (3,)

@@ -217,9 +217,10 @@ def test_the_module_builds_loads_and_takes_no_cpu_call(tmp_path, monkeypatch):
     assert fast.count_attention() == (0, 0)
     assert fast.relu_attention(q, q, q, False, False, None, None, "bhld") is None
     assert fast.relu_attention(q, q, q, 0, False, None, None, "bhld") is None
-    assert fast.add_relu_attention(q, q, q, False, False, None, None, "bhld", [], q, lambda *a: None) is False
+    added = fast.add_relu_attention(q, q, q, False, False, None, None, "bhld", [], q, lambda *a: None, [])
+    assert added is False
     with pytest.raises(ValueError, match="entry"):
-        fast.add_relu_attention_backward(12345, q, [], q, q, q)
+        fast.add_relu_attention_backward(12345, q, [], q, q, q, [])
 
 
 # ----------------------------------------------------------------------------------------------------

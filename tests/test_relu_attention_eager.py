@@ -154,14 +154,14 @@ def test_the_compiled_nodes_python_backward_records_only_what_it_may(monkeypatch
     monkeypatch.setattr(native, "module", lambda: SimpleNamespace(add_relu_attention_backward=lambda *a:
                                                                   added.append(a)))  # fmt: skip
     monkeypatch.setattr(native, "program", lambda calls, slots: ["program"])
-    monkeypatch.setattr(api_module, "steps", lambda plan, tensors: ["step"])
+    monkeypatch.setattr(api_module, "steps", lambda plan, tensors: (["step"], ()))
     q = k = v = dout = torch.zeros(1, 1, 4, 16)
     grads = (torch.ones(1), torch.ones(2), torch.ones(3))
     key = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16)
     entry = SimpleNamespace(bwd_plans={key: "plan"}, backward=lambda *a: grads)
     backward = api_module._native_backward(entry)
     assert backward(7, q, k, v, dout, False) is grads and added == []  # saved tensors not as recorded
-    assert backward(7, q, k, v, dout, True) is grads and added == [(7, dout, ["program"], *grads)]
+    assert backward(7, q, k, v, dout, True) is grads and added == [(7, dout, ["program"], *grads, [])]
     assert backward(7, q, k, v, dout, True) is grads and len(added) == 1  # offered once
     monkeypatch.setattr(native, "program", lambda calls, slots: 1 / 0)
     other = torch.zeros(1, 1, 4, 16)[..., :8]

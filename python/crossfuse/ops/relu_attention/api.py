@@ -224,7 +224,8 @@ def _to_native(entry: _Entry, q, k, v, causal, squared, scale, relu_scale, layou
     """Give the C++ module (:mod:`.._runtime.native`) this call's key once its forward has a launch plan:
     the plan's program over (q, k, v, out), and the backward that records its own programs
     (:func:`_native_backward`). Marks ``entry.native`` tried either way; a plan the module cannot make
-    (scratch buffers, what :func:`.._runtime.native.program` refuses) keeps the Python path."""
+    (what :func:`.._runtime.native.program` refuses) keeps the Python path; its scratch buffers (float32's
+    tf32 copies) are allocated per call by the module, in the slots after the call's tensors."""
     if entry.fwd_plan is None:
         return  # not yet: the first call records the plan
     entry.native = False
@@ -233,12 +234,12 @@ def _to_native(entry: _Entry, q, k, v, causal, squared, scale, relu_scale, layou
         return
     try:
         out = entry.empty_out(q)
-        calls = steps(entry.fwd_plan, (q, k, v, out))
-        prog = native.program(calls, [q, k, v, out]) if calls is not None else None
+        calls, buffers = steps(entry.fwd_plan, (q, k, v, out))
+        prog = native.program(calls, [q, k, v, out, *buffers])
         if prog is None:
             return
         got = fast.add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, prog, out,
-                                      _native_backward(entry))  # fmt: skip
+                                      _native_backward(entry), list(buffers))  # fmt: skip
     except Exception:  # whatever recording or the module refuses: the Python path, this call unharmed
         return
     entry.native = got is not False
@@ -261,10 +262,10 @@ def _native_backward(entry: _Entry):
             return grads
         tried.add(key)
         try:
-            calls = steps(plan, (q, k, v, dout, *grads))
-            prog = native.program(calls, [q, k, v, dout, *grads]) if calls is not None else None
+            calls, buffers = steps(plan, (q, k, v, dout, *grads))
+            prog = native.program(calls, [q, k, v, dout, *grads, *buffers])
             if prog is not None:
-                fast.add_relu_attention_backward(handle, dout, prog, *grads)
+                fast.add_relu_attention_backward(handle, dout, prog, *grads, list(buffers))
         except Exception:  # whatever recording or the module refuses: the Python path, these grads stand
             pass
         return grads

@@ -144,13 +144,15 @@ def _filled(template: tuple, places: tuple, tensors: tuple) -> list:
     return args
 
 
-def steps(plan: Plan, tensors: tuple) -> list | None:
-    """``[(step, args)]``: each launch of ``plan`` on ``tensors`` as a :class:`Step` and its positional
-    arguments (descriptors given by their bases), what the compiled eager path records; ``None`` for a plan
-    with scratch buffers (the C++ module allocates only a call's outputs)."""
-    if plan.scratch:
-        return None
-    return [(step, tuple(_filled(template, places, tensors))) for _, template, places, step in plan.launches]
+def steps(plan: Plan, tensors: tuple) -> tuple[list, tuple]:
+    """``([(step, args)], buffers)``: each launch of ``plan`` on ``tensors`` as a :class:`Step` and its
+    positional arguments (descriptors given by their bases), what the compiled eager path records, and the
+    plan's scratch buffers allocated for them (the arguments' views over them lie in them; the C++ module
+    allocates such buffers per call, as :func:`_replay` does)."""
+    buffers = tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device in plan.scratch)
+    tensors = (*tensors, *[buffers[j].as_strided(*view) for j, *view in plan.views])
+    calls = [(step, tuple(_filled(template, places, tensors))) for _, template, places, step in plan.launches]
+    return calls, buffers
 
 
 def _make_plan(launches: list, tensors: tuple, buffers: tuple = ()) -> Plan | None:

@@ -36,7 +36,7 @@ at::Tensor empty_as(const Layout& l, const at::Tensor& like) {
 at::Tensor run_forward(Entry* e, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   at::Tensor out = empty_as(e->out, q);
   Slots slots = {&q, &k, &v, &out};
-  run_program(e->forward, slots, current_stream(q));
+  run_with_scratch(e->forward, slots, 4, q, current_stream(q));
   return out;
 }
 
@@ -101,7 +101,7 @@ variable_list AttentionBackward::apply(variable_list&& grads) {
     dk = empty_as(hit->dk, k);
     dv = empty_as(hit->dv, v);
     Slots slots = {&q, &k, &v, &dout, &dq, &dk, &dv};
-    run_program(hit->program, slots, current_stream(q));
+    run_with_scratch(hit->program, slots, 7, q, current_stream(q));
   } else {
     pybind11::gil_scoped_acquire gil;
     // `fast`: whether a program recorded from this call may serve later ones (see the layer norm's)
@@ -185,19 +185,20 @@ PyObject* relu_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   });
 }
 
-// add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, forward, out, py_backward) ->
-// the entry (an int) or False: the forward's program for this call's key (`out`: an output, for its layout)
+// add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, forward, out, py_backward,
+// scratch) -> the entry (an int) or False: the forward's program for this call's key (`out`: an output, for
+// its layout; `scratch`: example tensors of the buffers it allocates per call)
 PyObject* add_relu_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return guarded([&]() -> PyObject* {
-    if (nargs != 11 || !THPVariable_Check(args[9]) || !PyCallable_Check(args[10])) {
+    if (nargs != 12 || !THPVariable_Check(args[9]) || !PyCallable_Check(args[10])) {
       PyErr_SetString(PyExc_TypeError, "add_relu_attention(q, k, v, causal, squared, scale, relu_scale, layout, "
-                                       "forward, out, backward)");
+                                       "forward, out, backward, scratch)");
       return nullptr;
     }
     CallArgs c;
     if (!read_call(args, c)) Py_RETURN_FALSE;
     auto e = std::make_unique<Entry>();
-    if (!parse_program(args[8], e->forward)) return nullptr;
+    if (!parse_program(args[8], e->forward) || !parse_scratch(args[11], 4, e->forward)) return nullptr;
     e->q = layout_of(c.q);
     e->k = layout_of(c.k);
     e->v = layout_of(c.v);
@@ -210,13 +211,14 @@ PyObject* add_relu_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs)
   });
 }
 
-// add_relu_attention_backward(entry, dout, program, dq, dk, dv) -> bool: the backward's program for a
-// gradient laid out as dout (it must be as the output), its gradients allocated as dq, dk, dv
+// add_relu_attention_backward(entry, dout, program, dq, dk, dv, scratch) -> bool: the backward's program
+// for a gradient laid out as dout (it must be as the output), its gradients allocated as dq, dk, dv, its
+// scratch buffers as `scratch`'s tensors
 PyObject* add_relu_attention_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return guarded([&]() -> PyObject* {
-    if (nargs != 6 || !PyLong_Check(args[0]) || !THPVariable_Check(args[1]) || !THPVariable_Check(args[3]) ||
+    if (nargs != 7 || !PyLong_Check(args[0]) || !THPVariable_Check(args[1]) || !THPVariable_Check(args[3]) ||
         !THPVariable_Check(args[4]) || !THPVariable_Check(args[5])) {
-      PyErr_SetString(PyExc_TypeError, "add_relu_attention_backward(entry, dout, program, dq, dk, dv)");
+      PyErr_SetString(PyExc_TypeError, "add_relu_attention_backward(entry, dout, program, dq, dk, dv, scratch)");
       return nullptr;
     }
     Entry* e = registry.entry_of(args[0], "add_relu_attention");
@@ -224,7 +226,7 @@ PyObject* add_relu_attention_backward(PyObject*, PyObject* const* args, Py_ssize
     const at::Tensor& dout = THPVariable_Unpack(args[1]);
     if (!(e->out == dout)) Py_RETURN_FALSE;
     Backward bwd;
-    if (!parse_program(args[2], bwd.program)) return nullptr;
+    if (!parse_program(args[2], bwd.program) || !parse_scratch(args[6], 7, bwd.program)) return nullptr;
     bwd.dq = layout_of(THPVariable_Unpack(args[3]));
     bwd.dk = layout_of(THPVariable_Unpack(args[4]));
     bwd.dv = layout_of(THPVariable_Unpack(args[5]));

@@ -68,7 +68,7 @@ bool load_driver() {
 
 enum Kind : int { kPtr = 0, kI32 = 1, kI64 = 2, kF32 = 3, kF64 = 4, kI8 = 5, kU32 = 6, kU64 = 7, kMap = 8 };
 
-constexpr int kMaxSlots = 8;
+constexpr int kMaxSlots = 12;  // a call's tensors, then its scratch buffers
 constexpr int kMaxArgs = 64;
 constexpr int kMapBytes = 128;  // a CUtensorMap, passed to the kernel by value
 constexpr int kMaxMaps = 8;     // tensor maps per launch
@@ -115,8 +115,17 @@ struct Launch {
   std::vector<std::shared_ptr<MapCache>> maps;
 };
 
+// A buffer a program's launches write before they read it (float32 attention's tf32 copies): allocated
+// per call, as the Python path allocates it, into the slots after the call's tensors, and dropped once the
+// launches are queued (the caching allocator orders its reuse on the stream, as for the Python path's).
+struct Scratch {
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+};
+
 struct Program {
   std::vector<Launch> launches;
+  std::vector<Scratch> scratch;
 };
 
 // a program's tensors by slot (nullptr: an absent one)
@@ -254,6 +263,19 @@ void run_program(const Program& p, const Slots& slots, CUstream stream) {
     config.numAttrs = num_attrs;
     check(launch_ex(&config, l.fn, params, nullptr), "a kernel launch");
   }
+}
+
+// run_program with the program's scratch buffers allocated on `like`'s device into the slots from `first`
+// on (kept until the launches are queued)
+void run_with_scratch(const Program& p, Slots slots, size_t first, const at::Tensor& like, CUstream stream) {
+  TORCH_CHECK(first + p.scratch.size() <= size_t(kMaxSlots), "crossfuse: a program's scratch past its slots");
+  std::array<at::Tensor, kMaxSlots> held;
+  for (size_t i = 0; i < p.scratch.size(); ++i) {
+    const Scratch& s = p.scratch[i];
+    held[i] = at::empty_strided(s.sizes, s.strides, like.options().dtype(s.dtype));
+    slots[first + i] = &held[i];
+  }
+  run_program(p, slots, stream);
 }
 
 c10::impl::VirtualGuardImpl& cuda_guard() {
@@ -519,6 +541,30 @@ bool parse_program(PyObject* launches, Program& p) {
       return false;
     }
     p.launches.push_back(std::move(l));
+  }
+  return true;
+}
+
+// A program's scratch buffers from a list of example tensors (their sizes, strides and dtype), to sit in
+// the slots from `first` on: false, with an exception set, where they would not fit there.
+bool parse_scratch(PyObject* buffers, size_t first, Program& p) {
+  if (!PyList_Check(buffers)) {
+    PyErr_SetString(PyExc_TypeError, "a program's scratch is a list of tensors");
+    return false;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(buffers);
+  if (first + size_t(n) > size_t(kMaxSlots)) {
+    PyErr_SetString(PyExc_ValueError, "a program's scratch buffers past its slots");
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyList_GET_ITEM(buffers, i);
+    if (!THPVariable_Check(item)) {
+      PyErr_SetString(PyExc_TypeError, "a program's scratch is a list of tensors");
+      return false;
+    }
+    const at::Tensor& t = THPVariable_Unpack(item);
+    p.scratch.push_back({t.sizes().vec(), t.strides().vec(), t.scalar_type()});
   }
   return true;
 }
