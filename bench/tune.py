@@ -22,8 +22,11 @@ a selection with no candidate is an error.
 Attention runs at 16k tokens, H=32 for D=64 and H=16 for D=128, bf16: at L=4096 (B=4), and with
 ``attn128`` (D=128 only) also at L=1024 (B=16), each length its own winner ("short" is L <= 2048).
 ``attn-fp32`` tunes float32 (tf32 dots) at the seed's shapes (B=4, H=16, D=64, L=4096 and L=1024);
-``attn-fp32-fwd`` its forward alone, with 4 stages too. ``attn-tma`` tunes the bf16 kernels that read
-through tensor descriptors (TMA), D=64 and 128 at both lengths.
+``attn-fp32-fwd`` its forward alone, with 4 stages too. ``attn-fp32-dims`` tunes float32 at D=128 and
+256 (Triton's kernels: the Gluon ones take D <= 64) at B=2, H=8, L=4096, and at L=1000 with B=4, H=16
+and with B=1, H=4 (both stand for the short entry; the faster rate wins it, so tuning.csv shows how the
+winner does with few programs). ``attn-tma`` tunes the bf16 kernels that read through tensor
+descriptors (TMA), D=64 and 128 at both lengths.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def ln_shapes(n: int) -> list[tuple[int, int]]:
 
 def attn_shapes(c: dict) -> list[tuple[int, int, int, int]]:
     d = c["d"]
+    if c.get("dtype", "bfloat16") == "float32" and d > 64:  # the grid's shapes, and many heads at L=1000
+        return [(2, 8, 4096, d)] + ([(4, 16, 1000, d), (1, 4, 1000, d)] if c.get("short") else [])
     if c.get("dtype", "bfloat16") == "float32":  # the seed's shapes: B=4, H=16, L from 1024 to 4096
         return [(4, 16, 4096, d)] + ([(4, 16, 1024, d)] if c.get("short") else [])
     h = 32 if d == 64 else 16

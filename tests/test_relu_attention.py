@@ -199,6 +199,17 @@ def test_more_batch_and_heads_than_a_grid_axis_holds(device, gen):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("length", [1000, 2100], ids=["short", "long"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [128, 256])
+def test_float32_tiles_of_the_large_head_dims(d, causal, length, gen):
+    # the tables' float32 tiles at D = 128 and 256, each (causal, length) entry: a tile changes how a
+    # program sums, not the result (L not a multiple of any tile, so every tail is masked too)
+    q, k, v = qkv(1, 2, length, length, d, torch.float32, "cuda", gen)
+    run_and_compare(q, k, v, causal, squared=False, gen=gen)
+
+
+@pytest.mark.gpu
 def test_more_batch_and_heads_than_cuda_grid_axis_holds(gen):
     # 65536 (batch, head) pairs: one more than CUDA allows on a grid's second axis
     q, k, v = qkv(16384, 4, 16, 16, 16, torch.bfloat16, "cuda", gen)

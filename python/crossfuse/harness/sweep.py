@@ -38,8 +38,14 @@ GROUPS = (
     "attn-fp32-fwd",
     "attn-tma",
     "attn-dims",
+    "attn-fp32-dims",
 )
 ATTN_OTHER_DS = (16, 32, 256)  # the head dims the ``attn`` group leaves to the rule
+# float32's head dims past the Gluon kernels' (D <= 64): Triton's kernels, on tiles of the rule unless tuned
+ATTN_FP32_DS = (128, 256)
+# shared memory a block may take on the H100 and the H200 (227 KB): the float32 candidates past it are
+# not compiled
+MAX_SHARED = 232448
 
 
 def _row_tiles(n: int, block_ms, epts, warp_options, max_tile: int, min_tile: int = 1024):
@@ -260,6 +266,31 @@ def attn_candidates(quick: bool, ds=ATTN_DS, dtype="bfloat16") -> list[dict]:
     return out
 
 
+def attn_fp32_dims_candidates(ds=ATTN_FP32_DS, max_shared: int = MAX_SHARED) -> list[dict]:
+    """float32 (tf32 dots) at D = 128 and 256: rows of 512 bytes and more, so smaller tiles than the
+    16-bit sweep's, those whose shared memory (:func:`..ops.relu_attention.config.shared_bytes`) fits
+    ``max_shared``; each timed at a long and two short shapes (:func:`bench.tune.attn_shapes`)."""
+    from ..ops.relu_attention.config import AttnConfig, shared_bytes
+
+    tiles = {
+        "fwd": ((32, 32), (64, 16), (64, 32), (64, 64), (128, 32), (128, 64)),
+        "dkdv": ((16, 32), (32, 32), (16, 64), (32, 64), (64, 64), (16, 128), (32, 128)),
+        "dq": ((32, 16), (32, 32), (64, 16), (64, 32), (64, 64), (128, 16), (128, 32)),
+    }
+    out = []
+    for d in ds:
+        for causal in (False, True):
+            for kind, kind_tiles in tiles.items():
+                for bm, bn in kind_tiles:
+                    for warps in (4, 8):
+                        for stages in (2, 3):
+                            if shared_bytes(kind, d, 4, AttnConfig(bm, bn, warps, stages)) > max_shared:
+                                continue
+                            c = _attn(kind, d, causal, bm, bn, warps, stages)
+                            out.append(dict(c, dtype="float32", short=True))
+    return out
+
+
 def attn_tma_candidates() -> list[dict]:
     """bf16 kernels reading through tensor descriptors (TMA), D=64 and 128 at both lengths (16k tokens).
     Triton's warp specialization of their loops is not offered: it gave wrong results on the H200."""
@@ -391,6 +422,8 @@ def candidates(groups: set[str], quick: bool = False, pairs_from: str | None = N
         cands += [dict(c, short=True) for c in fp32 if c["kind"] == "fwd"]
     if "attn-tma" in groups:
         cands += attn_tma_candidates()
+    if "attn-fp32-dims" in groups:  # float32 at D = 128 and 256, each length its own winner
+        cands += attn_fp32_dims_candidates()
     if "attn-pairs" in groups:
         if not pairs_from:
             raise ValueError("the group attn-pairs needs pairs_from (tune.py --pairs-from TUNING_CSV)")

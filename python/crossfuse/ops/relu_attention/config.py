@@ -137,6 +137,33 @@ TUNED_H100: dict[Key, AttnConfig] = {
     ("fwd", 256, 2, False, False): AttnConfig(128, 32, 8, 3),  # 554 TFLOP/s
     ("fwd", 256, 2, True, True): AttnConfig(128, 32, 8, 3),  # 594 TFLOP/s
     ("fwd", 256, 2, True, False): AttnConfig(128, 32, 8, 3),  # 400 TFLOP/s
+    # float32 at D=128 and 256 (Triton's kernels; the Gluon ones take D <= 64), bench/tune.py --only
+    # attn-fp32-dims: long at B=2 H=8 L=4096, short at L=1000 with B=4 H=16 and with B=1 H=4 (the short
+    # entry is the best geometric mean over both). Each backward kernel timed as the whole backward with
+    # the other at the rule's tiles; the comments give that time over the rule's, long | short (4x16 · 1x4).
+    # The causal D=128 dQ kernel was left out by the sweep's budget and keeps the rule.
+    ("fwd", 128, 4, False, True): AttnConfig(64, 32, 4, 2),  # the rule: no candidate 1% faster
+    ("fwd", 128, 4, True, True): AttnConfig(64, 32, 4, 2),  # the rule: no candidate 1% faster
+    ("fwd", 128, 4, False, False): AttnConfig(128, 32, 8, 3),  # 0.865 · 0.923
+    ("fwd", 128, 4, True, False): AttnConfig(128, 32, 8, 3),  # 0.734 · 0.827
+    ("dkdv", 128, 4, False, True): AttnConfig(16, 128, 8, 3),  # 0.641
+    ("dkdv", 128, 4, False, False): AttnConfig(16, 128, 8, 3),  # 0.428 · 0.734
+    ("dkdv", 128, 4, True, True): AttnConfig(32, 64, 4, 2),  # 0.848
+    ("dkdv", 128, 4, True, False): AttnConfig(32, 32, 4, 2),  # 0.819 · 0.887
+    ("dq", 128, 4, False, True): AttnConfig(128, 32, 8, 2),  # 0.898
+    ("dq", 128, 4, False, False): AttnConfig(128, 32, 8, 3),  # 0.971 · 0.964
+    ("fwd", 256, 4, False, True): AttnConfig(64, 16, 4, 3),  # 0.801
+    ("fwd", 256, 4, True, True): AttnConfig(64, 16, 4, 3),  # 0.922
+    ("fwd", 256, 4, False, False): AttnConfig(64, 32, 8, 2),  # 0.547 · 0.666
+    ("fwd", 256, 4, True, False): AttnConfig(64, 32, 8, 2),  # 0.533 · 0.560
+    ("dkdv", 256, 4, False, True): AttnConfig(16, 32, 4, 3),  # 0.853
+    ("dkdv", 256, 4, True, True): AttnConfig(16, 32, 4, 3),  # 0.869
+    ("dkdv", 256, 4, False, False): AttnConfig(16, 32, 8, 3),  # 0.763 · 0.769
+    ("dkdv", 256, 4, True, False): AttnConfig(32, 32, 8, 2),  # 0.419 · 0.297
+    ("dq", 256, 4, False, True): AttnConfig(64, 16, 4, 2),  # 0.766
+    ("dq", 256, 4, True, True): AttnConfig(64, 16, 4, 2),  # 0.770
+    ("dq", 256, 4, False, False): AttnConfig(32, 32, 8, 2),  # 0.981 · 0.962
+    ("dq", 256, 4, True, False): AttnConfig(64, 16, 8, 3),  # 0.919 · 0.993
 }
 
 # by the model named in the driver's device name (crossfuse.ops._runtime.device.Card.model)
