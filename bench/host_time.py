@@ -4,6 +4,8 @@
 
 Host time is what the CPU spends to issue one call: ``N`` calls back to back with no synchronisation,
 wall clock divided by ``N``, after a warm-up (so the first call, which compiles and plans, is excluded).
+crossfuse's call and its peer's are timed together, in runs of ``N/10`` calls that alternate between them,
+so that the host's drift within a second falls on both.
 Inputs require grad, as in training. Forward rows time the call; backward rows time
 ``torch.autograd.grad`` of a retained graph (the backward's own host path, autograd's engine included).
 A model whose step issues many small calls is held back by this number, whatever its kernels cost.
@@ -30,21 +32,31 @@ import time
 from pathlib import Path
 
 
-def _host_us(fn, calls: int) -> float:
-    """Microseconds of CPU per call, as ``crossfuse.harness.timing.host_time_us`` counts them, after a
-    warm-up long enough for the first calls' compiles and plans. Written here rather than imported: with
-    ``--against`` this runs on another checkout's crossfuse, whose harness may not have that function."""
+def _host_us_pair(fns, calls: int, chunks: int = 10) -> list[float]:
+    """Microseconds of CPU per call of each of ``fns`` (crossfuse's entry and its peer), as
+    ``crossfuse.harness.timing.host_time_us`` counts them, after a warm-up long enough for the first calls'
+    compiles and plans: ``calls`` calls each, in ``chunks`` runs of back-to-back calls that alternate
+    between them (the GPU synchronised between runs, outside the clock), which of them goes first
+    alternating too. The host's pace drifts within a second; this way a slow spell falls on both. Written
+    here rather than imported: with ``--against`` this runs on another checkout's crossfuse, whose harness
+    may not have that function."""
     import torch
 
-    for _ in range(20):
-        fn()
+    for fn in fns:
+        for _ in range(20):
+            fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    dt = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return dt / calls * 1e6
+    per_chunk = max(1, calls // chunks)
+    spent = [0.0] * len(fns)
+    for c in range(chunks):
+        for i in range(len(fns)) if c % 2 == 0 else reversed(range(len(fns))):
+            fn = fns[i]
+            t0 = time.perf_counter()
+            for _ in range(per_chunk):
+                fn()
+            spent[i] += time.perf_counter() - t0
+            torch.cuda.synchronize()
+    return [dt / (per_chunk * chunks) * 1e6 for dt in spent]
 
 
 def _fused_module(crossfuse, n: int, dev, dt):
@@ -129,16 +141,22 @@ def measure(calls: int, rounds: int) -> list[dict]:
     add("nn.ReLUAttention", f"{bb}x{length}x{e}", "torch.nn.MultiheadAttention",
         lambda: theirs(xs, xs, xs, need_weights=False)[0],
         lambda: (theirs(xs, xs, xs, need_weights=False)[0], (xs,)))  # fmt: skip
+    # crossfuse's case and its peer's, of each (entry, mode, shape), measured together (_host_us_pair)
+    pairs: dict = {}
+    for i, (case, _) in enumerate(cases):
+        pairs.setdefault((case["entry"], case["mode"], case["shape"]), []).append(i)
+    groups = list(pairs.values())
     times = [[] for _ in cases]
     for r in range(rounds):
-        # the listed order, then shuffles: no case keeps its place or the case before it (whatever one
-        # measurement leaves the next, in the host's caches say, falls on every case alike); as the
-        # harness's runner.round_orders does, written here for --against's older checkouts (see _host_us)
-        order = list(range(len(cases)))
+        # the listed order, then shuffles: no pair keeps its place or the pair before it (whatever one
+        # measurement leaves the next, in the host's caches say, falls on every pair alike); as the
+        # harness's runner.round_orders does, written here for --against's older checkouts
+        order = list(range(len(groups)))
         if r:
             random.Random(r).shuffle(order)
-        for i in order:
-            times[i].append(_host_us(cases[i][1], calls))
+        for g in order:
+            for i, us in zip(groups[g], _host_us_pair([cases[i][1] for i in groups[g]], calls), strict=True):
+                times[i].append(us)
     return [dict(case, host_us=statistics.median(spent), min_us=min(spent), max_us=max(spent))
             for spent, (case, _) in zip(times, cases, strict=True)]  # fmt: skip
 
@@ -204,8 +222,9 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name(0)
     md = (f"# Host time per call (µs), bf16, {device}, torch {torch.__version__}\n\n"
           f"`python bench/host_time.py{' --against ...' if a.against else ''}`: {a.calls} calls back to "
-          f"back, no synchronisation, after a warm-up, median of {a.rounds} rounds (the cases in another "
-          "order each round); inputs require grad; backward = autograd.grad of a retained graph.\n\n"
+          f"back, no synchronisation, after a warm-up, in runs of a tenth of them that alternate between "
+          f"crossfuse and its peer; median of {a.rounds} rounds (the pairs in another order each round); "
+          "inputs require grad; backward = autograd.grad of a retained graph.\n\n"
           + _table(rows, columns) + "\n\n" + _spread(rows) + "\n")  # fmt: skip
     (a.out / "host_time.md").write_text(md)
     print(md)

@@ -261,6 +261,16 @@ def test_cuda_timing_and_memory():
     assert mem.alloc_bytes >= 4 << 20 and mem.peak_bytes >= 4 << 20
 
 
+@pytest.mark.gpu
+def test_interleaved_eager_timer_times_every_call_alike():
+    # two calls of very different cost timed in one interleaved pass: each gets its own percentiles over
+    # the same number of repeats, and the heavier one measures heavier
+    x = torch.randn(2048, 2048, device="cuda")
+    t = timing.time_cuda_eager_interleaved({"mm": lambda: x @ x, "add": lambda: x + 1}, "cuda", timing.QUICK)
+    assert list(t) == ["mm", "add"] and t["mm"].reps == t["add"].reps >= timing.QUICK.cuda_min_reps
+    assert all(0 < v.p20 <= v.p50 <= v.p80 for v in t.values()) and t["mm"].p50 > t["add"].p50
+
+
 def test_persisting_l2_reset_falls_back_when_refused(monkeypatch):
     calls = []
 

@@ -126,18 +126,24 @@ def test_an_interrupted_run_keeps_the_cases_it_measured(tmp_path, capsys, monkey
     assert "**Partial run**: interrupted" in md and "### pre-norm blocks" in md
 
 
+def test_speed_is_the_median_of_each_rounds_ratio():
+    # paired by round: a round where the host ran slow for both says the same as a fast one
+    assert models.speedup([10.0, 20.0, 30.0], [5.0, 20.0, 15.0]) == 2.0
+    assert models.speedup([1.0, 2.0], [1.0, 1.0]) == 1.5  # an even count: the mean of the middle two
+
+
 def test_models_rounds_vary_each_implementations_place_and_predecessor():
     # the order of :func:`runner.round_orders`: the second implementation (crossfuse in the table) is not
     # always measured in the middle, right after the first
     made = []
 
-    def time_one(fn, device, config):
-        made.append(fn())
-        return SimpleNamespace(p50=1.0)
+    def time_round(calls, device, config):
+        made.extend(fn() for fn in calls.values())
+        return {name: SimpleNamespace(p50=1.0) for name in calls}
 
     calls = {name: (lambda name=name: name) for name in ("torch", "crossfuse", "torch_again")}
-    med = models.alternate(calls, 6, "cuda", None, lambda s: None, time_one)
-    assert med == dict.fromkeys(calls, 1.0) and len(made) == 18
+    per_round = models.alternate(calls, 6, "cuda", None, lambda s: None, time_round)
+    assert per_round == {name: [1.0] * 6 for name in calls} and len(made) == 18
     rounds = [made[i : i + 3] for i in range(0, 18, 3)]
     assert all(sorted(r) == sorted(calls) for r in rounds)
     places = {r.index("crossfuse") for r in rounds}

@@ -18,8 +18,10 @@ Each row is one implementation at one case:
 * ``train_ms``: one training step, ``zero_grad(set_to_none=True)``, forward, loss, ``loss.backward()``;
   no optimizer step (it is the same for both). ``infer_ms``: the forward under ``torch.no_grad()``. Both
   eager (:func:`.timing.time_cuda_eager`: the calls as a user makes them, host time included), measured in
-  ``rounds`` rounds that take every implementation in turn, in alternating order; a row's time is the
-  median over the rounds and ``*_speedup`` is torch's median over this one's (> 1: faster than torch).
+  ``rounds`` rounds, each of which takes every implementation at once, their batches interleaved
+  (:func:`.timing.time_cuda_eager_interleaved`); a row's time is the median over the rounds and
+  ``*_speedup`` the median over the rounds of torch's time over this one's in the same round (> 1: faster
+  than torch; :func:`speedup`).
   Models run in eval mode (dropout off), so that swapped and unswapped compute the same function.
 * ``peak_mib``: the allocator's peak above what was live before one training step (CUDA only).
 * ``loss_err_vs_torch`` / ``grad_err_vs_torch``: against the unswapped model in the same dtype, and
@@ -284,19 +286,28 @@ def inference(model, inputs, loss_fn) -> Callable[[], object]:
 
 
 def alternate(calls: dict[str, Callable[[], object]], rounds: int, device, config: timing.TimingConfig,
-              say: Callable[[str], None], time_one=timing.time_cuda_eager) -> dict[str, float]:  # fmt: skip
-    """The median over ``rounds`` rounds of each call's eager median, the calls taken in turn, in the
-    orders of :func:`.runner.round_orders` (a drift of the card, and whatever one measurement leaves the
-    next, fall on every implementation alike: with the order merely reversed every other round, the middle
-    one of three would always come right after another model). ``time_one(call, device, config)`` times
-    one call (its ``p50``)."""
+              say: Callable[[str], None],
+              time_round=timing.time_cuda_eager_interleaved) -> dict[str, list[float]]:  # fmt: skip
+    """Each call's eager median in each of ``rounds`` rounds. A round times every call at once,
+    their batches interleaved (:func:`.timing.time_cuda_eager_interleaved`: the host's pace, which sets a
+    small model's step, drifts within a second, and this way falls on all of them alike), starting from the
+    orders of :func:`.runner.round_orders` (so that no call keeps one predecessor). ``time_round(calls,
+    device, config)`` times one round: ``{name: timing}`` (its ``p50``) of the calls in the order given."""
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r, order in enumerate(round_orders(len(names), rounds)):
-        for name in (names[i] for i in order):
-            times[name].append(time_one(calls[name], device, config).p50)
+        timed = time_round({names[i]: calls[names[i]] for i in order}, device, config)
+        for n in names:
+            times[n].append(timed[n].p50)
         say(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {times[n][-1]:.3f} ms" for n in names))
-    return {n: statistics.median(v) for n, v in times.items()}
+    return times
+
+
+def speedup(ref: list[float], times: list[float]) -> float:
+    """The median over the rounds of ``ref``'s time over this one's in the same round: each round's ratio
+    compares two medians taken in one interleaved pass, under the same pace of the host, which moves
+    between rounds by far more than the difference measured (a small model's step by a factor of 2)."""
+    return statistics.median(r / t for r, t in zip(ref, times, strict=True))
 
 
 def free(device) -> None:
@@ -341,13 +352,13 @@ def measure(impls: dict[str, torch.nn.Module], timed: list[str], ref: str, input
         for c in calls.values():
             c()  # the first call (compilation, autotuning) is not timed
         if cuda:
-            med = alternate(calls, cfg.rounds, cfg.device, tcfg, lambda s, w=what: say(f"{w} {s}"))
+            per_round = alternate(calls, cfg.rounds, cfg.device, tcfg, lambda s, w=what: say(f"{w} {s}"))
         else:
-            med = {n: timing.time_cpu(c, tcfg).p50 for n, c in calls.items()}
-        for n, ms in med.items():
-            out[n][f"{what}_ms"] = ms
-            if n != ref and ref in med:
-                out[n][f"{what}_speedup"] = med[ref] / ms
+            per_round = {n: [timing.time_cpu(c, tcfg).p50] for n, c in calls.items()}
+        for n, times in per_round.items():
+            out[n][f"{what}_ms"] = statistics.median(times)
+            if n != ref and ref in per_round:
+                out[n][f"{what}_speedup"] = speedup(per_round[ref], times)
     if cuda:
         for n, m in impls.items():
             peak = memory.measure_cuda(train_step(m, inputs, loss_fn), cfg.device).peak_bytes
@@ -505,9 +516,11 @@ def render(rows: list[Row], title: str, stopped: str | None = None) -> str:
         r0 = rows[0]
         parts.append(f"- {r0.device}: {r0.device_name}; {r0.dtype}; eager; versions: {r0.versions}\n"
                      "- train: zero_grad(set_to_none) + forward + loss + backward, no optimizer step; infer: "
-                     "forward under no_grad; times are medians over alternating rounds of eager medians "
-                     "(crossfuse.harness.timing.time_cuda_eager); speed = torch's time / this one's (> 1: "
-                     "faster)\n- errors: relative, of the loss and of all gradients as one vector "
+                     "forward under no_grad; times are medians over rounds of eager medians, the "
+                     "implementations' batches interleaved in each round "
+                     "(crossfuse.harness.timing.time_cuda_eager_interleaved); speed = the median over the "
+                     "rounds of torch's time / this one's in the same round "
+                     "(> 1: faster)\n- errors: relative, of the loss and of all gradients as one vector "
                      "(‖g − g_ref‖/‖g_ref‖), against the unswapped model in the same dtype and against a "
                      "float32 copy\n- torch again (A/A control): the unswapped model a second time, timed "
                      "alongside; its speed is the run's noise: a crossfuse speed within its distance of 1× "

@@ -280,6 +280,43 @@ def time_cuda_eager(fn: Callable[[], object], device="cuda", config: TimingConfi
     return _summarise([s.elapsed_time(e) / batch for s, e in zip(starts, ends, strict=True)])
 
 
+def time_cuda_eager_interleaved(calls: dict[str, Callable[[], object]], device="cuda",
+                                config: TimingConfig = DEFAULT) -> dict[str, Timing]:  # fmt: skip
+    """:func:`time_cuda_eager` of every call of ``calls`` at once, their batches interleaved: each repeat
+    takes one batch of every call, in the listed order rotated by one place a repeat. A change of the
+    host's pace (a training step of a small model is mostly host time, which drifts by tens of percent
+    within a second) then falls on every call alike, where timing one call after the other would give it
+    to whichever call ran then. Every call makes the same number of repeats."""
+    names = list(calls)
+    torch.cuda.synchronize(device)
+    est, batch = {}, {}
+    for n in names:
+        t = time.perf_counter()
+        for _ in range(3):
+            calls[n]()
+        torch.cuda.synchronize(device)
+        est[n] = max((time.perf_counter() - t) * 1e3 / 3, 1e-4)
+        for _ in range(_clamp(config.cuda_warmup_ms / est[n], 1, 100)):
+            calls[n]()
+        batch[n] = _clamp(config.eager_batch_ms / est[n], 1, config.eager_max_batch)
+    per_repeat = sum(est[n] * batch[n] for n in names) / len(names)
+    reps = _clamp(config.cuda_rep_ms / per_repeat, config.cuda_min_reps, config.cuda_max_reps)
+    events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(reps)] for n in names}  # fmt: skip
+    for i in range(reps):
+        for n in names[i % len(names) :] + names[: i % len(names)]:
+            if config.flush_l2:
+                flush_l2(device, config.reset_persisting_l2, synchronize=True)
+            torch.cuda.synchronize(device)
+            start, end = events[n][i]
+            start.record()
+            for _ in range(batch[n]):
+                calls[n]()
+            end.record()
+    torch.cuda.synchronize(device)
+    return {n: _summarise([s.elapsed_time(e) / batch[n] for s, e in events[n]]) for n in names}
+
+
 def host_time_us(fn: Callable[[], object], device, config: TimingConfig = DEFAULT, calls: int | None = None
                  ) -> float:  # fmt: skip
     """Microseconds of CPU per call: ``calls`` (default ``config.host_calls``) calls back to back without a
