@@ -141,7 +141,8 @@ TUNED_H100: dict[Key, AttnConfig] = {
     # attn-fp32-dims: long at B=2 H=8 L=4096, short at L=1000 with B=4 H=16 and with B=1 H=4 (the short
     # entry is the best geometric mean over both). Each backward kernel timed as the whole backward with
     # the other at the rule's tiles; the comments give that time over the rule's, long | short (4x16 · 1x4).
-    # The causal D=128 dQ kernel was left out by the sweep's budget and keeps the rule.
+    # The sweep's budget cut the causal D=128 dQ candidates (that kernel keeps the rule) and half the causal
+    # D=128 dK/dV ones (its entries are the best of the other half).
     ("fwd", 128, 4, False, True): AttnConfig(64, 32, 4, 2),  # the rule: no candidate 1% faster
     ("fwd", 128, 4, True, True): AttnConfig(64, 32, 4, 2),  # the rule: no candidate 1% faster
     ("fwd", 128, 4, False, False): AttnConfig(128, 32, 8, 3),  # 0.865 · 0.923
