@@ -255,38 +255,18 @@ def time_call(fn: Callable[[], object], device, config: TimingConfig = DEFAULT) 
 def time_cuda_eager(fn: Callable[[], object], device="cuda", config: TimingConfig = DEFAULT) -> Timing:
     """Percentiles of ``fn()``'s eager time per call: batches of back-to-back calls between CUDA events,
     nothing hiding host time (see the module's docstring); the L2 flushed and the GPU synchronised before
-    each batch, outside the events."""
-    torch.cuda.synchronize(device)
-    t = time.perf_counter()
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize(device)
-    est_ms = max((time.perf_counter() - t) * 1e3 / 3, 1e-4)  # wall clock: host and GPU, whichever is longer
-    for _ in range(_clamp(config.cuda_warmup_ms / est_ms, 1, 100)):  # counted: a GPU-bound call would
-        fn()  # queue far more than the warm-up's time of GPU work in a loop on the host's clock
-    batch = _clamp(config.eager_batch_ms / est_ms, 1, config.eager_max_batch)
-    reps = _clamp(config.cuda_rep_ms / (est_ms * batch), config.cuda_min_reps, config.cuda_max_reps)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        if config.flush_l2:
-            flush_l2(device, config.reset_persisting_l2, synchronize=True)
-        torch.cuda.synchronize(device)
-        starts[i].record()
-        for _ in range(batch):
-            fn()
-        ends[i].record()
-    torch.cuda.synchronize(device)
-    return _summarise([s.elapsed_time(e) / batch for s, e in zip(starts, ends, strict=True)])
+    each batch, outside the events (:func:`time_cuda_eager_interleaved` of this one call)."""
+    return time_cuda_eager_interleaved({"fn": fn}, device, config)["fn"]
 
 
 def time_cuda_eager_interleaved(calls: dict[str, Callable[[], object]], device="cuda",
                                 config: TimingConfig = DEFAULT) -> dict[str, Timing]:  # fmt: skip
-    """:func:`time_cuda_eager` of every call of ``calls`` at once, their batches interleaved: each repeat
-    takes one batch of every call, in the listed order rotated by one place a repeat. A change of the
-    host's pace (a training step of a small model is mostly host time, which drifts by tens of percent
-    within a second) then falls on every call alike, where timing one call after the other would give it
-    to whichever call ran then. Every call makes the same number of repeats."""
+    """Eager percentiles of every call of ``calls`` at once (:func:`time_cuda_eager`), their batches
+    interleaved: each repeat takes one batch of every call, in the listed order rotated by one place a
+    repeat. A call's batch lasts about ``eager_batch_ms``; every call makes the same number of repeats,
+    which last about ``cuda_rep_ms`` per call in all. A change of the host's pace (a training step of a
+    small model is mostly host time, which drifts by tens of percent within a second) then falls on every
+    call alike, where timing one call after the other would give it to whichever call ran then."""
     names = list(calls)
     torch.cuda.synchronize(device)
     est, batch = {}, {}
