@@ -8,6 +8,7 @@ import math
 import crossfuse
 import pytest
 import torch
+import torch.nn.functional as F
 from _layer_norm_checks import DTYPES, check_against_reference, randn
 from crossfuse.ops import layer_norm as ln_mod
 from crossfuse.ops.layer_norm import api
@@ -230,6 +231,32 @@ def test_module_is_a_drop_in_for_torch(device, gen):
     theirs = torch.nn.LayerNorm(96, eps=0.3, device=device)
     small = randn((8, 96), torch.float32, device, gen, std=0.5)
     assert relerr(ours(small), theirs(small)) <= 1e-5
+
+
+@pytest.mark.parametrize("native_below", [0, 1 << 30], ids=["fused", "torch's below native_below"])
+def test_module_sees_parametrized_and_functional_call_parameters(native_below, device, gen):
+    # a parametrized weight, or parameters given by torch.func.functional_call, are what the module uses,
+    # on the fused path and on torch's below native_below
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    x = randn((8, 96), torch.float32, device, gen)
+    ours = crossfuse.nn.LayerNorm(96, device=device, native_below=native_below)
+    theirs = torch.nn.LayerNorm(96, device=device)
+    for m in (ours, theirs):
+        parametrize.register_parametrization(m, "weight", Doubled())
+    with torch.no_grad():
+        theirs.bias.copy_(randn((96,), torch.float32, device, gen))
+        ours.bias.copy_(theirs.bias)
+    assert relerr(ours(x), theirs(x)) <= 1e-5  # the doubled weight, not the stored one
+    plain = crossfuse.nn.LayerNorm(96, device=device, native_below=native_below)
+    weight = randn((96,), torch.float32, device, gen, mean=1.0)
+    bias = randn((96,), torch.float32, device, gen)
+    got = torch.func.functional_call(plain, {"weight": weight, "bias": bias}, (x,))
+    assert relerr(got, F.layer_norm(x, (96,), weight, bias)) <= 1e-5
 
 
 @pytest.mark.parametrize(

@@ -141,18 +141,18 @@ TUNED_H100: dict[Key, AttnConfig] = {
     # attn-fp32-dims: long at B=2 H=8 L=4096, short at L=1000 with B=4 H=16 and with B=1 H=4 (the short
     # entry is the best geometric mean over both). Each backward kernel timed as the whole backward with
     # the other at the rule's tiles; the comments give that time over the rule's, long | short (4x16 · 1x4).
-    # The sweep's budget cut the causal D=128 dQ candidates (that kernel keeps the rule) and half the causal
-    # D=128 dK/dV ones (its entries are the best of the other half).
+    # The causal D=128 dQ's short entry is the rule's (no candidate was faster).
     ("fwd", 128, 4, False, True): AttnConfig(64, 32, 4, 2),  # the rule: no candidate 1% faster
     ("fwd", 128, 4, True, True): AttnConfig(64, 32, 4, 2),  # the rule: no candidate 1% faster
     ("fwd", 128, 4, False, False): AttnConfig(128, 32, 8, 3),  # 0.865 · 0.923
     ("fwd", 128, 4, True, False): AttnConfig(128, 32, 8, 3),  # 0.734 · 0.827
     ("dkdv", 128, 4, False, True): AttnConfig(16, 128, 8, 3),  # 0.641
     ("dkdv", 128, 4, False, False): AttnConfig(16, 128, 8, 3),  # 0.428 · 0.734
-    ("dkdv", 128, 4, True, True): AttnConfig(32, 64, 4, 2),  # 0.848
-    ("dkdv", 128, 4, True, False): AttnConfig(32, 32, 4, 2),  # 0.819 · 0.887
+    ("dkdv", 128, 4, True, True): AttnConfig(16, 128, 8, 3),  # 0.706
+    ("dkdv", 128, 4, True, False): AttnConfig(16, 128, 8, 3),  # 0.596 · 0.812
     ("dq", 128, 4, False, True): AttnConfig(128, 32, 8, 2),  # 0.898
     ("dq", 128, 4, False, False): AttnConfig(128, 32, 8, 3),  # 0.971 · 0.964
+    ("dq", 128, 4, True, True): AttnConfig(64, 32, 4, 3),  # 0.895
     ("fwd", 256, 4, False, True): AttnConfig(64, 16, 4, 3),  # 0.801
     ("fwd", 256, 4, True, True): AttnConfig(64, 16, 4, 3),  # 0.922
     ("fwd", 256, 4, False, False): AttnConfig(64, 32, 8, 2),  # 0.547 · 0.666
