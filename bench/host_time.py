@@ -14,8 +14,9 @@ Peers: ``F.layer_norm`` and ``torch.nn.LayerNorm`` for the layer norm, ``F.scale
 for the op and ``torch.nn.MultiheadAttention`` for the module. ``--against`` also measures another
 checkout's crossfuse (its ``python/`` folder) in a subprocess on the same GPU, for a before/after table;
 torch's ops measured there too get a column of their own (the host's drift between the two processes).
-The table's last line gives the rounds' spread. Needs a CUDA GPU; writes ``host_time.csv`` and
-``host_time.md`` into ``--out``.
+Each row also gives the median over the rounds of torch's time over crossfuse's in the same round,
+with the rounds' range (:func:`paired`); the table's last line gives the rounds' spread. Needs a CUDA
+GPU; writes ``host_time.csv`` and ``host_time.md`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -157,19 +158,41 @@ def measure(calls: int, rounds: int) -> list[dict]:
         for g in order:
             for i, us in zip(groups[g], _host_us_pair([cases[i][1] for i in groups[g]], calls), strict=True):
                 times[i].append(us)
-    return [dict(case, host_us=statistics.median(spent), min_us=min(spent), max_us=max(spent))
-            for spent, (case, _) in zip(times, cases, strict=True)]  # fmt: skip
+    return [dict(case, host_us=statistics.median(spent), min_us=min(spent), max_us=max(spent),
+                 rounds_us=spent) for spent, (case, _) in zip(times, cases, strict=True)]  # fmt: skip
+
+
+def paired(rows: list[dict]) -> dict:
+    """``{(entry, mode, shape): (median, lowest, highest)}`` of the peer's time over crossfuse's in each
+    round (> 1: crossfuse's call costs less), for the rows labelled "crossfuse" and "torch": the two were
+    measured in the same runs of a round, under the same pace of the host, which moves between rounds by
+    more than the differences measured; the range says how far one round's verdict can stray."""
+    keyed: dict = {}
+    for r in rows:
+        if r.get("rounds_us") and r["label"] in ("crossfuse", "torch"):
+            keyed.setdefault((r["entry"], r["mode"], r["shape"]), {})[r["label"]] = r["rounds_us"]
+    out = {}
+    for key, got in keyed.items():
+        if len(got) == 2:
+            ratios = [t / c for t, c in zip(got["torch"], got["crossfuse"], strict=True)]
+            out[key] = (statistics.median(ratios), min(ratios), max(ratios))
+    return out
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
-    """Markdown: one line per (entry, mode), crossfuse against the peer, in µs per call."""
-    lines = ["| entry | mode | shape | " + " | ".join(columns) + " |", "|" + " --- |" * (3 + len(columns))]
+    """Markdown: one line per (entry, mode), crossfuse against the peer, in µs per call, and the paired
+    ratio of each round (:func:`paired`)."""
+    head = ["entry", "mode", "shape", *columns, "torch ÷ crossfuse, paired (rounds' range)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     keyed: dict = {}
     for r in rows:
         keyed.setdefault((r["entry"], r["mode"], r["shape"]), {})[r["label"]] = r["host_us"]
-    for (entry, mode, shape), got in keyed.items():
+    ratios = paired(rows)
+    for key, got in keyed.items():
         cells = [f"{got[c]:.1f}" if c in got else "" for c in columns]
-        lines.append(f"| {entry} | {mode} | {shape} | " + " | ".join(cells) + " |")
+        ratio = ratios.get(key)
+        cells.append(f"{ratio[0]:.3f} ({ratio[1]:.2f}–{ratio[2]:.2f})" if ratio else "")
+        lines.append("| " + " | ".join([*key, *cells]) + " |")
     return "\n".join(lines)
 
 
@@ -215,7 +238,12 @@ def main(argv=None) -> int:
         columns[:0] = ["crossfuse before", "torch, before's run"]
     a.out.mkdir(parents=True, exist_ok=True)
     with open(a.out / "host_time.csv", "w", newline="") as f:
-        fields = ["entry", "mode", "shape", "impl", "label", "host_us", "min_us", "max_us"]
+        ratios = paired(rows)
+        for r in rows:  # the paired ratio on crossfuse's row (see paired)
+            if r["label"] == "crossfuse" and (r["entry"], r["mode"], r["shape"]) in ratios:
+                r["torch_over_crossfuse"] = ratios[r["entry"], r["mode"], r["shape"]][0]
+        fields = ["entry", "mode", "shape", "impl", "label", "host_us", "min_us", "max_us",
+                  "torch_over_crossfuse"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
@@ -223,7 +251,8 @@ def main(argv=None) -> int:
     md = (f"# Host time per call (µs), bf16, {device}, torch {torch.__version__}\n\n"
           f"`python bench/host_time.py{' --against ...' if a.against else ''}`: {a.calls} calls back to "
           f"back, no synchronisation, after a warm-up, in runs of a tenth of them that alternate between "
-          f"crossfuse and its peer; median of {a.rounds} rounds (the pairs in another order each round); "
+          f"crossfuse and its peer; median of {a.rounds} rounds (the pairs in another order each round), "
+          "and the median over the rounds of each round's ratio (> 1: crossfuse's call costs less); "
           "inputs require grad; backward = autograd.grad of a retained graph.\n\n"
           + _table(rows, columns) + "\n\n" + _spread(rows) + "\n")  # fmt: skip
     (a.out / "host_time.md").write_text(md)
