@@ -103,6 +103,19 @@ def test_program_refuses_an_address_that_two_slots_hold():
     assert native.program([(launch, (x, p, 1, 1.0, 1))], [x, p, None]) is not None
 
 
+def test_program_maps_overlapping_views_to_the_one_that_starts_at_the_address():
+    # q, k and v as views of one fused projection (B, L, 3, H, D): q's bytes hold k's and v's starts too,
+    # and each kernel argument is a view's own start, so it belongs to the slot that starts there
+    qkv = torch.empty(2, 16, 3, 4, 8, dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    launch = fake_launch({"Q": "*bf16", "K": "*bf16", "V": "*bf16", "BLOCK": "constexpr"}, tail=(64,))
+    (got,) = native.program([(launch, (q, k, v))], [q, k, v])
+    assert got[-1][:3] == [(native.PTR, 0, 0, 0.0), (native.PTR, 1, 0, 0.0), (native.PTR, 2, 0, 0.0)]
+    # an address inside several slots that none of them starts at: no program
+    inside = k.data_ptr() + 2
+    assert native.program([(launch, (q, inside, v))], [q, k, v]) is None
+
+
 class FakeMap:
     """A tensor map as Triton's ``make_tensordesc_arg`` returns it: its bytes behind ``tma_desc_cpu_ptr``
     (here the base address repeated, or, with ``blind``, bytes that ignore it)."""

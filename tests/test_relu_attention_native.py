@@ -156,3 +156,43 @@ def test_compiled_node_keeps_autograds_rules(gen):
     out = crossfuse.relu_attention(q.detach(), k.detach(), vk)
     (gv,) = torch.autograd.grad(out, (vk,), dout)
     assert torch.equal(gv, want[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_views_of_one_qkv_buffer_take_the_compiled_path(dtype, gen):
+    # q, k and v as crossfuse.nn.ReLUAttention gives them: strided [B, L, H, D] views of one fused
+    # projection, whose bytes overlap; they take the compiled path (both programs recorded) and give the
+    # Python path's results bit for bit, at the first addresses and at new ones
+    fast = _module()
+    B, L, H, D = 2, 128, 4, 64
+    before = fast.count_attention()
+
+    def packed():
+        qkv = randn((B, L, 3, H, D), dtype, "cuda", gen).requires_grad_(True)
+        return qkv, qkv.unbind(2)
+
+    _, (q, k, v) = packed()
+    dout = randn((B, L, H, D), dtype, "cuda", gen)
+
+    def step(q, k, v):
+        out = crossfuse.relu_attention(q, k, v, causal=True, layout="blhd")
+        return out, *torch.autograd.grad(out, (q, k, v), dout)
+
+    python = step(q, k, v)
+    for _ in range(3):
+        got = step(q, k, v)
+        for a, c in zip(python, got, strict=True):
+            assert torch.equal(a, c)
+    forwards, backwards = fast.count_attention()
+    assert (forwards - before[0], backwards - before[1]) == (1, 1)
+    assert crossfuse.relu_attention(q, k, v, causal=True, layout="blhd").grad_fn.name() == (
+        "CrossfuseReLUAttentionBackward")  # fmt: skip
+    _, (q2, k2, v2) = packed()  # new addresses: the same programs, right results
+    out, *grads = step(q2, k2, v2)
+    qd, kd, vd = (t.detach().double().requires_grad_(True) for t in (q2, k2, v2))
+    want_out = ref(qd.transpose(1, 2), kd.transpose(1, 2), vd.transpose(1, 2), causal=True).transpose(1, 2)
+    want = torch.autograd.grad(want_out, (qd, kd, vd), dout.double())
+    assert (out.double() - want_out).abs().max().item() < 2e-2 * max(1.0, want_out.abs().max().item())
+    for g, w in zip(grads, want, strict=True):
+        assert (g.double() - w).abs().max().item() < 5e-2 * max(1.0, w.abs().max().item())
+    assert fast.count_attention() == (forwards, backwards)

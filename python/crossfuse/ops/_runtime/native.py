@@ -246,19 +246,22 @@ def recorded(launches, run):
 
 
 def _slot(address: int, slots: list) -> tuple[int, int] | None:
-    """``(slot, byte offset)`` of the slot tensor whose bytes hold ``address``; ``None`` where none does,
-    or where two slots do (one tensor as weight and bias, say: a later call of the key may pass two, and
-    the program could not tell which one the kernel was given)."""
-    found = None
+    """``(slot, byte offset)`` of the slot tensor whose bytes hold ``address``; ``None`` where none does.
+    Where several slots' bytes hold it, the one slot that starts there: q, k and v as views of one fused
+    projection overlap, and a kernel is given each view's own start. ``None`` where no slot or two start
+    there (one tensor as weight and bias, say: a later call of the key may pass two, and the program could
+    not tell which one the kernel was given)."""
+    holding = []
     for i, t in enumerate(slots):
         if t is None:
             continue
         base = t.data_ptr()
         if base <= address < base + max(1, t.numel() * t.element_size()):
-            if found is not None:
-                return None
-            found = (i, address - base)
-    return found
+            holding.append((i, address - base))
+    if len(holding) == 1:
+        return holding[0]
+    starting = [at for at in holding if at[1] == 0]
+    return starting[0] if len(starting) == 1 else None
 
 
 def _extra_params(run) -> int:
