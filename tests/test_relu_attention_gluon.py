@@ -305,7 +305,7 @@ def test_float32_gluon_backward(length, layout, causal, squared, tiles, gen, tab
 @pytest.mark.parametrize(
     "tiles",
     [((32, 64, 2, 1), (64, 64, 2, 1)), ((64, 128, 2, 1, 1), (64, 64, 2, 1, 1)),
-     ((64, 128, 2, 1), (128, 64, 2, 0, 1))],
+     ((64, 128, 2, 1), (128, 64, 2, 0, 1)), ((64, 128, 3, 1), (128, 128, 2, 1))],
     ids=lambda t: "-".join(_tile_id(x) for x in t),
 )  # fmt: skip
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -401,3 +401,27 @@ def test_float32_gluon_backward_in_a_cuda_graph(tiles, gen, tables, launched):
         eager = tables.relu_attention_bwd(*call)
         for name, a, b in zip(("dq", "dk", "dv"), captured, eager, strict=True):
             assert torch.equal(a, b), (name, relerr(a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("length", [4224, 4160], ids=lambda n: f"L={n}")
+def test_float32_backward_past_the_longest_length(length, gen, launched):
+    # past LONGEST_L the card's TF32_BWD_LONGEST tiles run where they divide the length (L=4224, a multiple
+    # of 128), else the long entry's (L=4160, of 64 only): the Gluon kernels either way, against float64
+    # on the tf32-truncated inputs and against the long entry's tiles alone
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the Gluon backward needs compute capability 9 or later")
+    qb, kb, vb, dob = _float32_gpu_inputs(4, length, "bhld", 64, gen)
+    qb, kb, vb, dob = (t[:1, :2] for t in (qb, kb, vb, dob))  # B=1, H=2
+    args = (qb, kb, vb, dob, False, False, 0.125, 1 / length)
+    got = ra.relu_attention_bwd(*args)
+    assert {gluon_launch._attn_bwd_dkdv_tf32_kernel, gluon_launch._attn_bwd_dq_tf32_kernel} <= set(launched)
+    alone = ra.relu_attention_bwd(*args, choices=ra.Choices(tf32_bwd_longest={}))
+    refs = [tf32_truncate(t).double().requires_grad_(True) for t in (qb, kb, vb)]
+    out = relu_attention_ref(*refs, scale=0.125, relu_scale=1 / length)
+    grads = torch.autograd.grad(out, refs, dob.double())
+    slack = kink_slack(qb, kb, vb, dob, False, False, scale=0.125, relu_scale=1 / length)
+    tol = tolerance("relu_attention", torch.float32, "bwd", tf32=True)
+    for name, a, b, ref in zip(("dq", "dk", "dv"), got, alone, grads, strict=True):
+        assert relerr_with_slack(a, ref, slack[name]) <= tol, (name, relerr(a, ref))
+        assert relerr(a, b) <= 1e-4, (name, relerr(a, b))

@@ -366,3 +366,26 @@ def test_configurations_are_typed_and_frozen():
         assert tiles.dkdv.block_n % tiles.dkdv.block_m == 0 and tiles.dq.block_m % tiles.dq.block_n == 0
     with pytest.raises(TypeError):
         ra.TF32_FWD[(False, False)] = ra.Tf32Tiles(64, 64, 2, False)  # the tables are read-only
+
+
+def test_float32_backward_tiles_past_the_longest_length_by_card():
+    # past LONGEST_L a card with TF32_BWD_LONGEST entries tries those first, then the long entry (where
+    # they do not divide the lengths); at LONGEST_L and below, and on other cards, the long entry alone
+    from crossfuse.ops._runtime.device import Card
+
+    h100, h200 = Card("NVIDIA H100 80GB HBM3", (9, 0), 232448), Card("NVIDIA H200", (9, 0), 232448)
+    longest, long = ra.TF32_BWD_LONGEST["H100"][False], ra.TF32_BWD[(False, True)]
+    assert ra.tf32_bwd_tiles(ra.DEFAULT, False, 2 * ra.LONGEST_L, h100) == [longest, long]
+    assert ra.tf32_bwd_tiles(ra.DEFAULT, False, ra.LONGEST_L, h100) == [long]
+    assert ra.tf32_bwd_tiles(ra.DEFAULT, False, 2 * ra.LONGEST_L, h200) == [long]
+    assert ra.tf32_bwd_tiles(ra.DEFAULT, False, 2 * ra.LONGEST_L, None) == [long]
+    assert ra.tf32_bwd_tiles(ra.DEFAULT, True, 2 * ra.LONGEST_L, h100) == [ra.TF32_BWD[(True, True)]]
+    assert ra.tf32_bwd_tiles(ra.DEFAULT, False, 1000, h100) == [ra.TF32_BWD[(False, False)]]
+    # explicit choices: the caller's tables, none of the card's
+    mine = ra.Choices(tf32_bwd={}, tf32_bwd_longest={})
+    assert ra.tf32_bwd_tiles(mine, False, 2 * ra.LONGEST_L, h100) == []
+    for by_causal in ra.TF32_BWD_LONGEST.values():
+        for tiles in by_causal.values():
+            assert isinstance(tiles, ra.Tf32BwdTiles)
+            assert tiles.dkdv.block_n % tiles.dkdv.block_m == 0 and tiles.dq.block_m % tiles.dq.block_n == 0
+            assert min(tiles.dkdv.block_n, tiles.dq.block_m) >= 64

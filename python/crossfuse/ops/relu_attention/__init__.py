@@ -42,7 +42,8 @@ over each, so float32 needs up to three extra input-sized buffers while the back
 capability 9+ the kernel after a copy is a dependent launch that waits for the copy at its start. There,
 with Triton 3.6, the float32 kernels are Gluon kernels (:mod:`.gluon_launch`) that keep the left operands
 of their products in registers, which Triton keeps in shared memory for 32-bit types, where lengths are
-multiples of their tiles (``config.TF32_FWD``, ``config.TF32_BWD``); where their tiles say ``trans`` they
+multiples of their tiles (``config.TF32_FWD``, ``config.TF32_BWD``, and past ``LONGEST_L`` on a card of
+``config.TF32_BWD_LONGEST`` its backward's tiles first); where their tiles say ``trans`` they
 transpose their tiles in shared memory instead of reading copies.
 A call whose shapes, strides, dtypes, alignment, flags and tiles match an earlier call's replays that
 call's launches (:mod:`.plans`); an eager call of :func:`relu_attention` whose arguments' key was seen
@@ -87,11 +88,13 @@ from .config import (
     HEAD_DIMS,
     L_MAJOR_TILE,
     LAYOUTS,
+    LONGEST_L,
     MAX_GRID_1,
     OVERRIDES,
     SHORT_L,
     TABLES,
     TF32_BWD,
+    TF32_BWD_LONGEST,
     TF32_FWD,
     TUNED_H100,
     TUNED_H200,
@@ -109,6 +112,7 @@ from .config import (
     rule_config,
     shared_bytes,
     tables_for,
+    tf32_bwd_tiles,
 )
 from .copies import _l_contiguous, _l_major_copies, _l_major_copy_kernel, sigma_rows
 from .kernels_bwd import (

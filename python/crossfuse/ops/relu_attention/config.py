@@ -301,6 +301,20 @@ TF32_BWD: Mapping[tuple[bool, bool], Tf32BwdTiles] = MappingProxyType({
     (True, True): Tf32BwdTiles(Tf32Tiles(64, 128, 2, True, True), Tf32Tiles(64, 64, 2, True, True)),
 })  # fmt: skip
 
+# Past LONGEST_L, the float32 backward's tiles on a card whose model has them here: causal -> tiles, tried
+# before TF32_BWD's long entry (which runs where they do not divide the lengths). Measured on the H100 at
+# B=4, H=16, D=64, the backward alone against TF32_BWD's long entry (GPU time, each candidate beside it in
+# one process): the full rows' 64x128 dK/dV tiles with 3 buffers and 128x128 dQ tiles take 0.824x its time
+# at L=8192, where it ran 1.23x slower than the quadratic rate of L=4096 (13.0 ms against 2.66), but 1.084x
+# at L=4096, where the long entry stays. The causal rows' best, 128x128 dQ tiles, took 0.970x at L=8192,
+# within a run's spread: not taken.
+LONGEST_L = 4096
+TF32_BWD_LONGEST: Mapping[str, Mapping[bool, Tf32BwdTiles]] = MappingProxyType({
+    "H100": MappingProxyType({
+        False: Tf32BwdTiles(Tf32Tiles(64, 128, 3, True), Tf32Tiles(128, 128, 2, True)),
+    }),
+})  # fmt: skip
+
 # The fewest programs one group of heads of the Gluon kernels' causal launch order should have
 # (gluon_launch.head_group): about a wave of them on an H200 (132 SMs, two programs each), so that the
 # last group's blocks, heaviest first, keep every SM busy to the end.
@@ -320,6 +334,8 @@ class Choices:
     # (causal, long sequence) -> the Gluon forward's tiles, and the same for the Gluon backward
     tf32_fwd: Mapping[tuple[bool, bool], Tf32Tiles] = field(default_factory=lambda: TF32_FWD)
     tf32_bwd: Mapping[tuple[bool, bool], Tf32BwdTiles] = field(default_factory=lambda: TF32_BWD)
+    # causal -> the Gluon backward's tiles past LONGEST_L, tried first (None: the card's TF32_BWD_LONGEST)
+    tf32_bwd_longest: Mapping[bool, Tf32BwdTiles] | None = None
     peel: bool | None = None  # the pointer kernels' PEEL (None: _peel)
     fold: bool | None = None  # the causal pointer kernels' FOLD (None: _fold)
     causal_order: tuple[int, int] | None = None  # the descriptor forward's (GROUP, FIRST) (_causal_order)
@@ -332,6 +348,20 @@ class Choices:
 
 
 DEFAULT = Choices()
+
+
+def tf32_bwd_tiles(choices: Choices, causal: bool, length: int, card: Card | None) -> list[Tf32BwdTiles]:
+    """The float32 Gluon backward's tiles for sequences of ``length`` (max(Lq, Lk)) on ``card``, in the
+    order to try them: the first whose tiles divide the lengths runs; none, Triton's kernels."""
+    out = []
+    if length > LONGEST_L:
+        longest = choices.tf32_bwd_longest
+        if longest is None:
+            longest = TF32_BWD_LONGEST.get(card.model if card is not None else None, {})
+        if causal in longest:
+            out.append(longest[causal])
+    tiles = choices.tf32_bwd.get((causal, length > SHORT_L))
+    return [*out, tiles] if tiles is not None else out
 
 
 def _relu_cvt(interp: bool, squared: bool, dtype: torch.dtype) -> bool:

@@ -28,6 +28,7 @@ from .config import (
     _relu_cvt,
     _tf32_copies,
     attention_config,
+    tf32_bwd_tiles,
 )
 from .copies import _l_contiguous
 from .kernels_bwd import (
@@ -216,23 +217,25 @@ def _bwd_launches(q, k, v, do, dq, dk, dv, causal, squared, scale, relu_scale, c
     # that nothing runs between the two kernels (the three copies live together: one more than if k's
     # came after the dK/dV kernel)
     gdc = _gdc_usable(q, interp, choices)
-    if copies:  # the Gluon kernels where their tiles fit
-        tiles = choices.tf32_bwd.get((causal, max(q.shape[2], k.shape[2]) > SHORT_L))
-        if tiles and gluon_launch.usable_bwd(q, k, v, do, None, (dq, dk, dv), interp, tiles):
-            # a kernel whose tiles say trans transposes its tiles itself; the others' copies are made, in
-            # one launch, in sigma's order (every kernel relabels its left operands)
-            trans = (tiles.dkdv.trans, tiles.dkdv.trans, tiles.dq.trans)
-            wanted = [t for t, own in zip((q, do, k), trans, strict=True) if not own]
-            made = iter(_l_contiguous(*wanted, signal=gdc, sigma=True, tile=choices.copy_tile))
-            cs = tuple(None if own else next(made) for own in trans)
-            found = gluon_launch.usable_bwd(q, k, v, do, cs, (dq, dk, dv), interp, tiles)
-            if found:
-                B, H, Lq, _ = q.shape
-                blocks = max(k.shape[2] // tiles.dkdv.block_n, Lq // tiles.dq.block_m)
-                group = _tf32_group(B * H, causal, blocks, choices)
-                gluon_launch.launch_bwd(q, k, v, do, dq, dk, dv, found, causal, squared, scale, relu_scale,
-                                        tiles, gdc and bool(wanted), gdc, group, _launch)  # fmt: skip
-                return
+    tried = tf32_bwd_tiles(choices, causal, max(q.shape[2], k.shape[2]), card_of(q)) if copies else []
+    # the Gluon kernels, on the first tiles that fit
+    outs = (dq, dk, dv)
+    tiles = next((t for t in tried if gluon_launch.usable_bwd(q, k, v, do, None, outs, interp, t)), None)
+    if tiles is not None:
+        # a kernel whose tiles say trans transposes its tiles itself; the others' copies are made, in
+        # one launch, in sigma's order (every kernel relabels its left operands)
+        trans = (tiles.dkdv.trans, tiles.dkdv.trans, tiles.dq.trans)
+        wanted = [t for t, own in zip((q, do, k), trans, strict=True) if not own]
+        made = iter(_l_contiguous(*wanted, signal=gdc, sigma=True, tile=choices.copy_tile))
+        cs = tuple(None if own else next(made) for own in trans)
+        found = gluon_launch.usable_bwd(q, k, v, do, cs, (dq, dk, dv), interp, tiles)
+        if found:
+            B, H, Lq, _ = q.shape
+            blocks = max(k.shape[2] // tiles.dkdv.block_n, Lq // tiles.dq.block_m)
+            group = _tf32_group(B * H, causal, blocks, choices)
+            gluon_launch.launch_bwd(q, k, v, do, dq, dk, dv, found, causal, squared, scale, relu_scale,
+                                    tiles, gdc and bool(wanted), gdc, group, _launch)  # fmt: skip
+            return
     qc, doc, kc = _l_contiguous(q, do, k, signal=gdc, tile=choices.copy_tile) if copies else (q, do, k)
     # the two kernels are independent (each reads q, k, v and dout only): where the GPU allows, the dQ
     # kernel is a programmatic dependent launch that starts on the SMs the dK/dV kernel's last programs
