@@ -90,6 +90,8 @@ def test_quick_run_on_the_gpu_times_both_alternately(tmp_path):
     for r in rows:
         if r.impl == "crossfuse" and r.status == "ok":
             assert r.train_speedup > 0 and r.infer_speedup > 0 and r.grad_err_vs_fp32 < 0.05
+            if r.table == "blocks":  # and against the speed peer, torch LayerNorm + SDPA
+                assert r.train_vs_peer > 0 and r.infer_vs_peer > 0
     # every model case also times the unswapped model a second time: the A/A control of the run's noise
     again = [r for r in rows if r.impl == models.AGAIN]
     torch_rows = [r for r in rows if r.table == "models" and r.impl == "torch" and r.status == "ok"]
@@ -149,3 +151,25 @@ def test_models_rounds_vary_each_implementations_place_and_predecessor():
     places = {r.index("crossfuse") for r in rounds}
     before = {made[i - 1] for i in range(1, 18) if made[i] == "crossfuse"}
     assert len(places) > 1 and len(before) > 1
+
+
+def test_blocks_give_crossfuse_a_paired_speed_against_the_speed_peer():
+    # measure(peer=...) pairs every implementation but the reference and the peer with the peer's rounds,
+    # as the speedups against the reference are; the blocks table shows it in columns of its own
+    cfg = models.ModelsConfig(device="cpu", quick=True)
+    impls = {n: torch.nn.Linear(4, 4) for n in ("crossfuse", "torch_relu", "torch_sdpa")}
+    x = torch.randn(3, 4)
+    times = models.measure(impls, list(impls), "torch_relu", {"x": x}, lambda m, ins: m(ins["x"]).sum(), cfg,
+                           lambda s: None, peer="torch_sdpa")  # fmt: skip
+    assert times["crossfuse"]["train_vs_peer"] > 0 and times["crossfuse"]["infer_vs_peer"] > 0
+    assert "train_vs_peer" not in times["torch_relu"] and "train_vs_peer" not in times["torch_sdpa"]
+    assert "train_speedup" in times["torch_sdpa"] and "train_speedup" not in times["torch_relu"]
+    row = dict(table="blocks", model="4 blocks", case="short", batch=8, seq=256, peer=False, device="cuda",
+               device_name="GPU", dtype="bfloat16", train_ms=6.5, infer_ms=1.6)  # fmt: skip
+    rows = [models.Row(impl="crossfuse", train_vs_peer=1.14, infer_vs_peer=1.13, **row),
+            models.Row(impl="torch_sdpa", **{**row, "peer": True})]
+    md = models.render(rows, "t")
+    header = next(line for line in md.splitlines() if line.startswith("| model"))
+    assert "| train vs torch_sdpa | infer vs torch_sdpa |" in header
+    cells = next(line for line in md.splitlines() if "| crossfuse |" in line).split(" | ")
+    assert cells[header.split(" | ").index("train vs torch_sdpa")] == "1.14×"

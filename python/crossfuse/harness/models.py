@@ -88,7 +88,8 @@ MODEL_CASES: dict[str, tuple[tuple[ModelCase, ...], tuple[ModelCase, ...]]] = {
 }
 
 COLUMNS = ("table", "model", "case", "batch", "seq", "impl", "peer", "device", "device_name", "dtype",
-           "train_ms", "infer_ms", "train_speedup", "infer_speedup", "peak_mib", "loss_err_vs_torch",
+           "train_ms", "infer_ms", "train_speedup", "infer_speedup", "train_vs_peer", "infer_vs_peer",
+           "peak_mib", "loss_err_vs_torch",
            "grad_err_vs_torch", "loss_err_vs_fp32", "grad_err_vs_fp32", "swapped", "rounds", "status",
            "note", "versions", "timestamp")  # fmt: skip
 
@@ -111,6 +112,9 @@ class Row:
     infer_ms: float | None = None
     train_speedup: float | None = None
     infer_speedup: float | None = None
+    # the blocks' crossfuse against their speed peer (torch LayerNorm + SDPA), paired as the speedups are
+    train_vs_peer: float | None = None
+    infer_vs_peer: float | None = None
     peak_mib: float | None = None
     loss_err_vs_torch: float | None = None
     grad_err_vs_torch: float | None = None
@@ -339,9 +343,10 @@ def compare(impls: dict[str, torch.nn.Module], ref: str, fp32: torch.nn.Module |
 
 
 def measure(impls: dict[str, torch.nn.Module], timed: list[str], ref: str, inputs, loss_fn,
-            cfg: ModelsConfig, say) -> dict[str, dict]:  # fmt: skip
+            cfg: ModelsConfig, say, peer: str | None = None) -> dict[str, dict]:  # fmt: skip
     """Per implementation: train and inference times (the ``timed`` ones, alternately), the speedups
-    against ``ref`` and the peak memory of a training step (CUDA)."""
+    against ``ref`` (and, for the others than ``ref`` and ``peer``, against ``peer``: ``*_vs_peer``) and
+    the peak memory of a training step (CUDA)."""
     out: dict[str, dict] = {n: {} for n in impls}
     cuda = torch.device(cfg.device).type == "cuda"
     tcfg = timing.QUICK if cfg.quick else timing.DEFAULT
@@ -359,6 +364,8 @@ def measure(impls: dict[str, torch.nn.Module], timed: list[str], ref: str, input
             out[n][f"{what}_ms"] = statistics.median(times)
             if n != ref and ref in per_round:
                 out[n][f"{what}_speedup"] = speedup(per_round[ref], times)
+            if n not in (ref, peer) and peer in per_round:
+                out[n][f"{what}_vs_peer"] = speedup(per_round[peer], times)
     if cuda:
         for n, m in impls.items():
             peak = memory.measure_cuda(train_step(m, inputs, loss_fn), cfg.device).peak_bytes
@@ -465,7 +472,8 @@ def _blocks_case(case: BlockCase, cfg: ModelsConfig, say) -> list[Row]:
         fp32 = None
         cuda = torch.device(cfg.device).type == "cuda"
         timed = list(names) if cuda else list(names[1:])
-        times = measure(impls, timed, "torch_relu", inputs, loss_fn, cfg, lambda s: say(f"{label}: {s}"))
+        times = measure(impls, timed, "torch_relu", inputs, loss_fn, cfg, lambda s: say(f"{label}: {s}"),
+                        peer="torch_sdpa")
     except Exception as exc:
         msg = message(exc)
         say(f"{label}: error: {msg}")
@@ -532,6 +540,8 @@ def render(rows: list[Row], title: str, stopped: str | None = None) -> str:
         header = ["model", "case", "impl", "train ms", "train speed", "infer ms", "infer speed", "peak MiB",
                   f"loss err vs {ref}", f"grad err vs {ref}", "loss err vs fp32",
                   "grad err vs fp32"]  # fmt: skip
+        if table == "blocks":  # crossfuse against the speed peer, paired
+            header[7:7] = ["train vs torch_sdpa", "infer vs torch_sdpa"]
         body = []
         for r in rs:
             impl = r.impl + (f" ({r.swapped} LN swapped)" if r.swapped is not None else "")
@@ -542,6 +552,8 @@ def render(rows: list[Row], title: str, stopped: str | None = None) -> str:
                          _f(r.peak_mib, digits=4), _f(r.loss_err_vs_torch, digits=2),
                          _f(r.grad_err_vs_torch, digits=2), _f(r.loss_err_vs_fp32, digits=2),
                          _f(r.grad_err_vs_fp32, digits=2)])  # fmt: skip
+            if table == "blocks":
+                body[-1][7:7] = [_f(r.train_vs_peer, "×"), _f(r.infer_vs_peer, "×")]
         if table == "models":
             what = "### models: every nn.LayerNorm swapped for crossfuse.nn.LayerNorm, against the unswapped"
         else:
