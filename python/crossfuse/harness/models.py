@@ -1,8 +1,8 @@
 """``crossfuse bench models``: real models from the libraries users have, every ``nn.LayerNorm`` swapped for
 ``crossfuse.nn.LayerNorm`` (:func:`crossfuse.nn.swap_layer_norms`), against the same model unswapped.
 
-Two tables, written to ``OUT/models[-quick]-<device>.csv`` and ``.md`` as each case ends (overwritten by a
-rerun; a run stopped by Ctrl-C keeps the cases it measured, and its report says it is partial):
+Two tables, in ``OUT/models[-quick]-<device>.csv`` and ``.md`` as each case ends (a run stopped by Ctrl-C
+keeps the cases it measured, and its report says it is partial):
 
 * **models**: a GPT-style decoder (transformers ``GPT2LMHeadModel``), a BERT-style encoder (transformers
   ``BertForMaskedLM``) and a vision transformer (timm ``vit_base_patch16_224`` where timm imports, else
@@ -15,28 +15,24 @@ rerun; a run stopped by Ctrl-C keeps the cases it measured, and its report says 
 
 Each row is one implementation at one case:
 
-* ``train_ms``: one training step, ``zero_grad(set_to_none=True)``, forward, loss, ``loss.backward()``;
-  no optimizer step (it is the same for both). ``infer_ms``: the forward under ``torch.no_grad()``. Both
-  eager (:func:`.timing.time_cuda_eager`: the calls as a user makes them, host time included), measured in
-  ``rounds`` rounds, each of which takes every implementation at once, their batches interleaved
-  (:func:`.timing.time_cuda_eager_interleaved`); a row's time is the median over the rounds and
-  ``*_speedup`` the median over the rounds of torch's time over this one's in the same round (> 1: faster
-  than torch; :func:`speedup`).
-  Models run in eval mode (dropout off), so that swapped and unswapped compute the same function.
+* ``train_ms``: one training step, ``zero_grad(set_to_none=True)``, forward, loss, ``loss.backward()``
+  (no optimizer step: the same for both); ``infer_ms``: the forward under ``torch.no_grad()``. Both eager
+  (host time included), in ``rounds`` rounds that each take every implementation at once, their batches
+  interleaved (:func:`.timing.time_cuda_eager_interleaved`): a row's time is the median over the rounds,
+  ``*_speedup`` the median over the rounds of torch's time over this one's in the same round (> 1: faster;
+  :func:`speedup`), and the blocks' ``*_vs_peer`` the same against the speed peer. Models run in eval mode
+  (dropout off), so that swapped and unswapped compute the same function.
 * ``peak_mib``: the allocator's peak above what was live before one training step (CUDA only).
-* ``loss_err_vs_torch`` / ``grad_err_vs_torch``: against the unswapped model in the same dtype, and
-  ``loss_err_vs_fp32`` / ``grad_err_vs_fp32``: against a float32 copy of it (same weights, upcast), for
-  torch's rows too, so that crossfuse's error is read next to torch's own. The loss's error is
-  ``|l - l_ref| / |l_ref|``; the gradients' is ``‖g - g_ref‖ / ‖g_ref‖`` over all parameters' gradients
-  as one vector (:func:`errors` says why not per parameter). Under Triton's interpreter (the CPU) a
-  float32 value stored as bfloat16 is truncated, not rounded to nearest as on a GPU: crossfuse's bfloat16
-  errors on the CPU are larger than on a GPU for that reason alone.
+* ``loss_err_*`` / ``grad_err_*``: against the unswapped model in the same dtype and against a float32
+  copy of it, for torch's rows too (crossfuse's error read next to torch's own): ``|l - l_ref| / |l_ref|``,
+  and ``‖g - g_ref‖ / ‖g_ref‖`` over all parameters' gradients as one vector (:func:`errors`). Under
+  Triton's interpreter (the CPU) a float32 value stored as bfloat16 is truncated, not rounded to nearest:
+  crossfuse's bfloat16 errors on the CPU are larger than on a GPU for that reason alone.
 
-On CUDA the models table also times the unswapped model a second time (``torch_again``, shown as "torch
-again (A/A control)"): two identical models, so its speed is the run's noise, against which crossfuse's
-speed is read. On the CPU crossfuse runs under Triton's interpreter: its rows are checked (errors, swaps),
-not timed.
-A family whose library is missing gets ``skip`` rows saying so.
+On CUDA the models table also times the unswapped model a second time (``torch_again``, "torch again (A/A
+control)"): its speed is the run's noise, against which crossfuse's is read. On the CPU crossfuse runs
+under Triton's interpreter: its rows are checked (errors, swaps), not timed. A family whose library is
+missing gets ``skip`` rows saying so.
 """
 
 from __future__ import annotations
@@ -112,8 +108,7 @@ class Row:
     infer_ms: float | None = None
     train_speedup: float | None = None
     infer_speedup: float | None = None
-    # the blocks' crossfuse against their speed peer (torch LayerNorm + SDPA), paired as the speedups are
-    train_vs_peer: float | None = None
+    train_vs_peer: float | None = None  # the blocks' crossfuse against their speed peer, paired
     infer_vs_peer: float | None = None
     peak_mib: float | None = None
     loss_err_vs_torch: float | None = None
@@ -344,9 +339,8 @@ def compare(impls: dict[str, torch.nn.Module], ref: str, fp32: torch.nn.Module |
 
 def measure(impls: dict[str, torch.nn.Module], timed: list[str], ref: str, inputs, loss_fn,
             cfg: ModelsConfig, say, peer: str | None = None) -> dict[str, dict]:  # fmt: skip
-    """Per implementation: train and inference times (the ``timed`` ones, alternately), the speedups
-    against ``ref`` (and, for the others than ``ref`` and ``peer``, against ``peer``: ``*_vs_peer``) and
-    the peak memory of a training step (CUDA)."""
+    """Per implementation: train and inference times (the ``timed`` ones, alternately), the speedups against
+    ``ref`` (and ``peer``'s, ``*_vs_peer``, but for those two) and the peak memory of a training step."""
     out: dict[str, dict] = {n: {} for n in impls}
     cuda = torch.device(cfg.device).type == "cuda"
     tcfg = timing.QUICK if cfg.quick else timing.DEFAULT
@@ -563,16 +557,15 @@ def render(rows: list[Row], title: str, stopped: str | None = None) -> str:
     missing = [r for r in rows if r.status not in ("ok", "not timed") or r.note]
     if missing:
         body = [[r.table, r.model, r.case, r.impl, r.status, r.note] for r in missing]
-        parts.append("### notes\n\n" + markdown_table(["table", "model", "case", "impl", "status", "why"],
-                                                         body, left=6))  # fmt: skip
+        header = ["table", "model", "case", "impl", "status", "why"]
+        parts.append("### notes\n\n" + markdown_table(header, body, left=6))
     return "\n\n".join(parts) + "\n"
 
 
 def bench_models(cfg: ModelsConfig, out: Path, stream=None) -> tuple[list[Row], Path, Path]:
     """Run :func:`run_models` and write its CSV and markdown into ``out``; progress lines go to ``stream``
     (default stderr). Returns the rows and the two paths."""
-    stream = stream or sys.stderr
-    out = Path(out)
+    stream, out = stream or sys.stderr, Path(out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"models{'-quick' if cfg.quick else ''}-{torch.device(cfg.device).type}"
     t0 = time.monotonic()
