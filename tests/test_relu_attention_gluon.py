@@ -404,8 +404,9 @@ def test_float32_gluon_backward_in_a_cuda_graph(tiles, gen, tables, launched):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("squared", [False, True], ids=["relu", "squared"])
 @pytest.mark.parametrize("length", [4224, 4160], ids=lambda n: f"L={n}")
-def test_float32_backward_past_the_longest_length(length, gen, launched):
+def test_float32_backward_past_the_longest_length(length, squared, gen, launched):
     # past LONGEST_L the card's TF32_BWD_LONGEST tiles run where they divide the length (L=4224, a multiple
     # of 128), else the long entry's (L=4160, of 64 only): the Gluon kernels either way, against float64
     # on the tf32-truncated inputs and against the long entry's tiles alone
@@ -413,14 +414,14 @@ def test_float32_backward_past_the_longest_length(length, gen, launched):
         pytest.skip("the Gluon backward needs compute capability 9 or later")
     qb, kb, vb, dob = _float32_gpu_inputs(4, length, "bhld", 64, gen)
     qb, kb, vb, dob = (t[:1, :2] for t in (qb, kb, vb, dob))  # B=1, H=2
-    args = (qb, kb, vb, dob, False, False, 0.125, 1 / length)
+    args = (qb, kb, vb, dob, False, squared, 0.125, 1 / length)
     got = ra.relu_attention_bwd(*args)
     assert {gluon_launch._attn_bwd_dkdv_tf32_kernel, gluon_launch._attn_bwd_dq_tf32_kernel} <= set(launched)
     alone = ra.relu_attention_bwd(*args, choices=ra.Choices(tf32_bwd_longest={}))
     refs = [tf32_truncate(t).double().requires_grad_(True) for t in (qb, kb, vb)]
-    out = relu_attention_ref(*refs, scale=0.125, relu_scale=1 / length)
+    out = relu_attention_ref(*refs, squared=squared, scale=0.125, relu_scale=1 / length)
     grads = torch.autograd.grad(out, refs, dob.double())
-    slack = kink_slack(qb, kb, vb, dob, False, False, scale=0.125, relu_scale=1 / length)
+    slack = kink_slack(qb, kb, vb, dob, False, squared, scale=0.125, relu_scale=1 / length)
     tol = tolerance("relu_attention", torch.float32, "bwd", tf32=True)
     for name, a, b, ref in zip(("dq", "dk", "dv"), got, alone, grads, strict=True):
         assert relerr_with_slack(a, ref, slack[name]) <= tol, (name, relerr(a, ref))
