@@ -85,9 +85,8 @@ MODEL_CASES: dict[str, tuple[tuple[ModelCase, ...], tuple[ModelCase, ...]]] = {
 
 COLUMNS = ("table", "model", "case", "batch", "seq", "impl", "peer", "device", "device_name", "dtype",
            "train_ms", "infer_ms", "train_speedup", "infer_speedup", "train_vs_peer", "infer_vs_peer",
-           "peak_mib", "loss_err_vs_torch",
-           "grad_err_vs_torch", "loss_err_vs_fp32", "grad_err_vs_fp32", "swapped", "rounds", "status",
-           "note", "versions", "timestamp")  # fmt: skip
+           "peak_mib", "loss_err_vs_torch", "grad_err_vs_torch", "loss_err_vs_fp32", "grad_err_vs_fp32",
+           "swapped", "rounds", "status", "note", "versions", "timestamp")  # fmt: skip
 
 
 @dataclass
@@ -534,8 +533,9 @@ def render(rows: list[Row], title: str, stopped: str | None = None) -> str:
         header = ["model", "case", "impl", "train ms", "train speed", "infer ms", "infer speed", "peak MiB",
                   f"loss err vs {ref}", f"grad err vs {ref}", "loss err vs fp32",
                   "grad err vs fp32"]  # fmt: skip
-        if table == "blocks":  # crossfuse against the speed peer, paired
-            header[7:7] = ["train vs torch_sdpa", "infer vs torch_sdpa"]
+        at = header.index("peak MiB")  # the blocks' crossfuse against the speed peer, paired, before it
+        if table == "blocks":
+            header[at:at] = ["train vs torch_sdpa", "infer vs torch_sdpa"]
         body = []
         for r in rs:
             impl = r.impl + (f" ({r.swapped} LN swapped)" if r.swapped is not None else "")
@@ -547,7 +547,7 @@ def render(rows: list[Row], title: str, stopped: str | None = None) -> str:
                          _f(r.grad_err_vs_torch, digits=2), _f(r.loss_err_vs_fp32, digits=2),
                          _f(r.grad_err_vs_fp32, digits=2)])  # fmt: skip
             if table == "blocks":
-                body[-1][7:7] = [_f(r.train_vs_peer, "×"), _f(r.infer_vs_peer, "×")]
+                body[-1][at:at] = [_f(r.train_vs_peer, "×"), _f(r.infer_vs_peer, "×")]
         if table == "models":
             what = "### models: every nn.LayerNorm swapped for crossfuse.nn.LayerNorm, against the unswapped"
         else:

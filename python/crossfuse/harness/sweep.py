@@ -277,18 +277,22 @@ def attn_fp32_dims_candidates(ds=ATTN_FP32_DS, max_shared: int = MAX_SHARED) -> 
         "dkdv": ((16, 32), (32, 32), (16, 64), (32, 64), (64, 64), (16, 128), (32, 128)),
         "dq": ((32, 16), (32, 32), (64, 16), (64, 32), (64, 64), (128, 16), (128, 32)),
     }
-    out = []
+    return [dict(_attn(kind, d, causal, bm, bn, warps, stages), dtype="float32", short=True)
+            for d, causal, kind, bm, bn, warps, stages in _attn_grid(ds, tiles, lambda kind: (2, 3))
+            if shared_bytes(kind, d, 4, AttnConfig(bm, bn, warps, stages)) <= max_shared]
+
+
+def _attn_grid(ds, tiles: dict, stages_of):
+    """``(d, causal, kind, block_m, block_n, warps, stages)`` of every head dim of ``ds``, causal or not,
+    every kind's tiles of ``tiles`` (kind: its (block_m, block_n) pairs), 4 and 8 warps, and the stages
+    ``stages_of(kind)`` gives."""
     for d in ds:
         for causal in (False, True):
             for kind, kind_tiles in tiles.items():
                 for bm, bn in kind_tiles:
                     for warps in (4, 8):
-                        for stages in (2, 3):
-                            if shared_bytes(kind, d, 4, AttnConfig(bm, bn, warps, stages)) > max_shared:
-                                continue
-                            c = _attn(kind, d, causal, bm, bn, warps, stages)
-                            out.append(dict(c, dtype="float32", short=True))
-    return out
+                        for stages in stages_of(kind):
+                            yield d, causal, kind, bm, bn, warps, stages
 
 
 def attn_tma_candidates() -> list[dict]:
@@ -299,16 +303,9 @@ def attn_tma_candidates() -> list[dict]:
         "dkdv": ((32, 64), (64, 64), (32, 128), (64, 128)),
         "dq": ((64, 32), (64, 64), (128, 32), (128, 64)),
     }
-    out = []
-    for d in ATTN_DS:
-        for causal in (False, True):
-            for kind, kind_tiles in tiles.items():
-                for bm, bn in kind_tiles:
-                    for warps in (4, 8):
-                        for stages in (3,) if kind == "fwd" else (2, 3, 4):
-                            c = _attn(kind, d, causal, bm, bn, warps, stages)
-                            out.append(dict(c, tma=True, short=True))
-    return out
+    stages_of = lambda kind: (3,) if kind == "fwd" else (2, 3, 4)  # noqa: E731
+    return [dict(_attn(kind, d, causal, bm, bn, warps, stages), tma=True, short=True)
+            for d, causal, kind, bm, bn, warps, stages in _attn_grid(ATTN_DS, tiles, stages_of)]
 
 
 def of_kind(cands: list[dict], kind: str) -> list[dict]:
