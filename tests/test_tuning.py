@@ -192,3 +192,91 @@ def test_sweep_winners_split_a_pair_into_its_kernels():
     assert dkdv[0] == dq[0] == 500.0
     assert (dkdv[1]["block_m"], dkdv[1]["block_n"], dkdv[1]["paired"]) == (64, 128, True)
     assert (dq[1]["block_m"], dq[1]["num_stages"], dq[1]["length"]) == (128, 2, "long")
+
+
+def test_sweep_winner_of_a_regime_timed_at_two_shapes_is_the_best_geometric_mean():
+    # a long row's "few rows" entry stands for 1000 and 4096 rows: a candidate a little faster at 4096 rows
+    # but far slower at 1000 loses it; the many-rows shape gives its own entry; a candidate a budget cut
+    # after one of the two shapes does not compete on one shape alone
+    from crossfuse.harness import sweep
+
+    base = dict(kind="bwd", n=65536, dtype="float32", long_rows=True, block_m=2, num_warps=8, pps=1)
+    a, b, cut = dict(base, block_n=2048), dict(base, block_n=4096), dict(base, block_n=1024)
+    rows = [dict(a, shape="1000x65536", status="ok", rate=1000.0, ms=1.0),
+            dict(a, shape="4096x65536", status="ok", rate=2100.0, ms=1.0),
+            dict(b, shape="1000x65536", status="ok", rate=1500.0, ms=1.0),
+            dict(b, shape="4096x65536", status="ok", rate=2000.0, ms=1.0),
+            dict(cut, shape="1000x65536", status="ok", rate=9000.0, ms=1.0),
+            dict(cut, shape="4096x65536", status="budget", rate=None, ms=None),
+            dict(a, shape="16384x65536", status="ok", rate=2500.0, ms=1.0),
+            dict(b, shape="16384x65536", status="ok", rate=2400.0, ms=1.0)]  # fmt: skip
+    best = sweep.winners(rows)
+    few, many = best["ln/bwd/float32/65536/few"], best["ln/bwd/float32/65536/many"]
+    assert few[1]["block_n"] == 4096 and few[0] == pytest.approx((1500.0 * 2000.0) ** 0.5)
+    assert (many[0], many[1]["block_n"]) == (2500.0, 2048)
+    assert "long_rows" not in few[1] and few[1]["rows"] == "few"
+
+
+def test_long_row_candidates_are_launches_the_layer_norm_takes():
+    # the rule's configurations among them (what runs where no table has an entry), every one a
+    # LaunchConfig, a chunked forward's chunk shorter than the row, and the layer norm's paired groups kept
+    # when an earlier run's entry competes again (paired is an attention pair's flag too)
+    from crossfuse import _tuning
+    from crossfuse.harness import sweep
+    from crossfuse.ops import layer_norm as ln
+
+    cands = sweep.candidates({"ln-long"})
+    for n in sweep.LN_LONG_NS:
+        for kind in ("fwd", "bwd"):
+            rule = ln.rule_config(n, kind)
+            spelled = [_tuning.layer_norm_config(ln.LaunchConfig, c) for c in cands
+                       if c["n"] == n and c["kind"] == kind]  # fmt: skip
+            assert rule in spelled
+    for c in cands:
+        cfg = _tuning.layer_norm_config(ln.LaunchConfig, c)
+        assert c["long_rows"] and c["n"] > ln.FUSED_MAX_N
+        assert cfg.smem_rows or cfg.block_n < c["n"], c
+    grouped = next(c for c in cands if c.get("smem_rows"))
+    entry = {k: v for k, v in grouped.items() if k != "long_rows"}
+    again = sweep.base_candidates({"k": dict(entry, rows="few", score=1.0)}, cands)
+    assert again == [grouped] and again[0]["paired"] is True
+
+
+_LONG_ROW_CHECK = """
+import torch
+from crossfuse.ops import layer_norm as ln
+from crossfuse.ops._runtime.device import Card
+
+h100 = Card("NVIDIA H100 80GB HBM3", (9, 0), 232448)
+entry = ln.LaunchConfig(1, 8192, 16, 0, shifted=True)
+for m in (1000, 100000):  # the file's few-rows entry serves both regimes where it is the only one
+    assert ln.launch_config(40000, torch.float32, "fwd", m, h100) == entry
+assert ln.launch_config(65536, torch.float32, "fwd", 1000, h100) == entry
+others = ((40000, torch.bfloat16, "fwd"), (70000, torch.float32, "fwd"), (40000, torch.float32, "bwd"))
+for n, dtype, kind in others:
+    assert ln.launch_config(n, dtype, kind, 1000, h100) == ln.rule_config(n, kind), (n, dtype, kind)
+x = torch.randn(3, 40000, dtype=torch.float64).float() * 2 + 3
+w, b = torch.randn(40000), torch.randn(40000)
+y, _, _ = ln.layer_norm_fwd(x, w, b, 1e-5, config=entry)
+ref = torch.nn.functional.layer_norm(x.double(), (40000,), w.double(), b.double(), 1e-5)
+assert (y.double() - ref).abs().max().item() < 1e-4
+"""
+
+
+def test_a_tuned_entry_of_long_rows_serves_every_row_up_to_its_power_of_two(tmp_path):
+    # bench/tune.py --only ln-long keys rows past the whole-row kernels by their power of two, as the tables
+    # key shorter rows: an entry for 65536 serves N = 40000 (chunks of 8192 in two passes here, run under
+    # the interpreter against float64), and the rule stays where no entry is (another dtype, a kind
+    # without one, rows past 65536). The tables are read once, at import: a process of its own
+    import os
+    import subprocess
+    import sys
+
+    entry = dict(kind="fwd", dtype="float32", n=65536, block_m=1, block_n=8192, num_warps=16, pps=0,
+                 rows="few", shifted=True)  # fmt: skip
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"ln/fwd/float32/65536/few": entry}))
+    env = dict(os.environ, CROSSFUSE_TUNED_CONFIGS=str(path), TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", _LONG_ROW_CHECK], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -2,19 +2,24 @@
 
 A candidate is a dict in the spelling of a ``tuned.json`` entry (``crossfuse._tuning`` reads them):
 ``kind``, ``n`` and ``dtype`` with the launch fields for the layer norm; ``kind``, ``d``, ``causal`` with
-the tiles for attention. Two keys steer the sweep only: ``many_only`` (time a layer-norm candidate at the
-many-rows shape alone) and ``short`` (time an attention candidate at a short sequence too, so that it can
-win the short-sequence entry). Nothing here needs a GPU; :func:`code_tables` and :func:`regime` import the
-ops (and so Triton).
+the tiles for attention. Three keys steer the sweep only: ``many_only`` (time a layer-norm candidate at
+the many-rows shape alone), ``long_rows`` (at 1000, 4096 and 16384 rows of N) and ``short`` (time an
+attention candidate at a short sequence too, so that it can win the short-sequence entry). Nothing here
+needs a GPU; :func:`code_tables` and :func:`regime` import the ops (and so Triton).
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+import math
 
 LN_NS = (1024, 2048, 4096, 8192, 16384)
 LN_NARROW_NS = (64, 128, 256, 512)  # rows a warp or a few cover: many rows a tile
+# rows past FUSED_MAX_N: chunked forwards, split or grouped backwards; the longest first (as float32 first
+# in ln_long_candidates), where a budget's cut leaves the others out
+LN_LONG_NS = (65536, 32768)
 LN_DTYPES = ("bfloat16", "float32")
 ATTN_DS = (64, 128)
 # the groups of candidates ``bench/tune.py --only`` picks from
@@ -31,6 +36,7 @@ GROUPS = (
     "ln-fwd-params",
     "ln-prefetch-wide",
     "ln-narrow",
+    "ln-long",
     "attn",
     "attn128",
     "attn-fp32",
@@ -166,6 +172,39 @@ def ln_tma_candidates() -> list[dict]:
                         out.append(dict(base, kind="bwd", pps=pps))
                     for pps in (1, 2, 4, 8):
                         out.append(dict(base, kind="fwd", pps=pps))
+    return out
+
+
+def ln_long_candidates() -> list[dict]:
+    """Rows past FUSED_MAX_N (N = 32768 and 65536, which the tables key as such): the chunked forward,
+    plain or in two passes (``shifted``); the split, cooperative and grouped Gluon backwards; the rule's
+    configurations among them. Timed at 1000, 4096 and 16384 rows (``long_rows``)."""
+    from ..ops.layer_norm.config import rule_config
+
+    out = []
+    for n in LN_LONG_NS:
+        for dtype in reversed(LN_DTYPES):
+            base = dict(n=n, dtype=dtype, long_rows=True)
+            for kind in ("fwd", "bwd"):
+                r = rule_config(n, kind)
+                out.append(dict(base, kind=kind, block_m=r.block_m, block_n=r.block_n, num_warps=r.num_warps,
+                                pps=r.programs_per_sm))  # fmt: skip
+            for bn, warps, unroll, shifted in itertools.product((4096, 8192, 16384), (8, 16, 32), (1, 2),
+                                                                (False, True)):  # fmt: skip
+                if bn // (32 * warps) >= 4:
+                    out.append(dict(base, kind="fwd", block_m=1, block_n=bn, num_warps=warps, pps=0,
+                                    unroll=unroll, shifted=shifted))  # fmt: skip
+            for bm, bn, warps, pps, prefetch in itertools.product((2, 4), (2048, 4096), (4, 8), (1, 2),
+                                                                  (False, True)):  # fmt: skip
+                out.append(dict(base, kind="bwd", block_m=bm, block_n=bn, num_warps=warps, pps=pps,
+                                prefetch=prefetch))  # fmt: skip
+            for bm, bn, warps in itertools.product((1, 2), (4096, 8192), (8, 16)):
+                out.append(dict(base, kind="bwd", block_m=bm, block_n=bn, num_warps=warps, pps=1,
+                                prefetch=True, coop=True))  # fmt: skip
+            for slices, warps, pps, (stages, lag) in itertools.product((8, 16, 32), (2, 4), (2, 4),
+                                                                       ((3, 1), (4, 2))):  # fmt: skip
+                out.append(dict(base, kind="bwd", block_m=1, num_warps=warps, pps=pps, tma_stages=stages,
+                                smem_rows=True, slices=slices, lag=lag, paired=True))  # fmt: skip
     return out
 
 
@@ -350,7 +389,9 @@ def pair_candidates(paths: str, top: int = 5) -> list[dict]:
 def base_candidates(base: dict, cands: list[dict]) -> list[dict]:
     """The entries of an earlier tuned.json whose (kind, dtype, N or D, causal) this run tunes, as
     candidates timed at the same shapes as this run's own candidates for that key."""
-    meta = ("score", "rows", "length", "paired")
+
+    def meta(c) -> tuple:  # an attention pair's flag, not the layer norm's paired groups
+        return ("score", "rows", "length") + (() if "n" in c else ("paired",))
 
     def ident(c):
         return (c["kind"], c.get("dtype", "bfloat16"), c.get("n"), c.get("d"), c.get("causal"))
@@ -358,13 +399,13 @@ def base_candidates(base: dict, cands: list[dict]) -> list[dict]:
     flags = {}
     for c in cands:
         if c["kind"] != "bwd" or "n" in c:  # attention pairs are split into dkdv/dq entries below
-            flags.setdefault(ident(c), {k: c[k] for k in ("many_only", "short") if k in c})
+            flags.setdefault(ident(c), {k: c[k] for k in ("many_only", "short", "long_rows") if k in c})
         else:
             for kind in ("dkdv", "dq"):
                 flags.setdefault(ident(dict(c, kind=kind)), {"short": True} if c.get("short") else {})
     out = []
     for entry in base.values():
-        c = {k: v for k, v in entry.items() if k not in meta}
+        c = {k: v for k, v in entry.items() if k not in meta(entry)}
         if ident(c) in flags:
             out.append(dict(c, **flags[ident(c)]))
     return out
@@ -399,6 +440,8 @@ def candidates(groups: set[str], quick: bool = False, pairs_from: str | None = N
         cands += ln_prefetch_candidates()
     if "ln-narrow" in groups:
         cands += ln_narrow_candidates()
+    if "ln-long" in groups:
+        cands += ln_long_candidates()
     if "ln-prefetch-wide" in groups:  # more programs per SM than ln-prefetch
         cands += ln_prefetch_candidates(pps_options=(8, 16))
     if "ln-fwd-params" in groups:  # one-tile and prefetching forwards with weight and bias loaded first
@@ -439,15 +482,22 @@ def regime(c: dict, shape) -> str:
     return "short" if shape[2] <= ra.SHORT_L else "long"
 
 
+# a timed row's fields that are not the entry's: the measurement's, and the keys that steer the sweep
+STEERING = ("shape", "ms", "rate", "status", "short", "many_only", "long_rows")
+
+
 def winners(rows: list[dict]) -> dict[str, tuple[float, dict]]:
     """``{tuned.json key: (rate, entry)}``: the fastest candidate per key and regime of the timed ``rows``
-    (each timed shape stands for one regime of the tables); an attention pair becomes one entry per kernel,
-    unless a single-kernel candidate (from the base) timed as fast."""
-    best: dict[str, tuple[float, dict]] = {}
+    (each timed shape stands for one regime of the tables); where a regime has several shapes (1000 and
+    4096 rows of a long row, two short sequences), the best geometric mean of a candidate's rates over
+    them, among the candidates timed at as many of them as any (a budget may cut a candidate's shapes);
+    an attention pair becomes one entry per kernel, unless a single-kernel candidate (from the base)
+    timed as fast."""
+    rates: dict[str, dict[str, tuple[dict, list[float]]]] = {}  # key -> candidate -> (entry, rates)
     for r in rows:
         if r["status"] != "ok" or not r["rate"]:
             continue
-        c = {k: r[k] for k in r if k not in ("shape", "ms", "rate", "status", "short", "many_only")}
+        c = {k: r[k] for k in r if k not in STEERING}
         shape = tuple(int(x) for x in r["shape"].split("x"))
         reg = regime(c, shape)
         if "n" in c:
@@ -456,8 +506,15 @@ def winners(rows: list[dict]) -> dict[str, tuple[float, dict]]:
         else:
             key = f"attn/{c['kind']}/{c.get('dtype', 'bfloat16')}/{c['d']}/{c['causal']}/{reg}"
             c["length"] = reg
-        if key not in best or r["rate"] > best[key][0]:
-            best[key] = (r["rate"], c)
+        rates.setdefault(key, {}).setdefault(json.dumps(c, sort_keys=True), (c, []))[1].append(r["rate"])
+    best: dict[str, tuple[float, dict]] = {}
+    for key, per in rates.items():
+        most = max(len(v) for _, v in per.values())
+        for c, v in per.values():
+            if len(v) == most:
+                rate = math.prod(v) ** (1 / len(v))
+                if key not in best or rate > best[key][0]:
+                    best[key] = (rate, c)
     for key in [k for k in best if k.startswith("attn/bwd/")]:  # a pair: one entry per kernel
         rate, c = best.pop(key)
         if any(best.get(key.replace("/bwd/", f"/{kind}/"), (0.0,))[0] >= rate for kind in ("dkdv", "dq")):

@@ -268,15 +268,13 @@ def launch_config(
 ) -> LaunchConfig:
     """Tile shape, warps and grid for rows of length ``n`` (``m`` rows, when known) on ``card`` (see
     :func:`tables_for`); ``kind`` is ``"fwd"`` or ``"bwd"``. The first table with an entry for the row
-    regime, or else for the other regime, gives it; where none has, the rule (:func:`rule_config`)."""
+    regime, or else for the other regime, gives it; where none has, the rule (:func:`rule_config`). Rows
+    past FUSED_MAX_N are keyed by their power of two as the shorter ones are (``bench/tune.py --only
+    ln-long`` measures such entries: chunked forwards, split, cooperative or grouped backwards)."""
     _check_kind(kind)
-    if n <= FUSED_MAX_N:
-        block_n = triton.next_power_of_2(n)
-        many = m is not None and m > MANY_ROWS
-        tuned = first_entry(tables_for(card), (kind, dtype.itemsize, block_n), many)
-        if tuned is not None:
-            return tuned
-    return rule_config(n, kind)
+    many = m is not None and m > MANY_ROWS
+    tuned = first_entry(tables_for(card), (kind, dtype.itemsize, triton.next_power_of_2(n)), many)
+    return rule_config(n, kind) if tuned is None else tuned
 
 
 def rule_config(n: int, kind: str) -> LaunchConfig:
