@@ -17,7 +17,8 @@ large M (M*N = 128M elements, at least 16384 rows: "many rows"); each regime get
 ``ln-tma`` tunes the persistent whole-row kernels that read through tensor descriptors (``tma_stages``).
 ``ln-coop`` tunes the cooperative backward of long rows (``coop``), N = 8192 and 16384.
 ``ln-long`` tunes rows past the whole-row kernels' (N = 32768 and 65536, the rule's configurations among
-the candidates) at 1000 and 4096 rows ("few rows": the faster of the two wins) and 16384 ("many").
+the candidates) at 1000 and 4096 rows ("few rows": the best geometric mean of the two wins) and, for
+N = 32768, 16384 ("many"; at 65536 the few rows' entry serves both).
 ``--kind bwd`` (or ``fwd``) times the chosen groups' candidates of that kind only (``bwd`` includes the
 attention's ``dkdv`` and ``dq`` candidates); ``tuned.json`` keeps the base's entries of the other kinds;
 a selection with no candidate is an error.
@@ -127,8 +128,8 @@ def make_launch(c: dict, shape):
 
 
 def shapes_of(c: dict):
-    if "n" in c and c.get("long_rows"):  # few rows of either regime's and the many rows of the other
-        return [(1000, c["n"]), (4096, c["n"]), (16384, c["n"])]
+    if "n" in c and c.get("long_rows"):  # few rows twice; many rows up to 2^29 elements (else few serves)
+        return [(1000, c["n"]), (4096, c["n"])] + ([(16384, c["n"])] if c["n"] <= 32768 else [])
     if "n" in c:
         return ln_shapes(c["n"])[1:] if c.get("many_only") else ln_shapes(c["n"])
     return attn_shapes(c)

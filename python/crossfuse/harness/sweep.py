@@ -3,9 +3,9 @@
 A candidate is a dict in the spelling of a ``tuned.json`` entry (``crossfuse._tuning`` reads them):
 ``kind``, ``n`` and ``dtype`` with the launch fields for the layer norm; ``kind``, ``d``, ``causal`` with
 the tiles for attention. Three keys steer the sweep only: ``many_only`` (time a layer-norm candidate at
-the many-rows shape alone), ``long_rows`` (at 1000, 4096 and 16384 rows of N) and ``short`` (time an
-attention candidate at a short sequence too, so that it can win the short-sequence entry). Nothing here
-needs a GPU; :func:`code_tables` and :func:`regime` import the ops (and so Triton).
+the many-rows shape alone), ``long_rows`` (at 1000 and 4096 rows of N, and 16384 of 32768) and ``short``
+(time an attention candidate at a short sequence too, so that it can win the short-sequence entry).
+Nothing here needs a GPU; :func:`code_tables` and :func:`regime` import the ops (and so Triton).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def ln_tma_candidates() -> list[dict]:
 def ln_long_candidates() -> list[dict]:
     """Rows past FUSED_MAX_N (N = 32768 and 65536, which the tables key as such): the chunked forward,
     plain or in two passes (``shifted``); the split, cooperative and grouped Gluon backwards; the rule's
-    configurations among them. Timed at 1000, 4096 and 16384 rows (``long_rows``)."""
+    configurations among them. Timed at 1000 and 4096 rows, and 16384 for N = 32768 (``long_rows``)."""
     from ..ops.layer_norm.config import rule_config
 
     out = []
