@@ -179,25 +179,17 @@ def ln_long_candidates() -> list[dict]:
     """Rows past FUSED_MAX_N (N = 32768 and 65536, which the tables key as such): the chunked forward,
     plain or in two passes (``shifted``); the split, cooperative and grouped Gluon backwards; the rule's
     configurations among them. Timed at 1000 and 4096 rows, and 16384 for N = 32768 (``long_rows``)."""
-    from ..ops.layer_norm.config import rule_config
-
     out = []
     for n in LN_LONG_NS:
         for dtype in reversed(LN_DTYPES):
             base = dict(n=n, dtype=dtype, long_rows=True)
-            for kind in ("fwd", "bwd"):
-                r = rule_config(n, kind)
-                out.append(dict(base, kind=kind, block_m=r.block_m, block_n=r.block_n, num_warps=r.num_warps,
-                                pps=r.programs_per_sm))  # fmt: skip
-            for bn, warps, unroll, shifted in itertools.product((4096, 8192, 16384), (8, 16, 32), (1, 2),
-                                                                (False, True)):  # fmt: skip
-                if bn // (32 * warps) >= 4:
-                    out.append(dict(base, kind="fwd", block_m=1, block_n=bn, num_warps=warps, pps=0,
-                                    unroll=unroll, shifted=shifted))  # fmt: skip
-            for bm, bn, warps, pps, prefetch in itertools.product((2, 4), (2048, 4096), (4, 8), (1, 2),
-                                                                  (False, True)):  # fmt: skip
-                out.append(dict(base, kind="bwd", block_m=bm, block_n=bn, num_warps=warps, pps=pps,
-                                prefetch=prefetch))  # fmt: skip
+            flags = ({}, {"unroll": 2}, {"shifted": True}, {"unroll": 2, "shifted": True})
+            for bn, warps, extra in itertools.product((4096, 8192, 16384), (8, 16, 32), flags):
+                if bn // (32 * warps) >= 4:  # defaults left out: one spelling of each configuration
+                    out.append(dict(base, kind="fwd", block_m=1, block_n=bn, num_warps=warps, pps=0, **extra))
+            for bm, bn, warps, pps in itertools.product((2, 4), (2048, 4096), (4, 8), (1, 2)):
+                split = dict(base, kind="bwd", block_m=bm, block_n=bn, num_warps=warps, pps=pps)
+                out += [split, dict(split, prefetch=True)]
             for bm, bn, warps in itertools.product((1, 2), (4096, 8192), (8, 16)):
                 out.append(dict(base, kind="bwd", block_m=bm, block_n=bn, num_warps=warps, pps=1,
                                 prefetch=True, coop=True))  # fmt: skip
