@@ -21,6 +21,8 @@ LN_NARROW_NS = (64, 128, 256, 512)  # rows a warp or a few cover: many rows a ti
 # in ln_long_candidates), where a budget's cut leaves the others out
 LN_LONG_NS = (65536, 32768)
 LN_DTYPES = ("bfloat16", "float32")
+# a candidate's keys that steer the sweep (see the module's docstring), never a tuned.json entry's
+STEERING = ("many_only", "long_rows", "short")
 ATTN_DS = (64, 128)
 # the groups of candidates ``bench/tune.py --only`` picks from
 GROUPS = (
@@ -391,7 +393,7 @@ def base_candidates(base: dict, cands: list[dict]) -> list[dict]:
     flags = {}
     for c in cands:
         if c["kind"] != "bwd" or "n" in c:  # attention pairs are split into dkdv/dq entries below
-            flags.setdefault(ident(c), {k: c[k] for k in ("many_only", "short", "long_rows") if k in c})
+            flags.setdefault(ident(c), {k: c[k] for k in STEERING if k in c})
         else:
             for kind in ("dkdv", "dq"):
                 flags.setdefault(ident(dict(c, kind=kind)), {"short": True} if c.get("short") else {})
@@ -474,10 +476,6 @@ def regime(c: dict, shape) -> str:
     return "short" if shape[2] <= ra.SHORT_L else "long"
 
 
-# a timed row's fields that are not the entry's: the measurement's, and the keys that steer the sweep
-STEERING = ("shape", "ms", "rate", "status", "short", "many_only", "long_rows")
-
-
 def winners(rows: list[dict]) -> dict[str, tuple[float, dict]]:
     """``{tuned.json key: (rate, entry)}``: the fastest candidate per key and regime of the timed ``rows``
     (each timed shape stands for one regime of the tables); where a regime has several shapes (1000 and
@@ -489,7 +487,7 @@ def winners(rows: list[dict]) -> dict[str, tuple[float, dict]]:
     for r in rows:
         if r["status"] != "ok" or not r["rate"]:
             continue
-        c = {k: r[k] for k in r if k not in STEERING}
+        c = {k: r[k] for k in r if k not in ("shape", "ms", "rate", "status", *STEERING)}
         shape = tuple(int(x) for x in r["shape"].split("x"))
         reg = regime(c, shape)
         if "n" in c:
