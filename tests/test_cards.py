@@ -54,6 +54,23 @@ def test_the_h100_layer_norm_table_serves_narrow_rows_on_every_hopper_card():
     assert ln.launch_config(1024, torch.bfloat16, "fwd", 65536, H100) == wide
 
 
+def test_rows_past_the_fused_length_take_the_h100_entries_on_every_hopper_card():
+    # measured on the H100 (bench/tune.py --only ln-long): the grouped Gluon backward and long chunks, in
+    # place of the rule's chunks of 4096; a length between two powers of 2 takes the next one's entry
+    for card in (H100, H200, OTHER_HOPPER):
+        for n, key_n in ((20000, 32768), (32768, 32768), (40000, 65536), (65536, 65536)):
+            for kind in ("fwd", "bwd"):
+                for dtype, esize in ((torch.bfloat16, 2), (torch.float16, 2), (torch.float32, 4)):
+                    cfg = ln.launch_config(n, dtype, kind, 1000, card)
+                    assert cfg == ln.TUNED_H100[(kind, esize, key_n, False)] != ln.rule_config(n, kind)
+        # many rows of 65536 (not measured) take the few rows' entry, not the rule
+        many = {n: ln.launch_config(n, torch.float32, "bwd", 16384, card) for n in (32768, 65536)}
+        t = ln.TUNED_H100
+        assert many == {32768: t[("bwd", 4, 32768, True)], 65536: t[("bwd", 4, 65536, False)]}
+    # past MAX_N's power of 2 nothing is tabled
+    assert ln.launch_config(ln.MAX_N, torch.float32, "fwd", 1000, H100) == ln.rule_config(ln.MAX_N, "fwd")
+
+
 @pytest.mark.parametrize("card", UNTABLED, ids=lambda c: c.name)
 def test_a_card_the_tables_do_not_serve_gets_the_rule(card):
     for n in (64, 100, 512, 768, 1024, 5000, 16384, 65536):

@@ -252,9 +252,10 @@ entry = ln.LaunchConfig(1, 8192, 16, 0, shifted=True)
 for m in (1000, 100000):  # the file's few-rows entry serves both regimes where it is the only one
     assert ln.launch_config(40000, torch.float32, "fwd", m, h100) == entry
 assert ln.launch_config(65536, torch.float32, "fwd", 1000, h100) == entry
-others = ((40000, torch.bfloat16, "fwd"), (70000, torch.float32, "fwd"), (40000, torch.float32, "bwd"))
-for n, dtype, kind in others:
-    assert ln.launch_config(n, dtype, kind, 1000, h100) == ln.rule_config(n, kind), (n, dtype, kind)
+for dtype, kind in ((torch.bfloat16, "fwd"), (torch.float32, "bwd")):  # the code table's, the file's aside
+    table = ln.TUNED_H100[(kind, dtype.itemsize, 65536, False)]
+    assert ln.launch_config(40000, dtype, kind, 1000, h100) == table
+assert ln.launch_config(70000, torch.float32, "fwd", 1000, h100) == ln.rule_config(70000, "fwd")
 x = torch.randn(3, 40000, dtype=torch.float64).float() * 2 + 3
 w, b = torch.randn(40000), torch.randn(40000)
 y, _, _ = ln.layer_norm_fwd(x, w, b, 1e-5, config=entry)
@@ -266,8 +267,9 @@ assert (y.double() - ref).abs().max().item() < 1e-4
 def test_a_tuned_entry_of_long_rows_serves_every_row_up_to_its_power_of_two(tmp_path):
     # bench/tune.py --only ln-long keys rows past the whole-row kernels by their power of two, as the tables
     # key shorter rows: an entry for 65536 serves N = 40000 (chunks of 8192 in two passes here, run under
-    # the interpreter against float64), and the rule stays where no entry is (another dtype, a kind
-    # without one, rows past 65536). The tables are read once, at import: a process of its own
+    # the interpreter against float64), and the code tables' entries or the rule stay where the file has
+    # none (another dtype, a kind without one, rows past 65536). The tables are read once, at import: a
+    # process of its own
     import os
     import subprocess
     import sys

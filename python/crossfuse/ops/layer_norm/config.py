@@ -189,7 +189,7 @@ TUNED_H200: dict[Key, LaunchConfig] = {
     ("fwd", 4, 16384, True): _C(1, 4096, 32, 0, unroll=2, shifted=True),  # 4260 GB/s
 }
 
-# Rows of 64 to 512 elements (bench/tune.py --only ln-narrow, on the H100): many rows a tile. The
+# Measured on the H100. Rows of 64 to 512 elements (bench/tune.py --only ln-narrow): many rows a tile. The
 # backward's rule took 342 GB/s at bf16 262144x512, 347 at 524288x256 (now bm = 1024 // N, as here).
 TUNED_H100: dict[Key, LaunchConfig] = {
     ("bwd", 2, 64, False): _C(32, 64, 4, 4),  # 168 GB/s
@@ -224,6 +224,23 @@ TUNED_H100: dict[Key, LaunchConfig] = {
     ("fwd", 4, 256, True): _C(32, 256, 16, 0),  # 2997 GB/s
     ("fwd", 4, 512, False): _C(2, 512, 4, 0),  # 1759 GB/s
     ("fwd", 4, 512, True): _C(8, 512, 16, 0),  # 2997 GB/s
+    # Rows past FUSED_MAX_N (bench/tune.py --only ln-long): few rows timed at 1000 and 4096 rows (the best
+    # geometric mean), many at 16384x32768. Against the rule's chunks of 4096 (split backward) in the same
+    # sweep, GPU time: backward 1.86-2.88x faster, forward 1.18-1.85x. The backward is the grouped Gluon
+    # kernel with 8 or 16 programs a row (2482, 2927, 2634 GB/s in bf16 and 2768, 2938, 2865 in float32, in
+    # the order below); the forward, chunks of 8192-16384 on 32 warps.
+    ("bwd", 2, 32768, False): _C(1, 32768, 2, 4, tma_stages=4, smem_rows=True, slices=16, lag=2, paired=True),
+    ("bwd", 2, 32768, True): _C(1, 32768, 4, 2, tma_stages=4, smem_rows=True, slices=8, lag=2, paired=True),
+    ("bwd", 2, 65536, False): _C(1, 65536, 2, 4, tma_stages=3, smem_rows=True, slices=16, lag=1, paired=True),
+    ("bwd", 4, 32768, False): _C(1, 32768, 4, 4, tma_stages=3, smem_rows=True, slices=16, lag=1, paired=True),
+    ("bwd", 4, 32768, True): _C(1, 32768, 2, 2, tma_stages=4, smem_rows=True, slices=16, lag=2, paired=True),
+    ("bwd", 4, 65536, False): _C(1, 65536, 4, 2, tma_stages=3, smem_rows=True, slices=16, lag=1, paired=True),
+    ("fwd", 2, 32768, False): _C(1, 8192, 32, 0, shifted=True),  # 2758 GB/s
+    ("fwd", 2, 32768, True): _C(1, 8192, 32, 0, unroll=2, shifted=True),  # 3035 GB/s
+    ("fwd", 2, 65536, False): _C(1, 16384, 32, 0, shifted=True),  # 2823 GB/s
+    ("fwd", 4, 32768, False): _C(1, 16384, 32, 0, unroll=2),  # 2870 GB/s
+    ("fwd", 4, 32768, True): _C(1, 16384, 32, 0, unroll=2),  # 3047 GB/s
+    ("fwd", 4, 65536, False): _C(1, 16384, 32, 0, shifted=True),  # 2644 GB/s
 }
 
 # by the model named in the driver's device name (crossfuse.ops._runtime.device.Card.model)
