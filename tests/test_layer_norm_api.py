@@ -234,7 +234,7 @@ def test_module_is_a_drop_in_for_torch(device, gen):
 
 
 @pytest.mark.parametrize("native_below", [0, 1 << 30], ids=["fused", "torch's below native_below"])
-def test_module_sees_parametrized_and_functional_call_parameters(native_below, device, gen):
+def test_module_sees_parametrized_functional_call_and_replaced_parameters(native_below, device, gen):
     # a parametrized weight, or parameters given by torch.func.functional_call, are what the module uses,
     # on the fused path and on torch's below native_below
     from torch.nn.utils import parametrize
@@ -257,6 +257,11 @@ def test_module_sees_parametrized_and_functional_call_parameters(native_below, d
     bias = randn((96,), torch.float32, device, gen)
     got = torch.func.functional_call(plain, {"weight": weight, "bias": bias}, (x,))
     assert relerr(got, F.layer_norm(x, (96,), weight, bias)) <= 1e-5
+    # a parameter replaced by a plain attribute (as wrappers that shard parameters do)
+    del plain.weight
+    plain.weight = 3 * weight
+    assert "weight" not in plain._parameters
+    assert relerr(plain(x), F.layer_norm(x, (96,), 3 * weight, plain.bias)) <= 1e-5
 
 
 @pytest.mark.parametrize(

@@ -38,15 +38,23 @@ class LayerNorm(torch.nn.LayerNorm):
         self.native_below = _check_native_below(native_below)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        # each read of a parameter goes through Module.__getattr__ (about a microsecond): once each here;
-        # below native_below this module costs what torch's does plus the checks inlined here
-        weight, bias = self.weight, self.bias
+        # read from the parameters' own dict: each read through Module.__getattr__ (as torch's module
+        # reads them) costs about a microsecond, more than all the checks below. A parametrized module,
+        # or one whose parameters a wrapper replaced by plain attributes, has them elsewhere: read as
+        # attributes then. functional_call puts its tensors into this dict.
+        params = self._parameters
+        if "weight" in params and "bias" in params:
+            weight, bias = params["weight"], params["bias"]
+        else:
+            weight, bias = self.weight, self.bias
         if isinstance(input, torch.Tensor) and input.numel() < self.native_below and input.is_cuda:
-            dtype = input.dtype
-            if (weight is None or weight.dtype == dtype) and (bias is None or bias.dtype == dtype):
+            dtype = input.dtype  # dtypes are singletons: `is` is the cheaper `==`
+            if (weight is None or weight.dtype is dtype) and (bias is None or bias.dtype is dtype):
                 # outside autocast, whose layer norm gives float32 (the fused one the input's dtype: a
-                # size must never change the output's dtype)
-                if not torch.is_autocast_enabled("cuda"):
+                # size must never change the output's dtype). Any device's autocast counts: the check
+                # costs a third of torch.is_autocast_enabled("cuda")'s, and a CPU autocast around a CUDA
+                # call only sends it to the fused kernels, which are right under any autocast.
+                if not torch._C._is_any_autocast_enabled():
                     # F.layer_norm's own op without its Python frame (which reads the deprecated
                     # cudnn flag the op ignores): host time the checks above spend instead
                     return torch.layer_norm(input, self.normalized_shape, weight, bias, self.eps)
@@ -54,7 +62,7 @@ class LayerNorm(torch.nn.LayerNorm):
             return layer_norm(input, self.normalized_shape, weight, bias, self.eps)
         except (TypeError, ValueError) as exc:  # the op's argument errors, said of this module
             # checked only once the op has refused the input: a call that succeeds pays for no check
-            check_module_input(self, input, self.weight, same_dtype=False)
+            check_module_input(self, input, weight, same_dtype=False)
             raise named(self, exc) from None
 
     def extra_repr(self) -> str:
