@@ -352,6 +352,42 @@ def test_backward_refuses_a_scale_that_is_not_positive(scale):
         ra.relu_attention_bwd(q, q, q, q, False, False, scale, 1 / 16)
 
 
+def test_a_forward_that_leaves_sms_idle_takes_tiles_of_fewer_rows():
+    # few (batch, head) pairs and short sequences: a grid of fewer programs than SMs takes
+    # FEW_PROGRAMS_TILE where the table's tiles have more rows; a full grid, or tiles no taller, keeps them
+    from crossfuse.ops._runtime.device import Card
+
+    h100 = Card("NVIDIA H100 80GB HBM3", (9, 0), 232448)
+    small = Card("NVIDIA RTX A6000", (8, 6), 101376)
+    tall, tile = ra.AttnConfig(128, 64, 8, 3, tma=True), ra.FEW_PROGRAMS_TILE
+    assert tile.block_m < tall.block_m
+    assert ra.few_programs(tall, 64, 132, tile, 256, 2, h100) == tile
+    assert ra.few_programs(tall, 132, 132, tile, 256, 2, h100) == tall
+    assert ra.few_programs(ra.AttnConfig(64, 32, 4, 2), 4, 132, tile, 64, 2, h100).block_n == 32
+    assert ra.few_programs(tall, 4, 132, None, 64, 2, h100) == tall
+    assert ra.few_programs(tall, 4, 132, tile, 32, 2, h100) == tall  # below D=64 it lost: not taken
+    # on a card with less shared memory the tile is fitted to it, as the rule's tiles are
+    fitted = ra.few_programs(tall, 4, 84, tile, 256, 2, small)
+    assert ra.shared_bytes("fwd", 256, 2, fitted) <= small.max_shared_mem
+    assert small.max_shared_mem < ra.shared_bytes("fwd", 256, 2, tile)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_on_few_programs_against_the_tables_tiles(d, causal, gen):
+    # B1 H4 L2048: 64 programs of the table's 128-row tiles for 132 SMs on an H100; the rule's tiles give
+    # the same function (within the tolerance of the float64 reference, as the table's do)
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    q, k, v = qkv(1, 4, 2000, 2000, d, torch.bfloat16, "cuda", gen)
+    args = (q, k, v, causal, False, 1 / math.sqrt(d), 1 / 2000)
+    ref = relu_attention_ref(q, k, v, causal=causal, scale=args[5], relu_scale=args[6])
+    for choices in (ra.DEFAULT, ra.Choices(few_programs_tile=None)):
+        out = ra.relu_attention_fwd(*args, choices=choices)
+        assert relerr(out, ref) <= tolerance("relu_attention", q.dtype)
+
+
 def test_configurations_are_typed_and_frozen():
     # the tiles are dataclasses with named fields: tuned.json's entries and bench/tune.py spell the same
     cfg = ra.AttnConfig(64, 32, 4, 3, tma=True)

@@ -84,6 +84,7 @@ from .api import (
 from .config import (
     CAUSAL_TAIL_BYTES,
     DEFAULT,
+    FEW_PROGRAMS_TILE,
     GROUP_PROGRAMS,
     HEAD_DIMS,
     L_MAJOR_TILE,
@@ -108,6 +109,7 @@ from .config import (
     _relu_cvt,
     _tf32_copies,
     attention_config,
+    few_programs,
     fit_shared,
     rule_config,
     shared_bytes,

@@ -322,6 +322,26 @@ GROUP_PROGRAMS = 256
 
 L_MAJOR_TILE = (64, 64, 4)  # BLOCK_L, BLOCK_D, warps of the copy kernel with unit stride on L
 
+# A 16-bit forward whose tiles of query rows leave SMs idle (few (batch, head) pairs and short sequences)
+# takes these tiles where its own have more rows and D >= FEW_PROGRAMS_MIN_D: twice the programs, each half
+# the rows. On the H100 at B1 H4 (bf16, GPU time against the table's tiles, one process): D=256 0.61-0.69x
+# at L 1000 and 2048, 0.92-0.93x at L=77; D=64 0.84-0.89x; D=128 (whose tiles have 64 rows already)
+# 1.00x. Below D=64 they lost where they changed anything (D=16 non-causal 1.13-1.21x, D=32 causal at
+# L=2048 1.10x), so the rule leaves those. At B16 H16 L512-1024 (1024 programs, where the rule keeps the
+# entry) the same tiles took 1.06-1.11x at D=256.
+FEW_PROGRAMS_TILE = AttnConfig(64, 64, 4, 3)
+FEW_PROGRAMS_MIN_D = 64
+
+
+def few_programs(cfg: AttnConfig, programs: int, sms: int, tile: AttnConfig | None, d: int, esize: int,
+                 card: Card | None) -> AttnConfig:  # fmt: skip
+    """The forward's tiles ``cfg`` or, where its ``programs`` (query tiles times (batch, head) pairs) are
+    fewer than the card's ``sms``, the head dim ``d`` at least FEW_PROGRAMS_MIN_D and ``tile`` has fewer
+    rows, ``tile`` fitted to the card's shared memory (None: always ``cfg``)."""
+    if tile is None or programs >= sms or d < FEW_PROGRAMS_MIN_D or cfg.block_m <= tile.block_m:
+        return cfg
+    return tile if card is None else fit_shared("fwd", d, esize, tile, card.max_shared_mem)
+
 
 @dataclass(frozen=True, eq=False)
 class Choices:
@@ -344,6 +364,8 @@ class Choices:
     group_programs: int = GROUP_PROGRAMS  # the rule's programs per group of heads
     max_grid_1: int = MAX_GRID_1  # (batch, head) pairs per launch; more run as batch slices
     copy_tile: tuple[int, int, int] = L_MAJOR_TILE  # the copy kernel's BLOCK_L, BLOCK_D, warps
+    # the 16-bit forward's tiles where its grid leaves SMs idle (few_programs; None: the table's tiles)
+    few_programs_tile: AttnConfig | None = FEW_PROGRAMS_TILE
     planning: bool = True  # replay the launches of an earlier call with the same key (launch plans)
 
 

@@ -15,7 +15,13 @@ import triton
 from ..._backend import is_interpreted, quiet_interpreter
 from .._runtime import direct as _direct
 from .._runtime import pdl as _gdc
-from .._runtime.device import bind_cuda_context, card_of, compute_capability_major, on_input_device
+from .._runtime.device import (
+    bind_cuda_context,
+    card_of,
+    compute_capability_major,
+    device_parallelism,
+    on_input_device,
+)
 from . import gluon_launch
 from .config import (
     DEFAULT,
@@ -28,6 +34,7 @@ from .config import (
     _relu_cvt,
     _tf32_copies,
     attention_config,
+    few_programs,
     tf32_bwd_tiles,
 )
 from .copies import _l_contiguous
@@ -92,7 +99,11 @@ def _forward(q, k, v, causal, squared, scale, relu_scale, out, config, choices) 
             _forward(q[b], k[b], v[b], causal, squared, scale, relu_scale, out[b], config, choices)
         return out, None
     interp = is_interpreted(_relu_attn_fwd_kernel)
-    cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk), card_of(q))
+    card = card_of(q)
+    cfg = config or attention_config("fwd", D, q.dtype, causal, interp, max(Lq, Lk), card)
+    if config is None and not interp and q.element_size() == 2:
+        cfg = few_programs(cfg, B * H * triton.cdiv(Lq, cfg.block_m), device_parallelism(q),
+                           choices.few_programs_tile, D, 2, card)  # fmt: skip
     tensors = (q, k, v, out)
     key = None if interp or not choices.planning else _plan_key(
         "fwd", tensors, causal, squared, scale, relu_scale, cfg, choices)  # fmt: skip
