@@ -376,7 +376,7 @@ def test_a_forward_that_leaves_sms_idle_takes_tiles_of_fewer_rows():
 @pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_forward_on_few_programs_against_the_tables_tiles(d, causal, gen):
-    # B1 H4 L2048: 64 programs of the table's 128-row tiles for 132 SMs on an H100; the rule's tiles give
+    # B1 H4 L2000: 64 programs of the table's 128-row tiles for 132 SMs on an H100; the rule's tiles give
     # the same function (within the tolerance of the float64 reference, as the table's do)
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
