@@ -9,8 +9,8 @@ Stages, in order: ``layer_norm`` on cuda (its first row is the copy ceiling: a 1
 the report. Each stage has a deadline (its share of ``--budget-s``): what a stage cannot measure in
 time becomes ``skip`` rows ("time budget"), and time a stage leaves over goes to the next.
 ``--stages`` runs a subset (e.g. two calls: ``layer_norm,memory-cuda,memory-cpu`` and
-``attention,profile``), appending to the same CSV. Rows are appended to the CSV as they
-are measured (with ``--rounds``, as each point's rounds end), so a killed session keeps everything
+``attention,profile``), appending to the same CSV. Rows are appended to the CSV as each point's
+implementations are measured (with ``--rounds``, as its rounds end), so a killed session keeps everything
 measured so far.
 
 Writes into OUT, flat, 7 files: ``results.csv`` (all suites), ``report.md`` (tables + profile),

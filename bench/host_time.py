@@ -151,7 +151,7 @@ def measure(calls: int, rounds: int) -> list[dict]:
     for r in range(rounds):
         # the listed order, then shuffles: no pair keeps its place or the pair before it (whatever one
         # measurement leaves the next, in the host's caches say, falls on every pair alike); as the
-        # harness's runner.round_orders does, written here for --against's older checkouts
+        # harness's rounds.round_orders does, written here for --against's older checkouts
         order = list(range(len(groups)))
         if r:
             random.Random(r).shuffle(order)

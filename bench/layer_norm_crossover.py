@@ -7,7 +7,7 @@ For each (M, N), a training step's layer norm (forward, then backward of a retai
 inference forward (no grad) are called ``--calls`` times back to back, synchronised at the end only:
 the time a model spends per layer norm when nothing else hides the host's time. crossfuse's module with
 the fused kernels at every size (``native_below=0``) and torch's module alternate, ``--rounds`` times,
-in the orders of ``crossfuse.harness.runner.round_orders`` (each first in some rounds); the medians are
+in the orders of ``crossfuse.harness.rounds.round_orders`` (each first in some rounds); the medians are
 compared. The suggested threshold is the smallest element count from which the fused module is at least
 as fast as torch's at every larger size of the sweep, training and inference.
 Needs a CUDA GPU; writes ``crossover.csv`` and ``crossover.md`` into ``--out``.
@@ -39,7 +39,7 @@ def _per_call_us(fn, calls: int) -> float:
 def measure(dtype, rounds: int, calls: int) -> list[dict]:
     import crossfuse
     import torch
-    from crossfuse.harness.runner import round_orders
+    from crossfuse.harness.rounds import round_orders
 
     rows = []
     for n in COLS:

@@ -35,10 +35,6 @@ def _layer_norm(x, weight, bias, eps):
     return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
-def _raise_interrupt(**_):
-    raise KeyboardInterrupt
-
-
 def tiny_suite(name="t", ops=("layer_norm",), shape=(8, 32), modes=("fwd", "bwd"), **extra) -> suite.Suite:
     group = {
         "ops": list(ops),

@@ -186,8 +186,9 @@ def test_bench_interrupted_keeps_rows_and_exits_130(tmp_path):
     with registered(fake):
         assert cli.main(args) == 130
     df = schema.read_csv(out / "results.csv")
-    # the copy ceiling, 3 modes, then the marker of a partial run
-    assert list(df["impl"]) == ["torch_copy", "torch", "torch", "torch", "crossfuse bench"]
+    # the copy ceiling, then the marker of a partial run (the point's implementations are timed together:
+    # the interrupt came before any of them was timed)
+    assert list(df["impl"]) == ["torch_copy", "crossfuse bench"]
     assert df["status"].iloc[-1] == "stopped" and "interrupted" in df["note"].iloc[-1]
 
 

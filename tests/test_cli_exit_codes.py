@@ -41,8 +41,15 @@ def _slow_layer_norm(x, weight, bias, eps):
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
-def _unavailable_raises(device):
-    raise RuntimeError("the availability probe crashed")
+def _unavailable_raises_at_the_second_point():
+    asked = []
+
+    def probe(device):
+        asked.append(device)
+        if len(asked) > 1:  # once per point: the first point's rows are measured
+            raise RuntimeError("the availability probe crashed")
+
+    return probe
 
 
 BENCH = ["bench", "layer_norm", "--quick", "--device", "cpu", "--op", "layer_norm", "--dtype", "float32"]
@@ -181,7 +188,7 @@ def test_bench_cut_short_by_its_budget_keeps_what_it_measured(tmp_path, capsys):
 def test_bench_crash_outside_a_measurement_keeps_the_rows_and_marks_them(tmp_path, capsys):
     out = tmp_path / "res"
     crashing = registry.Implementation("layer_norm", "test_exit_crash", "python", _raises,
-                                       check_available=_unavailable_raises)  # fmt: skip
+                                       check_available=_unavailable_raises_at_the_second_point())  # fmt: skip
     with registered(crashing), pytest.raises(RuntimeError, match="availability probe crashed"):
         cli.main([*BENCH, "--impl", "python/torch,test_exit_crash", "--out", str(out)])
     df = schema.read_csv(out / "results.csv")

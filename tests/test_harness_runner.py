@@ -12,16 +12,16 @@ import time
 import pandas as pd
 import pytest
 import torch
-from _harness import _layer_norm, _raise_interrupt, _raise_runtime, registered, row, tiny_suite
+from _harness import _layer_norm, _raise_runtime, registered, row, tiny_suite
 from crossfuse import _backend, registry
-from crossfuse.harness import memory, plots, profile, report, runner, schema, suite, timing
+from crossfuse.harness import memory, plots, profile, report, rounds, runner, schema, suite, timing
 
 
 @pytest.mark.parametrize("n", range(1, 9))
 def test_round_orders_vary_every_implementations_predecessor(n):
-    orders = runner.round_orders(n, 6)
+    orders = rounds.round_orders(n, 6)
     assert len(orders) == 6 and all(sorted(o) == list(range(n)) for o in orders)
-    assert orders[0] == list(range(n)) and runner.round_orders(n, 1) == [list(range(n))]
+    assert orders[0] == list(range(n)) and rounds.round_orders(n, 1) == [list(range(n))]
     if n == 2:
         assert orders[1] == [1, 0]
     if n >= 3:  # a pair adjacent in the first order is not adjacent, in that order, in the next two rounds
@@ -32,22 +32,22 @@ def test_round_orders_vary_every_implementations_predecessor(n):
 
 
 def test_median_row_takes_the_middle_timed_round():
-    rounds = [row(ms_p50=3.0, note="a"), row(ms_p50=1.0, note="b"), row(ms_p50=2.0, note="c")]
-    got = runner.median_row(rounds)
+    timed = [row(ms_p50=3.0, note="a"), row(ms_p50=1.0, note="b"), row(ms_p50=2.0, note="c")]
+    got = rounds.median_row(timed)
     assert got.ms_p50 == 2.0 and got.note.startswith("median of 3 of 3 rounds") and got.note.endswith("; c")
     assert "1-3 ms" in got.note
     # an untimed round (the budget ran out) does not count; the slower middle of an even count
     budget = row(status="skip", note=schema.BUDGET_SPENT)
-    got = runner.median_row([row(ms_p50=4.0), budget, row(ms_p50=2.0)])
+    got = rounds.median_row([row(ms_p50=4.0), budget, row(ms_p50=2.0)])
     assert got.ms_p50 == 4.0 and "median of 2 of 3 rounds" in got.note and "round 2" not in got.note
     # a round that failed where others were timed is named; one timed round says so
-    got = runner.median_row([row(ms_p50=4.0), row(status="error", note="OutOfMemoryError: x"), budget])
+    got = rounds.median_row([row(ms_p50=4.0), row(status="error", note="OutOfMemoryError: x"), budget])
     assert got.ms_p50 == 4.0
     assert got.note.startswith("timed in 1 of 3 rounds; round 2: error: OutOfMemoryError")
     # no timed round: the first round's row as it is
     skip = row(status="skip", note="why")
-    assert runner.median_row([skip, row(status="skip", note="other")]) is skip
-    assert runner.median_row([rounds[0]]) is rounds[0]
+    assert rounds.median_row([skip, row(status="skip", note="other")]) is skip
+    assert rounds.median_row([timed[0]]) is timed[0]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
@@ -65,13 +65,13 @@ def test_rounds_measure_each_point_in_varied_orders_and_write_one_row_per_mode(t
     with registered(*fakes, broken), schema.CsvWriter(path) as w:
         once = runner.Runner("cpu", quick=True).run(s, impls=["test_*"])
         measured = []
-        measure = runner.Runner.measure
+        prepare = runner.Runner._prepare
 
-        def traced(self, suite, p, impl, shared=None):
+        def traced(self, suite, p, impl, shared):
             measured.append(impl.name)
-            return measure(self, suite, p, impl, shared)
+            return prepare(self, suite, p, impl, shared)
 
-        monkeypatch.setattr(runner.Runner, "measure", traced)
+        monkeypatch.setattr(runner.Runner, "_prepare", traced)
         r = runner.Runner("cpu", w, quick=True, rounds=3)
         rows = r.run(s, impls=["test_*"])
         count = r.count(s, impls=["test_*"])
@@ -79,6 +79,10 @@ def test_rounds_measure_each_point_in_varied_orders_and_write_one_row_per_mode(t
     assert [(x.impl, x.mode) for x in rows] == [(x.impl, x.mode) for x in once]
     timed = [x for x in rows if x.impl != "test_broken"]
     assert all(x.status == "ok" and "median of 3 of 3 rounds" in x.note for x in timed)
+    # each mode's eager batches interleaved with the others timed at the point (not the broken one)
+    for x in timed:
+        others = ", ".join(n for n in names if n != x.impl)
+        assert f"eager interleaved with {others}" in x.note
     failed = [x for x in rows if x.impl == "test_broken"]
     assert failed and all(x.status == "error" and "deliberately broken" in x.note for x in failed)
     # the rounds' orders; test_broken (listed last) is measured in the first round only
@@ -88,28 +92,27 @@ def test_rounds_measure_each_point_in_varied_orders_and_write_one_row_per_mode(t
 def test_an_interrupt_in_a_later_round_keeps_the_rounds_done(tmp_path, monkeypatch):
     fakes = [registry.Implementation("layer_norm", n, "python", _layer_norm) for n in ("test_a", "test_b")]
     seen: list[str] = []
-    measure = runner.Runner.measure
+    prepare = runner.Runner._prepare
 
-    def interrupted(self, suite, p, impl, shared=None):
+    def interrupted(self, suite, p, impl, shared):
         seen.append(impl.name)
-        if len(seen) == 4:  # round 2 (reversed), its second implementation: test_a
+        if len(seen) == 6:  # round 3 (as listed), its second implementation: test_b
             raise KeyboardInterrupt
-        return measure(self, suite, p, impl, shared)
+        return prepare(self, suite, p, impl, shared)
 
-    monkeypatch.setattr(runner.Runner, "measure", interrupted)
+    monkeypatch.setattr(runner.Runner, "_prepare", interrupted)
     path = tmp_path / "r.csv"
     with registered(*fakes), schema.CsvWriter(path) as w:
         with pytest.raises(KeyboardInterrupt):
             runner.Runner("cpu", w, quick=True, rounds=3).run(tiny_suite(), impls=["test_*"])
-    assert seen == ["test_a", "test_b", "test_b", "test_a"]
+    assert seen == ["test_a", "test_b", "test_b", "test_a", "test_a", "test_b"]
     kept = schema.read_csv(path)
-    # test_a: its one whole round; test_b: the median of its two, written when the interrupt came
+    # a round is the point's implementations together (their eager batches interleaved): the two whole
+    # rounds of each, their median written when the interrupt came, and nothing of the third
     assert list(zip(kept["impl"], kept["mode"], strict=True)) == [
         ("test_a", "fwd"), ("test_a", "bwd"), ("test_b", "fwd"), ("test_b", "bwd")]  # fmt: skip
     assert (kept["status"] == "ok").all()
-    notes = kept["note"].fillna("").tolist()
-    assert not any("rounds" in n for n in notes[:2])
-    assert all("median of 2 of 2 rounds" in n for n in notes[2:])
+    assert all("median of 2 of 2 rounds" in n for n in kept["note"].fillna("").tolist())
 
 
 def test_bench_passes_rounds_to_the_runner(tmp_path):
@@ -163,16 +166,44 @@ def test_relerr_is_per_mode():
     assert by["fwd+bwd"] == pytest.approx(0.01, rel=1e-3)
 
 
+def _interrupt_at_64(**kw):
+    if kw["x"].shape[-1] == 64:
+        raise KeyboardInterrupt
+    return _layer_norm(**kw)
+
+
 def test_an_interrupted_run_keeps_the_rows_measured_before(tmp_path):
-    fake = registry.Implementation("layer_norm", "test_interrupt", "python", _raise_interrupt)
+    fake = registry.Implementation("layer_norm", "test_interrupt", "python", _interrupt_at_64)
     path = tmp_path / "r.csv"
     s = tiny_suite(shape=(8, 32))
     s = suite.Suite(s.name, "", (*s.groups, tiny_suite(shape=(8, 64)).groups[0]))
     with registered(fake), schema.CsvWriter(path) as w, pytest.raises(KeyboardInterrupt):
         runner.Runner("cpu", w, quick=True).run(s, impls=["torch", "test_interrupt"])
     df = schema.read_csv(path)
-    assert df["impl"].tolist() == ["torch", "torch"] and df["shape"].tolist() == ["8x32", "8x32"]
-    assert (df["status"] == "ok").all()
+    # the first point whole; the second's round was cut before anything of it was timed
+    assert df["impl"].tolist() == ["torch", "torch", "test_interrupt", "test_interrupt"]
+    assert df["shape"].tolist() == ["8x32"] * 4 and (df["status"] == "ok").all()
+
+
+def test_an_interrupt_mid_round_keeps_the_modes_measured(tmp_path, monkeypatch):
+    fakes = [registry.Implementation("layer_norm", n, "python", _layer_norm) for n in ("test_a", "test_b")]
+    timed = runner.Runner._timed_row
+    done: list[str] = []
+
+    def interrupted(self, suite, p, impl, ready, mode, *args):
+        if len(done) == 3:  # the second mode's second implementation
+            raise KeyboardInterrupt
+        done.append(f"{impl.name} {mode}")
+        return timed(self, suite, p, impl, ready, mode, *args)
+
+    monkeypatch.setattr(runner.Runner, "_timed_row", interrupted)
+    path = tmp_path / "r.csv"
+    with registered(*fakes), schema.CsvWriter(path) as w, pytest.raises(KeyboardInterrupt):
+        runner.Runner("cpu", w, quick=True).run(tiny_suite(), impls=["test_*"])
+    df = schema.read_csv(path)
+    assert done == ["test_a fwd", "test_b fwd", "test_a bwd"]
+    kept = [("test_a", "fwd"), ("test_a", "bwd"), ("test_b", "fwd")]
+    assert list(zip(df["impl"], df["mode"], strict=True)) == kept
 
 
 def test_unavailable_excluded_and_out_of_time_are_skip_rows_with_reasons():
@@ -426,7 +457,7 @@ def test_memory_records_count_allocations_and_the_running_peak():
 
 def test_throughput_comes_from_the_median_time(monkeypatch):
     times = timing.Timing(1.0, 2.0, 4.0, 5, gpu_p50=0.5, host_us=30.0)
-    monkeypatch.setattr(timing, "measure", lambda fn, device, config: times)
+    monkeypatch.setattr(timing, "measure", lambda fn, device, config, eager=None: times)
     (r,) = runner.Runner("cpu", quick=True).run(tiny_suite(modes=("fwd",)), impls=["python/torch"])
     assert r.ms_p50 == 2.0 and r.gbps == pytest.approx(2 * 8 * 32 * 4 / 2e-3 / 1e9)  # eager, not GPU-only
     assert (r.gpu_ms_p50, r.host_us) == (0.5, 30.0)

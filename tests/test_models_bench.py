@@ -135,7 +135,7 @@ def test_speed_is_the_median_of_each_rounds_ratio():
 
 
 def test_models_rounds_vary_each_implementations_place_and_predecessor():
-    # the order of :func:`runner.round_orders`: the second implementation (crossfuse in the table) is not
+    # the order of :func:`.rounds.round_orders`: the second implementation (crossfuse in the table) is not
     # always measured in the middle, right after the first
     made = []
 

@@ -53,7 +53,7 @@ import torch
 
 from . import memory, timing
 from .model_blocks import BLOCK_CASES, BlockCase, block_impls
-from .runner import round_orders
+from .rounds import round_orders
 from .schema import device_name, dtype_str, now, versions
 
 
@@ -289,7 +289,7 @@ def alternate(calls: dict[str, Callable[[], object]], rounds: int, device, confi
     """Each call's eager median in each of ``rounds`` rounds. A round times every call at once,
     their batches interleaved (:func:`.timing.time_cuda_eager_interleaved`: the host's pace, which sets a
     small model's step, drifts within a second, and this way falls on all of them alike), starting from the
-    orders of :func:`.runner.round_orders` (so that no call keeps one predecessor). ``time_round(calls,
+    orders of :func:`.rounds.round_orders` (so that no call keeps one predecessor). ``time_round(calls,
     device, config)`` times one round: ``{name: timing}`` (its ``p50``) of the calls in the order given."""
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}

@@ -26,8 +26,8 @@ For one implementation at one point (op, shape, dtype, options) the runner
 
    The first call (compilation, autotuning) is not timed. Any exception (including out-of-memory)
    becomes an ``error`` row, memory is freed and the run goes on. ``KeyboardInterrupt`` stops the run;
-   rows are written (and flushed) as they are measured (with ``rounds``, as each point's rounds end), so
-   everything before it is kept.
+   rows are written (and flushed) as each point's rounds end, so everything before it is kept (of the
+   point it cut, the modes of a first round already timed).
 
 With ``rounds`` > 1 a point's implementations are measured that many times, each round in another order
 (:func:`round_orders`), and each row is the round with the median ``ms_p50`` (its note says so and gives
@@ -39,6 +39,12 @@ and a session measures each point's implementations in one fixed order: rounds g
 done (interrupted, from the rounds done), so ``on_row`` fires for a point's rows together. Every round
 checks relerr again (one more call per implementation). With two implementations the third order is the
 first again.
+
+Within a round (one round by default), a point's implementations are timed together: each mode's calls are
+built for all of them, their eager batches interleaved (:func:`.timing.time_eager_many`), so that a drift
+of the host's pace, which decides host-bound points, falls on all alike; GPU-only time, host time and
+memory then per implementation. A row's note names the implementations its eager time was interleaved
+with.
 """
 
 from __future__ import annotations
@@ -46,7 +52,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -54,6 +59,7 @@ import torch
 
 from .. import check, registry
 from . import memory, timing
+from .rounds import median_row, round_orders
 from .schema import BUDGET_SPENT, CsvWriter, Row, device_name, dtype_str, shape_str
 from .suite import Point, Suite, points, select
 
@@ -88,6 +94,19 @@ class _Lazy:
 
 class _NotMeasurable(Exception):
     """This mode cannot be measured for this implementation (a ``skip`` row with the message)."""
+
+
+@dataclasses.dataclass
+class _Ready:
+    """An implementation that will be timed at a point: the point's data, its relerr per mode and the
+    relerr's note (which every row's note ends with)."""
+
+    data: PointData
+    errs: dict
+    rnote: str
+
+    def note(self, *parts: str) -> str:
+        return "; ".join(s for s in (*parts, self.rnote) if s)
 
 
 def _message(exc: BaseException) -> str:
@@ -239,7 +258,7 @@ class Runner:
             if i and self.devtype == "cuda":
                 torch.cuda.empty_cache()
             shared = _Lazy(lambda p=p: PointData(p, self.device))
-            if self.rounds == 1:
+            if self.rounds == 1 and len(chosen) == 1:
                 for impl in chosen:
                     for row in self.measure(suite, p, impl, shared):
                         self._emit(row)
@@ -254,10 +273,15 @@ class Runner:
         measured: list[list[list[Row]]] = [[] for _ in chosen]  # [impl][round] -> its rows, one per mode
         try:
             for r, order in enumerate(round_orders(len(chosen), self.rounds)):
-                for k in order:
-                    if r and not any(row.ms_p50 is not None for row in measured[k][0]):
-                        continue  # skipped, not timed or failed in the first round: once is enough
-                    measured[k].append(list(self.measure(suite, p, chosen[k], shared)))
+                # skipped, not timed or failed in the first round: once is enough
+                order = [k for k in order if not r or any(row.ms_p50 is not None for row in measured[k][0])]
+                got: dict[int, list[Row]] = {}
+                try:
+                    self._round_paired(suite, p, chosen, order, shared, got)
+                finally:  # a whole round, or what an interrupted first round measured
+                    for k, rows in got.items():
+                        if rows and (len(rows) == len(p.modes) or not measured[k]):
+                            measured[k].append(rows)
         finally:
             for per_round in measured:
                 for rows in zip(*per_round, strict=True):  # one mode, every round done
@@ -294,6 +318,15 @@ class Runner:
     def measure(self, suite: Suite, p: Point, impl: registry.Implementation, shared=None) -> Iterator[Row]:
         """Rows of one implementation at one point, one per mode. ``shared``: the point's
         :class:`PointData` (behind a lazy holder), made here when not given."""
+        rows, ready = self._prepare(suite, p, impl, shared)
+        yield from rows
+        if ready is not None:
+            for mode in p.modes:
+                yield self._timed_row(suite, p, impl, ready, mode)
+
+    def _prepare(self, suite: Suite, p: Point, impl, shared) -> tuple[list[Row], _Ready | None]:
+        """``(rows, None)`` where the implementation is not timed here (its rows, one per mode, say why);
+        else ``([], ready)``: its point data and relerr, for :meth:`_timed_row`."""
         reason = None
         for ex in suite.exclude:
             if ex.applies(impl, self.devtype, self.quick):
@@ -304,9 +337,7 @@ class Runner:
         if reason is None and self._out_of_time():
             reason = BUDGET_SPENT
         if reason is not None:
-            for mode in p.modes:
-                yield self._row(suite, p, impl, mode, status="skip", note=reason)
-            return
+            return [self._row(suite, p, impl, mode, status="skip", note=reason) for mode in p.modes], None
         if shared is None:
             shared = _Lazy(lambda: PointData(p, self.device))
         try:
@@ -314,54 +345,88 @@ class Runner:
         except Exception as exc:  # e.g. out of memory while making the inputs
             msg = _message(exc)
             free_memory(self.device)
-            for mode in p.modes:
-                yield self._row(suite, p, impl, mode, status="error", note=f"making inputs failed: {msg}")
-            return
+            return [self._row(suite, p, impl, mode, status="error", note=f"making inputs failed: {msg}")
+                    for mode in p.modes], None  # fmt: skip
 
         errs, rnote = self.relerr(impl, data)
-
-        def note(*parts: str) -> str:
-            return "; ".join(s for s in (*parts, rnote) if s)
-
+        ready = _Ready(data, errs, rnote)
         if impl.interpreted(self.device):
             why = "runs only under the Triton interpreter on the CPU: a time would measure the interpreter"
             # the one interpreted run raised: the implementation failed here, an error row, not a time
             failed = rnote.startswith(RELERR_RAISED)
-            status, text = ("error", rnote) if failed else ("not timed", note(why))
-            for mode in p.modes:
-                yield self._row(suite, p, impl, mode, relerr=errs.get(mode), status=status, note=text)
-            return
-
+            status, text = ("error", rnote) if failed else ("not timed", ready.note(why))
+            return [self._row(suite, p, impl, mode, relerr=errs.get(mode), status=status, note=text)
+                    for mode in p.modes], None  # fmt: skip
         if impl.measure is not None:
-            for mode in p.modes:
-                yield self._measured_by_side(suite, p, impl, mode, errs.get(mode), note())
-            return
+            return [self._measured_by_side(suite, p, impl, mode, errs.get(mode), ready.note())
+                    for mode in p.modes], None  # fmt: skip
+        return [], ready
 
+    def _timed_row(self, suite: Suite, p: Point, impl, ready: _Ready, mode: str, call=None,
+                   eager: timing.Timing | None = None, paired: str = "") -> Row:  # fmt: skip
+        """The row of one mode: ``call`` (built here when None) timed and measured; with ``eager``, its eager
+        time measured already (interleaved with the point's other implementations, named by ``paired``), which
+        the row keeps even where the time budget has since run out."""
+        if eager is None and self._out_of_time():
+            return self._row(suite, p, impl, mode, status="skip", note=BUDGET_SPENT)
+        status, msg, t, mem = "ok", "", None, None
+        try:
+            if call is None:
+                call = self._callable(impl, ready.data, mode)
+            t = timing.measure(call, self.device, self.config, eager=eager)
+            mem = memory.measure_call(call, self.device)
+        except _NotMeasurable as exc:
+            status, msg = "skip", str(exc)
+        except Exception as exc:  # incl. torch.cuda.OutOfMemoryError: a row, and the run goes on
+            status, msg = "error", _message(exc)
+        call = None
+        if status == "error":
+            free_memory(self.device)
+        fields = dict(relerr=ready.errs.get(mode), status=status, note=ready.note(msg))
+        if t is not None:
+            gbps, tflops = throughput(p.op, p.shape, mode, p.dtype, _causal(p), t.p50)
+            fields.update(ms_p20=t.p20, ms_p50=t.p50, ms_p80=t.p80, gbps=gbps, tflops=tflops,
+                          gpu_ms_p50=t.gpu_p50, host_us=t.host_us, note=ready.note(msg, paired))  # fmt: skip
+        if mem is not None:
+            fields.update(alloc_bytes=mem.alloc_bytes, peak_bytes=mem.peak_bytes)
+        return self._row(suite, p, impl, mode, **fields)
+
+    def _round_paired(self, suite: Suite, p: Point, chosen: list, order: list[int], shared: _Lazy,
+                      rows: dict[int, list[Row]]) -> None:  # fmt: skip
+        """One round of a point's implementations (``order``: indices into ``chosen``), each mode's calls
+        built for all of them first and their eager batches interleaved (:func:`.timing.time_eager_many`),
+        so that a change of the host's pace falls on every implementation alike; GPU-only time, host time
+        and memory then per implementation. Fills ``rows`` ({index: its rows, one per mode}) as it goes."""
+        ready = {}
+        for k in order:
+            made, r = self._prepare(suite, p, chosen[k], shared)
+            if r is None:
+                rows[k] = made
+            else:
+                ready[k] = r
+        for k in ready:
+            rows[k] = []
         for mode in p.modes:
-            if self._out_of_time():
-                yield self._row(suite, p, impl, mode, status="skip", note=BUDGET_SPENT)
-                continue
-            status, msg, t, mem = "ok", "", None, None
-            call = None
-            try:
-                call = self._callable(impl, data, mode)
-                t = timing.measure(call, self.device, self.config)
-                mem = memory.measure_call(call, self.device)
-            except _NotMeasurable as exc:
-                status, msg = "skip", str(exc)
-            except Exception as exc:  # incl. torch.cuda.OutOfMemoryError: a row, and the run goes on
-                status, msg = "error", _message(exc)
-            call = None
-            if status == "error":
-                free_memory(self.device)
-            fields = dict(relerr=errs.get(mode), status=status, note=note(msg))
-            if t is not None:
-                gbps, tflops = throughput(p.op, p.shape, mode, p.dtype, _causal(p), t.p50)
-                fields.update(ms_p20=t.p20, ms_p50=t.p50, ms_p80=t.p80, gbps=gbps, tflops=tflops,
-                              gpu_ms_p50=t.gpu_p50, host_us=t.host_us)  # fmt: skip
-            if mem is not None:
-                fields.update(alloc_bytes=mem.alloc_bytes, peak_bytes=mem.peak_bytes)
-            yield self._row(suite, p, impl, mode, **fields)
+            calls: dict[int, Callable[[], object]] = {}
+            for k, r in ready.items() if len(ready) > 1 and not self._out_of_time() else ():
+                try:
+                    calls[k] = self._callable(chosen[k], r.data, mode)
+                except torch.cuda.OutOfMemoryError:  # beside the others' calls: each alone, below
+                    calls = {}
+                    free_memory(self.device)
+                    break
+                except Exception:  # incl. _NotMeasurable: its row, made alone, says what failed
+                    continue
+            eager = {}
+            if len(calls) > 1:
+                named = {chosen[k].name: c for k, c in calls.items()}
+                times = timing.time_eager_many(named, self.device, self.config)
+                eager = {k: times[chosen[k].name] for k in calls}
+            for k, r in ready.items():
+                others = ", ".join(chosen[j].name for j in sorted(eager) if j != k)
+                paired = f"eager interleaved with {others}" if k in eager else ""
+                rows[k].append(self._timed_row(suite, p, chosen[k], r, mode, calls.pop(k, None),
+                                               eager.get(k), paired))  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------
     def _callable(self, impl, data: PointData, mode: str) -> Callable[[], object]:
@@ -523,46 +588,6 @@ class Runner:
             peak_bytes=mem.peak_bytes,
             note=note,
         )
-
-
-def round_orders(n: int, rounds: int) -> list[list[int]]:
-    """The orders in which :meth:`Runner.run` measures a point's ``n`` implementations in each of ``rounds``
-    rounds: as listed; reversed, but with the last one kept last (so that the second round does not begin
-    with the implementation that ended the first: a state one measurement leaves can outlast the next one);
-    the even positions then the odd ones; then seeded shuffles. For n >= 3 no two
-    implementations adjacent in the first order are adjacent, in that order, in the second or third, nor
-    across the rounds' boundaries, so an implementation does not keep the predecessor that may have sped it
-    up or slowed it down. With n = 2 the second order is the reversed one and the third the first again."""
-    base = list(range(n))
-    second = base[-2::-1] + base[-1:] if n >= 3 else base[::-1]
-    fixed = [base, second, base[0::2] + base[1::2]]
-    orders = fixed[:rounds]
-    for r in range(len(orders), rounds):
-        order = base[:]
-        random.Random(r).shuffle(order)
-        orders.append(order)
-    return orders
-
-
-def median_row(rows: list[Row]) -> Row:
-    """One implementation's row of one mode from its rows of several rounds: the timed round with the
-    median ``ms_p50`` (of an even count, the slower middle one: the effect the rounds are for speeds a call
-    up), its note saying so; with no timed round, the first round's row (a skip or error row says the same
-    in every round but for the budget). A round that failed where others were timed is named in the note."""
-    timed = sorted((r for r in rows if r.status == "ok" and r.ms_p50 is not None), key=lambda r: r.ms_p50)
-    if not timed:
-        return rows[0]
-    mid = timed[len(timed) // 2]
-    if len(rows) == 1:
-        return mid
-    if len(timed) == 1:
-        said = f"timed in 1 of {len(rows)} rounds"
-    else:
-        lo, hi = timed[0].ms_p50, timed[-1].ms_p50
-        said = f"median of {len(timed)} of {len(rows)} rounds in varied orders (p50 {lo:.4g}-{hi:.4g} ms)"
-    failed = [f"round {i + 1}: {r.status}: {r.note}" for i, r in enumerate(rows)
-              if r.status != "ok" and r.note != BUDGET_SPENT]  # fmt: skip
-    return dataclasses.replace(mid, note="; ".join(s for s in (said, *failed[:1], mid.note) if s))
 
 
 def _backward_only(impl, out: torch.Tensor, leaves: list, dy: torch.Tensor) -> Callable[[], object]:

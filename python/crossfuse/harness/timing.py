@@ -316,16 +316,29 @@ def host_time_us(fn: Callable[[], object], device, config: TimingConfig = DEFAUL
     return elapsed / n * 1e6
 
 
-def measure(fn: Callable[[], object], device, config: TimingConfig = DEFAULT) -> Timing:
+def measure(fn: Callable[[], object], device, config: TimingConfig = DEFAULT, eager: Timing | None = None
+            ) -> Timing:  # fmt: skip
     """A result row's times: eager percentiles (ms), the GPU-only median (ms) and the host time per call
-    (µs) on CUDA; on the CPU :func:`time_cpu` (eager and host at once, no GPU-only time)."""
+    (µs) on CUDA; on the CPU :func:`time_cpu` (eager and host at once, no GPU-only time). ``eager``: the
+    call's eager time, measured already (:func:`time_eager_many`)."""
     if torch.device(device).type != "cuda":
-        return time_cpu(fn, config)
-    eager = time_cuda_eager(fn, device, config)
+        return eager if eager is not None else time_cpu(fn, config)
+    if eager is None:
+        eager = time_cuda_eager(fn, device, config)
     gpu = time_cuda(fn, device, config)
     # a GPU-bound call: fewer calls, so that they queue about cuda_rep_ms of GPU work, not a full queue
     calls = _clamp(config.cuda_rep_ms / max(gpu.p50, 1e-6), 10, config.host_calls)
     return dataclasses.replace(eager, gpu_p50=gpu.p50, host_us=host_time_us(fn, device, config, calls))
+
+
+def time_eager_many(calls: dict[str, Callable[[], object]], device, config: TimingConfig = DEFAULT
+                    ) -> dict[str, Timing]:  # fmt: skip
+    """Eager times of several calls, for :func:`measure`'s ``eager``: on CUDA their batches interleaved
+    (:func:`time_cuda_eager_interleaved`); on the CPU :func:`time_cpu` of each in turn (a CPU row's eager
+    time is its host time, which the CPU's own load moves for all alike)."""
+    if torch.device(device).type == "cuda":
+        return time_cuda_eager_interleaved(calls, device, config)
+    return {name: time_cpu(fn, config) for name, fn in calls.items()}
 
 
 def alternate(calls: dict, rounds: int, device="cuda", config: TimingConfig = DEFAULT) -> dict:
