@@ -185,6 +185,23 @@ def test_an_interrupted_run_keeps_the_rows_measured_before(tmp_path):
     assert df["shape"].tolist() == ["8x32"] * 4 and (df["status"] == "ok").all()
 
 
+def test_a_call_failing_while_timed_is_an_error_row_and_the_others_are_timed():
+    made = []
+
+    def fails_when_repeated(**kw):  # the relerr check and building the call pass; timing repeats it
+        made.append(1)
+        if len(made) > 4:
+            raise RuntimeError("fails on its fifth call")
+        return _layer_norm(**kw)
+
+    fake = registry.Implementation("layer_norm", "test_fails_later", "python", fails_when_repeated)
+    with registered(fake):
+        rows = runner.Runner("cpu", quick=True).run(tiny_suite(modes=("fwd",)), impls=["torch", "test_*"])
+    got = {r.impl: r for r in rows}
+    assert got["torch"].status == "ok" and got["torch"].ms_p50 is not None
+    assert got["test_fails_later"].status == "error" and "fifth call" in got["test_fails_later"].note
+
+
 def test_an_interrupt_mid_round_keeps_the_modes_measured(tmp_path, monkeypatch):
     fakes = [registry.Implementation("layer_norm", n, "python", _layer_norm) for n in ("test_a", "test_b")]
     timed = runner.Runner._timed_row

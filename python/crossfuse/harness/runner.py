@@ -420,8 +420,11 @@ class Runner:
             eager = {}
             if len(calls) > 1:
                 named = {chosen[k].name: c for k, c in calls.items()}
-                times = timing.time_eager_many(named, self.device, self.config)
-                eager = {k: times[chosen[k].name] for k in calls}
+                try:
+                    times = timing.time_eager_many(named, self.device, self.config)
+                    eager = {k: times[chosen[k].name] for k in calls}
+                except Exception:  # a call that failed while repeated: each alone, its row says how
+                    free_memory(self.device)
             for k, r in ready.items():
                 others = ", ".join(chosen[j].name for j in sorted(eager) if j != k)
                 paired = f"eager interleaved with {others}" if k in eager else ""
