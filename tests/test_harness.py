@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 from _harness import DESIGN, row, tiny_suite
-from crossfuse.harness import memory, plots, report, runner, schema, timing
+from crossfuse.harness import memory, plots, point_data, report, runner, schema, timing
 
 # ----------------------------------------------------------------------------------------------------
 # schema
@@ -105,12 +105,12 @@ def test_tflops_counts_attention_matmuls():
 
 
 def test_attention_relerr_runs_on_a_slice_when_the_reference_is_large(monkeypatch):
-    assert runner.relerr_heads("relu_attention", (2, 2, 64, 32)) is None
-    assert runner.relerr_heads("relu_attention", (1, 32, 16384, 64)) == 1
-    assert runner.relerr_heads("relu_attention", (4, 32, 4096, 64)) == 16
-    assert runner.relerr_heads("layer_norm", (65536, 1024)) is None
+    assert point_data.relerr_heads("relu_attention", (2, 2, 64, 32)) is None
+    assert point_data.relerr_heads("relu_attention", (1, 32, 16384, 64)) == 1
+    assert point_data.relerr_heads("relu_attention", (4, 32, 4096, 64)) == 16
+    assert point_data.relerr_heads("layer_norm", (65536, 1024)) is None
     # the sliced check agrees with the whole check where both are possible
-    monkeypatch.setattr(runner, "ATTENTION_RELERR_MAX_SCORES", 2 * 48 * 48)
+    monkeypatch.setattr(point_data, "ATTENTION_RELERR_MAX_SCORES", 2 * 48 * 48)
     s = tiny_suite(ops=("relu_attention",), shape=(2, 3, 48, 16), modes=("fwd", "fwd+bwd"))
     rows = runner.Runner("cpu", quick=True).run(s, impls=["naive"])
     assert all(r.status == "ok" and 0 < r.relerr < 1e-5 for r in rows)
