@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
@@ -329,6 +330,32 @@ def test_persisting_l2_reset_is_none_without_a_driver(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", no_library)
     assert timing.persisting_l2_reset() is None and timing._reset_persisting_l2() is False
     assert "persisting" not in timing.method("cuda")
+
+
+def _host_then_gpu(host_ms: float, cycles: int):
+    def call():
+        t = time.perf_counter()
+        while time.perf_counter() - t < host_ms * 1e-3:  # the host busy, as Python and launches keep it
+            pass
+        torch.cuda._sleep(cycles)  # the GPU busy for a known time
+
+    return call
+
+
+@pytest.mark.gpu
+def test_eager_time_overlaps_host_and_gpu_as_a_loop_does():
+    per_mcycle = timing.time_cuda(lambda: torch.cuda._sleep(1_000_000), "cuda", timing.QUICK).p50
+    cycles = int(2.0 / per_mcycle * 1e6)  # about 2 ms of GPU time
+    # GPU-bound: 0.5 ms of host time a call hides behind the previous call's 2 ms of GPU time
+    gpu_bound = _host_then_gpu(0.5, cycles)
+    gpu = timing.time_cuda(gpu_bound, "cuda", timing.QUICK).p50
+    eager = timing.time_cuda_eager(gpu_bound, "cuda", timing.QUICK).p50
+    assert 1.5 < gpu < 3.0
+    assert eager < gpu + 0.2, f"eager {eager:.2f} ms: the host's 0.5 ms added to the GPU's {gpu:.2f}"
+    # host-bound: 3 ms of host time a call shows (but for the L2 flush after the untimed call, which the
+    # timed call's host time overlaps too), not the GPU's 2 ms
+    eager_host = timing.time_cuda_eager(_host_then_gpu(3.0, cycles), "cuda", timing.QUICK).p50
+    assert eager_host > 2.7
 
 
 @pytest.mark.gpu
