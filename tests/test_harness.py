@@ -352,10 +352,9 @@ def test_eager_time_overlaps_host_and_gpu_as_a_loop_does():
     eager = timing.time_cuda_eager(gpu_bound, "cuda", timing.QUICK).p50
     assert 1.5 < gpu < 3.0
     assert eager < gpu + 0.2, f"eager {eager:.2f} ms: the host's 0.5 ms added to the GPU's {gpu:.2f}"
-    # host-bound: 3 ms of host time a call shows (but for the L2 flush after the untimed call, which the
-    # timed call's host time overlaps too), not the GPU's 2 ms
+    # host-bound: 3 ms of host time a call shows whole (no untimed call hides a part of it)
     eager_host = timing.time_cuda_eager(_host_then_gpu(3.0, cycles), "cuda", timing.QUICK).p50
-    assert eager_host > 2.7
+    assert eager_host > 2.95
 
 
 @pytest.mark.gpu

@@ -213,6 +213,24 @@ def test_a_call_failing_while_timed_is_an_error_row_and_the_others_are_timed():
     assert got["test_fails_later"].status == "error" and "fifth call" in got["test_fails_later"].note
 
 
+def test_out_of_memory_beside_the_others_calls_times_each_alone():
+    made = []
+
+    def out_of_memory_when_held_with_others(**kw):  # the relerr check passes; building the calls does not
+        made.append(1)
+        if len(made) > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (a stand-in)")
+        return _layer_norm(**kw)
+
+    fake = registry.Implementation("layer_norm", "test_oom", "python", out_of_memory_when_held_with_others)
+    with registered(fake):
+        rows = runner.Runner("cpu", quick=True).run(tiny_suite(modes=("fwd",)), impls=["torch", "test_*"])
+    got = {r.impl: r for r in rows}
+    # torch timed alone (nothing to interleave with), the other an error row; the run went on
+    assert got["torch"].status == "ok" and "interleaved" not in got["torch"].note
+    assert got["test_oom"].status == "error" and "out of memory" in got["test_oom"].note
+
+
 def test_an_interrupt_mid_round_keeps_the_modes_measured(tmp_path, monkeypatch):
     fakes = [registry.Implementation("layer_norm", n, "python", _layer_norm) for n in ("test_a", "test_b")]
     timed = runner.Runner._timed_row

@@ -349,29 +349,43 @@ class Runner:
         for k in ready:
             rows[k] = []
         for mode in p.modes:
-            calls: dict[int, Callable[[], object]] = {}
-            for k, r in ready.items() if len(ready) > 1 and not self._out_of_time() else ():
-                try:
-                    calls[k] = self._callable(chosen[k], r.data, mode)
-                except torch.cuda.OutOfMemoryError:  # beside the others' calls: each alone, below
-                    calls = {}
-                    free_memory(self.device)
-                    break
-                except Exception:  # incl. _NotMeasurable: its row, made alone, says what failed
-                    continue
+            calls = self._calls_together(chosen, ready, mode)
             eager = {}
-            if len(calls) > 1:
-                named = {chosen[k].name: c for k, c in calls.items()}
+            if len(calls) > 1 and not self._out_of_time():
                 try:
-                    times = timing.time_eager_many(named, self.device, self.config)
-                    eager = {k: times[chosen[k].name] for k in calls}
+                    times = timing.time_eager_many({chosen[k].key: c for k, c in calls.items()}, self.device,
+                                                   self.config)  # fmt: skip
+                    eager = {k: times[chosen[k].key] for k in calls}
                 except Exception:  # a call that failed while repeated: each alone, its row says how
+                    pass
+                if not eager:  # freed before each is built again, alone
+                    calls = {}
                     free_memory(self.device)
             for k, r in ready.items():
                 others = ", ".join(chosen[j].name for j in sorted(eager) if j != k)
                 paired = f"eager interleaved with {others}" if k in eager else ""
                 rows[k].append(self._timed_row(suite, p, chosen[k], r, mode, calls.pop(k, None),
                                                eager.get(k), paired))  # fmt: skip
+
+    def _calls_together(self, chosen: list, ready: dict, mode: str) -> dict[int, Callable[[], object]]:
+        """``{index: call}`` of ``mode`` for the ready implementations whose call can be built, all held at
+        once (their memory together); empty where fewer than two are ready, the time budget is spent, or
+        building them together runs out of memory (then each is built alone by its row)."""
+        calls: dict[int, Callable[[], object]] = {}
+        if len(ready) < 2 or self._out_of_time():
+            return calls
+        for k, r in ready.items():
+            try:
+                calls[k] = self._callable(chosen[k], r.data, mode)
+            except torch.cuda.OutOfMemoryError:
+                break
+            except Exception:  # incl. _NotMeasurable: its row, made alone, says what failed
+                continue
+        else:
+            return calls
+        calls = {}  # out of memory beside the others' calls: freed outside the handler's frame
+        free_memory(self.device)
+        return calls
 
     # ------------------------------------------------------------------------------------------------
     def _callable(self, impl, data: PointData, mode: str) -> Callable[[], object]:

@@ -6,9 +6,11 @@
   time divided by its calls; before each batch the L2 is flushed and the GPU synchronised, outside the
   events. An op whose host time (Python, autograd, launches) exceeds its GPU time is measured at its host
   time here, as a training loop would see it. Calls after a batch's first may find their inputs in L2.
-  A batch shorter than ``eager_lead_below_ms`` begins with one untimed call (and the L2 flushed again
-  after it), as a loop's previous call: the first timed call's host time then overlaps GPU work, as every
-  later call's does, instead of adding to its GPU time (a call of 0.5 ms or more is a batch of one).
+  A batch of GPU-bound calls (their host time under half their time) shorter than ``eager_lead_below_ms``
+  begins with one untimed call (and the L2 flushed again after it), as a loop's previous call: the first
+  timed call's host time then overlaps GPU work, as every later call's does, instead of adding to its GPU
+  time (a call of 0.5 ms or more is a batch of one). Host-bound calls have none: their host time is what
+  the batch measures, all of it.
 * **GPU-only** (``gpu_ms_p50``): :func:`time_cuda`, CUDA events around each call, after warm-up; the L2
   is flushed before every repeat by zeroing a 256 MiB buffer (larger than any current L2), outside the
   timed region. Each repeat begins with a synchronisation (``TimingConfig.sync_each_repeat``), so repeats
@@ -83,7 +85,7 @@ class TimingConfig:
     # eager: a batch of back-to-back calls lasts about this long (at most eager_max_batch calls)
     eager_batch_ms: float = 1.0
     eager_max_batch: int = 50
-    # eager: a batch shorter than this begins with one untimed call (see time_cuda_eager_interleaved)
+    # eager: a GPU-bound batch shorter than this begins with one untimed call (time_cuda_eager_interleaved)
     eager_lead_below_ms: float = 20.0
     # host time: this many calls back to back, without a synchronisation
     host_calls: int = 100
@@ -274,19 +276,23 @@ def time_cuda_eager_interleaved(calls: dict[str, Callable[[], object]], device="
     call alike, where timing one call after the other would give it to whichever call ran then."""
     names = list(calls)
     torch.cuda.synchronize(device)
-    est, batch = {}, {}
+    est, batch, lead = {}, {}, {}
     for n in names:
         t = time.perf_counter()
         for _ in range(3):
             calls[n]()
+        host = (time.perf_counter() - t) * 1e3 / 3  # enqueueing, before the GPU is waited for
         torch.cuda.synchronize(device)
         est[n] = max((time.perf_counter() - t) * 1e3 / 3, 1e-4)
         for _ in range(_clamp(config.cuda_warmup_ms / est[n], 1, 100)):
             calls[n]()
         batch[n] = _clamp(config.eager_batch_ms / est[n], 1, config.eager_max_batch)
+        # GPU-bound (its host time under half its time) and short: see the loop below. Not a host-bound
+        # call: the timed calls' host time would then start during the untimed call's GPU work and the
+        # second flush, which the events would not count
+        lead[n] = host < 0.5 * est[n] and est[n] * batch[n] < config.eager_lead_below_ms
     per_repeat = sum(est[n] * batch[n] for n in names) / len(names)
     reps = _clamp(config.cuda_rep_ms / per_repeat, config.cuda_min_reps, config.cuda_max_reps)
-    lead = {n: est[n] * batch[n] < config.eager_lead_below_ms for n in names}
     events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(reps)] for n in names}  # fmt: skip
     for i in range(reps):
