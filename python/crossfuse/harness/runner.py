@@ -53,7 +53,7 @@ import dataclasses
 import gc
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -139,7 +139,7 @@ def throughput(op: str, shape, mode: str, dtype: torch.dtype, causal: bool, ms: 
 
 
 class Runner:
-    """Runs suites on one device and writes rows as they are measured (with ``rounds`` > 1, per point).
+    """Runs suites on one device and writes rows as each point is measured.
 
     ``writer``: a :class:`CsvWriter` (or None); ``on_row``: called with each row after it is written;
     ``deadline``: a ``time.monotonic()`` value after which nothing new is measured (``skip`` rows);
@@ -200,18 +200,14 @@ class Runner:
             if i and self.devtype == "cuda":
                 torch.cuda.empty_cache()
             shared = _Lazy(lambda p=p: PointData(p, self.device))
-            if self.rounds == 1 and len(chosen) == 1:
-                for impl in chosen:
-                    for row in self.measure(suite, p, impl, shared):
-                        self._emit(row)
-            else:
-                self._run_rounds(suite, p, chosen, shared)
+            self._run_rounds(suite, p, chosen, shared)
         return self.rows[start:]
 
     def _run_rounds(self, suite: Suite, p: Point, chosen: list, shared: _Lazy) -> None:
         """The point's implementations measured in ``self.rounds`` rounds (:func:`round_orders`), then one
         row per implementation and mode (:func:`median_row`). Interrupted, it writes the rows of the rounds
-        done first (an implementation without a whole round has none), then lets the interrupt through."""
+        done first (of an interrupted first round, the modes already timed), then lets the interrupt
+        through."""
         measured: list[list[list[Row]]] = [[] for _ in chosen]  # [impl][round] -> its rows, one per mode
         try:
             for r, order in enumerate(round_orders(len(chosen), self.rounds)):
@@ -257,16 +253,7 @@ class Runner:
             **fields,
         )
 
-    def measure(self, suite: Suite, p: Point, impl: registry.Implementation, shared=None) -> Iterator[Row]:
-        """Rows of one implementation at one point, one per mode. ``shared``: the point's
-        :class:`PointData` (behind a lazy holder), made here when not given."""
-        rows, ready = self._prepare(suite, p, impl, shared)
-        yield from rows
-        if ready is not None:
-            for mode in p.modes:
-                yield self._timed_row(suite, p, impl, ready, mode)
-
-    def _prepare(self, suite: Suite, p: Point, impl, shared) -> tuple[list[Row], _Ready | None]:
+    def _prepare(self, suite: Suite, p: Point, impl, shared: _Lazy) -> tuple[list[Row], _Ready | None]:
         """``(rows, None)`` where the implementation is not timed here (its rows, one per mode, say why);
         else ``([], ready)``: its point data and relerr, for :meth:`_timed_row`."""
         reason = None
@@ -280,8 +267,6 @@ class Runner:
             reason = BUDGET_SPENT
         if reason is not None:
             return [self._row(suite, p, impl, mode, status="skip", note=reason) for mode in p.modes], None
-        if shared is None:
-            shared = _Lazy(lambda: PointData(p, self.device))
         try:
             data = shared.get()
         except Exception as exc:  # e.g. out of memory while making the inputs
