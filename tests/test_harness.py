@@ -342,6 +342,62 @@ def _host_then_gpu(host_ms: float, cycles: int):
     return call
 
 
+class _OneStream:
+    """A host clock (ms) and one GPU stream, for the eager timer on the CPU: a call takes host time, then
+    queues GPU time; an event records when the stream reaches it; a synchronisation waits for the stream."""
+
+    def __init__(self, monkeypatch):
+        self.host = self.gpu_free = 0.0
+        self.batches: list[tuple[str, ...]] = []  # the calls between each pair of events
+        stream, inside = self, []
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = 0.0
+
+            def record(self):
+                self.at = max(stream.host, stream.gpu_free)
+                if inside:
+                    stream.batches.append(tuple(inside[1:]))
+                    inside.clear()
+                else:
+                    inside.append("start")
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        self._inside = inside
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: self._wait())
+        monkeypatch.setattr(timing.time, "perf_counter", lambda: self.host * 1e-3)
+
+    def _wait(self):
+        self.host = max(self.host, self.gpu_free)
+
+    def call(self, name: str, host_ms: float, gpu_ms: float):
+        def fn():
+            self.host += host_ms
+            self.gpu_free = max(self.gpu_free, self.host) + gpu_ms
+            if self._inside:
+                self._inside.append(name)
+
+        return fn
+
+
+def test_an_eager_batch_does_not_depend_on_the_call_listed_before_it(monkeypatch):
+    # the previous call's warm-up still queued on the GPU must not count in this call's estimate: a 0.1 ms
+    # host-bound call listed after a 2 ms GPU-bound one would get a batch of one, and the untimed first
+    # call meant for GPU-bound calls
+    config = timing.TimingConfig(flush_l2=False)
+    sizes = {}
+    for order in (("gpu", "host"), ("host", "gpu")):
+        stream = _OneStream(monkeypatch)
+        calls = {"gpu": stream.call("gpu", 0.02, 2.0), "host": stream.call("host", 0.1, 0.05)}
+        timing.time_cuda_eager_interleaved({n: calls[n] for n in order}, "cuda", config)
+        sizes[order] = {b.count("host") for b in stream.batches if "host" in b}
+    assert sizes[("gpu", "host")] == sizes[("host", "gpu")] and min(sizes[("gpu", "host")]) > 1, sizes
+
+
 @pytest.mark.gpu
 def test_eager_time_overlaps_host_and_gpu_as_a_loop_does():
     per_mcycle = timing.time_cuda(lambda: torch.cuda._sleep(1_000_000), "cuda", timing.QUICK).p50

@@ -352,7 +352,7 @@ def measure(impls: dict[str, torch.nn.Module], timed: list[str], ref: str, input
         if cuda:
             per_round = alternate(calls, cfg.rounds, cfg.device, tcfg, lambda s, w=what: say(f"{w} {s}"))
         else:
-            per_round = {n: [timing.time_cpu(c, tcfg).p50] for n, c in calls.items()}
+            per_round = {n: [t.p50] for n, t in timing.time_cpu_interleaved(calls, tcfg).items()}
         for n, times in per_round.items():
             out[n][f"{what}_ms"] = statistics.median(times)
             if n != ref and ref in per_round:

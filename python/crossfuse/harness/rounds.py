@@ -28,11 +28,13 @@ def round_orders(n: int, rounds: int) -> list[list[int]]:
     return orders
 
 
-def median_row(rows: list[Row]) -> Row:
+def median_row(rows: list[Row], varied: bool = True) -> Row:
     """One implementation's row of one mode from its rows of several rounds: the timed round with the
     median ``ms_p50`` (of an even count, the slower middle one: the effect the rounds are for speeds a call
     up), its note saying so; with no timed round, the first round's row (a skip or error row says the same
-    in every round but for the budget). A round that failed where others were timed is named in the note."""
+    in every round but for the budget). A round that failed where others were timed is named in the note;
+    ``varied``: whether the rounds took the point's implementations in more than one order (the note says
+    so)."""
     timed = sorted((r for r in rows if r.status == "ok" and r.ms_p50 is not None), key=lambda r: r.ms_p50)
     if not timed:
         return rows[0]
@@ -43,7 +45,8 @@ def median_row(rows: list[Row]) -> Row:
         said = f"timed in 1 of {len(rows)} rounds"
     else:
         lo, hi = timed[0].ms_p50, timed[-1].ms_p50
-        said = f"median of {len(timed)} of {len(rows)} rounds in varied orders (p50 {lo:.4g}-{hi:.4g} ms)"
+        orders = " in varied orders" if varied else ""
+        said = f"median of {len(timed)} of {len(rows)} rounds{orders} (p50 {lo:.4g}-{hi:.4g} ms)"
     failed = [f"round {i + 1}: {r.status}: {r.note}" for i, r in enumerate(rows)
               if r.status != "ok" and r.note != BUDGET_SPENT]  # fmt: skip
     return dataclasses.replace(mid, note="; ".join(s for s in (said, *failed[:1], mid.note) if s))

@@ -68,8 +68,15 @@ from .suite import Point, Suite, points, select
 INTERPRETED_RELERR_MAX_WORK = 1 << 17
 NOTE_MAX = 300
 
+# the fields a row takes from an implementation that measures itself (Implementation.measure)
+SIDE_MEASURED = frozenset({"ms_p20", "ms_p50", "ms_p80", "gbps", "tflops", "alloc_bytes", "peak_bytes",
+                           "gpu_ms_p50", "host_us", "versions", "timestamp"})  # fmt: skip
+
 # the start of the note of a point whose implementation raised in the relerr check
 RELERR_RAISED = "relerr check raised"
+# the start of the note of one whose output the check could not compare with the reference (another shape,
+# gradients missing): a wrong answer, an error row, not a time
+NOT_COMPARABLE = "output not comparable with the float64 reference:"
 
 
 class _Lazy:
@@ -209,10 +216,12 @@ class Runner:
         done first (of an interrupted first round, the modes already timed), then lets the interrupt
         through."""
         measured: list[list[list[Row]]] = [[] for _ in chosen]  # [impl][round] -> its rows, one per mode
+        orders = set()  # those the rounds took: one alone is no variation for a row's note to claim
         try:
             for r, order in enumerate(round_orders(len(chosen), self.rounds)):
                 # skipped, not timed or failed in the first round: once is enough
                 order = [k for k in order if not r or any(row.ms_p50 is not None for row in measured[k][0])]
+                orders.add(tuple(order))
                 got: dict[int, list[Row]] = {}
                 try:
                     self._round_paired(suite, p, chosen, order, shared, got)
@@ -220,10 +229,11 @@ class Runner:
                     for k, rows in got.items():
                         if rows and (len(rows) == len(p.modes) or not measured[k]):
                             measured[k].append(rows)
-        finally:
-            for per_round in measured:
-                for rows in zip(*per_round, strict=True):  # one mode, every round done
-                    self._emit(median_row(list(rows)))
+        finally:  # a Ctrl-C (in on_row, say) waits until every measured row of the point is out
+            with memory.sigint_deferred():
+                for per_round in measured:
+                    for rows in zip(*per_round, strict=True):  # one mode, every round done
+                        self._emit(median_row(list(rows), varied=len(orders) > 1))
 
     def _emit(self, row: Row) -> None:
         with memory.sigint_deferred():  # a row on disk is a row counted: Ctrl-C waits for the bookkeeping
@@ -276,6 +286,8 @@ class Runner:
                     for mode in p.modes], None  # fmt: skip
 
         errs, rnote = self.relerr(impl, data)
+        if rnote.startswith(NOT_COMPARABLE):
+            return [self._row(suite, p, impl, mode, status="error", note=rnote) for mode in p.modes], None
         ready = _Ready(data, errs, rnote)
         if impl.interpreted(self.device):
             why = "runs only under the Triton interpreter on the CPU: a time would measure the interpreter"
@@ -289,17 +301,16 @@ class Runner:
                     for mode in p.modes], None  # fmt: skip
         return [], ready
 
-    def _timed_row(self, suite: Suite, p: Point, impl, ready: _Ready, mode: str, call=None,
+    def _timed_row(self, suite: Suite, p: Point, impl, ready: _Ready, mode: str,
                    eager: timing.Timing | None = None, paired: str = "") -> Row:  # fmt: skip
-        """The row of one mode: ``call`` (built here when None) timed and measured; with ``eager``, its eager
-        time measured already (interleaved with the point's other implementations, named by ``paired``), which
+        """The row of one mode: its call built, timed and measured, alone; with ``eager``, its eager time
+        measured already (interleaved with the point's other implementations, named by ``paired``), which
         the row keeps even where the time budget has since run out."""
         if eager is None and self._out_of_time():
             return self._row(suite, p, impl, mode, status="skip", note=BUDGET_SPENT)
         status, msg, t, mem = "ok", "", None, None
         try:
-            if call is None:
-                call = self._callable(impl, ready.data, mode)
+            call = self._callable(impl, ready.data, mode)
             t = timing.measure(call, self.device, self.config, eager=eager)
             mem = memory.measure_call(call, self.device)
         except _NotMeasurable as exc:
@@ -322,8 +333,10 @@ class Runner:
                       rows: dict[int, list[Row]]) -> None:  # fmt: skip
         """One round of a point's implementations (``order``: indices into ``chosen``), each mode's calls
         built for all of them first and their eager batches interleaved (:func:`.timing.time_eager_many`),
-        so that a change of the host's pace falls on every implementation alike; GPU-only time, host time
-        and memory then per implementation. Fills ``rows`` ({index: its rows, one per mode}) as it goes."""
+        so that a change of the host's pace falls on every implementation alike; those calls are then freed,
+        and each implementation's GPU-only time, host time and memory come from its call built again alone
+        (the others' graphs and saved tensors would otherwise take its memory). Fills ``rows`` ({index: its
+        rows, one per mode}) as it goes."""
         ready = {}
         for k in order:
             made, r = self._prepare(suite, p, chosen[k], shared)
@@ -343,14 +356,13 @@ class Runner:
                     eager = {k: times[chosen[k].key] for k in calls}
                 except Exception:  # a call that failed while repeated: each alone, its row says how
                     pass
-                if not eager:  # freed before each is built again, alone
-                    calls = {}
-                    free_memory(self.device)
+            if calls:  # freed: each row's GPU-only time, host time and memory come from its call alone
+                calls = {}
+                free_memory(self.device)
             for k, r in ready.items():
                 others = ", ".join(chosen[j].name for j in sorted(eager) if j != k)
                 paired = f"eager interleaved with {others}" if k in eager else ""
-                rows[k].append(self._timed_row(suite, p, chosen[k], r, mode, calls.pop(k, None),
-                                               eager.get(k), paired))  # fmt: skip
+                rows[k].append(self._timed_row(suite, p, chosen[k], r, mode, eager.get(k), paired))
 
     def _calls_together(self, chosen: list, ready: dict, mode: str) -> dict[int, Callable[[], object]]:
         """``{index: call}`` of ``mode`` for the ready implementations whose call can be built, all held at
@@ -449,8 +461,15 @@ class Runner:
             return {}, f"relerr not computed: float64 reference failed: {data.ref_error}"
         ref_out, ref_grads = data.reference(grads)
         dy = None if data.dy is None else data.part(data.dy)
-        c = check.compare(impl, p.dtype, self.device, op.rows(data.inputs), out, got, ref_out, ref_grads,
-                          data.reference_inputs(), dy)  # fmt: skip
+        try:
+            c = check.compare(impl, p.dtype, self.device, op.rows(data.inputs), out, got, ref_out, ref_grads,
+                              data.reference_inputs(), dy)  # fmt: skip
+        except torch.cuda.OutOfMemoryError as exc:  # the comparison's own memory: no relerr, still a time
+            msg = _message(exc)
+            free_memory(self.device)
+            return {}, f"relerr not computed: {msg}"
+        except Exception as exc:  # e.g. an output of another shape than the reference's: a wrong answer
+            return {}, f"{NOT_COMPARABLE} {_message(exc)}"
         fwd, ok = c.fwd_err, c.ok
         errs = {"fwd": fwd}
         gerrs = list(c.grad_err.values())
@@ -467,7 +486,10 @@ class Runner:
         row = self._row(suite, p, impl, mode, relerr=relerr, note=note)
         try:
             fields = dict(impl.measure(p.shape, p.dtype, self.device, mode, dict(p.options)))
-            row.update(fields)
+            # its times, memory and versions; what the point is and its relerr (against the float64
+            # reference, every gradient) stay the runner's: a side's row may name its shape in its own
+            # layout or give a relerr of one gradient
+            row.update({k: v for k, v in fields.items() if k in SIDE_MEASURED})
         except Exception as exc:
             msg = _message(exc)
             free_memory(self.device)

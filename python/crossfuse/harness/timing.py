@@ -7,10 +7,12 @@
   events. An op whose host time (Python, autograd, launches) exceeds its GPU time is measured at its host
   time here, as a training loop would see it. Calls after a batch's first may find their inputs in L2.
   A batch of GPU-bound calls (their host time under half their time) shorter than ``eager_lead_below_ms``
-  begins with one untimed call (and the L2 flushed again after it), as a loop's previous call: the first
-  timed call's host time then overlaps GPU work, as every later call's does, instead of adding to its GPU
-  time (a call of 0.5 ms or more is a batch of one). Host-bound calls have none: their host time is what
-  the batch measures, all of it.
+  begins with one untimed call, as a loop's previous call: the first timed call's host time then overlaps
+  GPU work, as every later call's does, instead of adding to its GPU time (a call of 0.5 ms or more is a
+  batch of one). The L2 buffer is zeroed again after it, without the reset of persisting lines (that
+  needs a synchronisation, which would undo the overlap): lines the untimed call loaded with
+  ``evict_last`` priority may serve the first timed call, as they serve a batch's later calls. Host-bound
+  calls have none: their host time is what the batch measures, all of it.
 * **GPU-only** (``gpu_ms_p50``): :func:`time_cuda`, CUDA events around each call, after warm-up; the L2
   is flushed before every repeat by zeroing a 256 MiB buffer (larger than any current L2), outside the
   timed region. Each repeat begins with a synchronisation (``TimingConfig.sync_each_repeat``), so repeats
@@ -119,21 +121,34 @@ def _clamp(n: float, lo: int, hi: int) -> int:
 def time_cpu(fn: Callable[[], object], config: TimingConfig = DEFAULT) -> Timing:
     """Percentiles of ``fn()``'s wall time on the CPU (``time.perf_counter``); ``host_us`` is their mean (the
     calls run back to back: the wall clock of all of them over their number)."""
-    t0 = time.perf_counter()
-    n = 0
-    while True:
-        fn()
-        n += 1
-        if time.perf_counter() - t0 >= config.cpu_warmup_s:
-            break
-    est = (time.perf_counter() - t0) / n
-    reps = _clamp(config.cpu_rep_s / max(est, 1e-9), config.cpu_min_reps, config.cpu_max_reps)
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return dataclasses.replace(_summarise(times), host_us=1e3 * float(np.mean(times)))
+    return time_cpu_interleaved({"fn": fn}, config)["fn"]
+
+
+def time_cpu_interleaved(calls: dict[str, Callable[[], object]], config: TimingConfig = DEFAULT
+                         ) -> dict[str, Timing]:  # fmt: skip
+    """:func:`time_cpu` of every call of ``calls`` at once: each warmed up in turn, then every repeat times
+    each call once, in the listed order rotated by one place a repeat, so that the CPU's changing load falls
+    on all of them alike. Every call makes the same number of repeats, about ``cpu_rep_s`` per call."""
+    names = list(calls)
+    est = {}
+    for n in names:
+        t0 = time.perf_counter()
+        k = 0
+        while True:
+            calls[n]()
+            k += 1
+            if time.perf_counter() - t0 >= config.cpu_warmup_s:
+                break
+        est[n] = (time.perf_counter() - t0) / k
+    per_repeat = sum(est.values()) / len(names)
+    reps = _clamp(config.cpu_rep_s / max(per_repeat, 1e-9), config.cpu_min_reps, config.cpu_max_reps)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(reps):
+        for n in names[i % len(names) :] + names[: i % len(names)]:
+            t = time.perf_counter()
+            calls[n]()
+            times[n].append((time.perf_counter() - t) * 1e3)
+    return {n: dataclasses.replace(_summarise(t), host_us=1e3 * float(np.mean(t))) for n, t in times.items()}
 
 
 _FLUSH: dict[int, torch.Tensor] = {}
@@ -275,9 +290,9 @@ def time_cuda_eager_interleaved(calls: dict[str, Callable[[], object]], device="
     small model is mostly host time, which drifts by tens of percent within a second) then falls on every
     call alike, where timing one call after the other would give it to whichever call ran then."""
     names = list(calls)
-    torch.cuda.synchronize(device)
     est, batch, lead = {}, {}, {}
     for n in names:
+        torch.cuda.synchronize(device)  # the previous call's warm-up done: each estimate is its own call's
         t = time.perf_counter()
         for _ in range(3):
             calls[n]()
@@ -306,8 +321,8 @@ def time_cuda_eager_interleaved(calls: dict[str, Callable[[], object]], device="
                 # long calls added the first call's host time to the GPU's (bf16 4096x65536 backward:
                 # 782 us against 560 of GPU time and 161 of host time)
                 calls[n]()
-                if config.flush_l2:
-                    l2_flush_buffer(device).zero_()
+                if config.flush_l2:  # no reset of persisting lines: it needs a sync, which the lead is
+                    l2_flush_buffer(device).zero_()  # there to avoid (see the module's docstring)
             start, end = events[n][i]
             start.record()
             for _ in range(batch[n]):
@@ -353,12 +368,11 @@ def measure(fn: Callable[[], object], device, config: TimingConfig = DEFAULT, ea
 
 def time_eager_many(calls: dict[str, Callable[[], object]], device, config: TimingConfig = DEFAULT
                     ) -> dict[str, Timing]:  # fmt: skip
-    """Eager times of several calls, for :func:`measure`'s ``eager``: on CUDA their batches interleaved
-    (:func:`time_cuda_eager_interleaved`); on the CPU :func:`time_cpu` of each in turn (a CPU row's eager
-    time is its host time, which the CPU's own load moves for all alike)."""
+    """Eager times of several calls, for :func:`measure`'s ``eager``, interleaved: on CUDA their batches
+    (:func:`time_cuda_eager_interleaved`), on the CPU their calls (:func:`time_cpu_interleaved`)."""
     if torch.device(device).type == "cuda":
         return time_cuda_eager_interleaved(calls, device, config)
-    return {name: time_cpu(fn, config) for name, fn in calls.items()}
+    return time_cpu_interleaved(calls, config)
 
 
 def alternate(calls: dict, rounds: int, device="cuda", config: TimingConfig = DEFAULT) -> dict:
