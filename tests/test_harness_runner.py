@@ -245,6 +245,14 @@ def test_bad_suite_data_is_a_clear_error():
         suite.parse_suite("x", {"groups": [{"ops": ["layer_norm"], "shapes": [(1, 2)], "size": 1}]})
     with pytest.raises(ValueError, match="dims"):
         suite.parse_suite("x", {"groups": [{"ops": ["relu_attention"], "shapes": [(1, 2)]}]})
+    # values of the wrong kind: a ValueError naming the suite, never a TypeError or KeyError
+    ln = {"ops": ["layer_norm"], "shapes": [(4, 64)]}
+    for data, said in (({"groups": [{**ln, "shapes": [64, 128]}]}, "each shape must be a list of ints"),
+                       ({"groups": [ln], "copy_ceiling": {"quick_numel": 4}}, "copy_ceiling must be"),
+                       ({"groups": [{**ln, "options": [1]}]}, "malformed suite data"),
+                       ({"groups": "layer_norm"}, "groups must be a list of dicts")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"suite 'x': .*{said}"):
+            suite.parse_suite("x", data)
 
 
 def test_profile_attention_on_the_cpu(tmp_path):

@@ -24,6 +24,7 @@ from .schema import MODES, parse_dtype
 _GROUP_KEYS = {"ops", "impls", "shapes", "quick_shapes", "dtypes", "options", "modes"}
 _SUITE_KEYS = {"description", "groups", "exclude", "copy_ceiling"}
 _EXCLUDE_KEYS = {"impl", "device", "reason", "quick_only"}
+_COPY_KEYS = {"dtype", "numel", "quick_numel"}
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,14 @@ def _fail(suite: str, what: str) -> ValueError:
 
 def _shape_list(name: str, key: str, shapes, op_dims: set[int]) -> tuple[tuple[int, ...], ...]:
     out = []
+    if isinstance(shapes, (str, bytes)) or not isinstance(shapes, (list, tuple)):
+        raise _fail(name, f"{key} must be a list of shapes (each a list of ints), got {shapes!r}")
     for s in shapes:
-        t = tuple(int(d) for d in s)
+        try:
+            t = tuple(int(d) for d in s)
+        except (TypeError, ValueError):
+            raise _fail(name, f"{key}: each shape must be a list of ints, e.g. [4096, 1024], got {s!r}") \
+                from None
         if not t or any(d <= 0 for d in t):
             raise _fail(name, f"{key} has a non-positive shape {s!r}")
         if len(t) not in op_dims:
@@ -97,10 +104,25 @@ def _shape_list(name: str, key: str, shapes, op_dims: set[int]) -> tuple[tuple[i
 
 
 def parse_suite(name: str, data: dict) -> Suite:
-    """Validate one suite's data and return it as a :class:`Suite`."""
+    """Validate one suite's data and return it as a :class:`Suite` (a ``ValueError`` naming the suite and
+    what is wrong with it otherwise, a malformed value included)."""
+    try:
+        return _parse_suite(name, data)
+    except (TypeError, KeyError, AttributeError) as exc:  # a value of the wrong kind somewhere below
+        what = f"{type(exc).__name__}: {exc}"
+        raise _fail(name, f"malformed suite data ({what}); see docs/harness.md for its keys") from None
+
+
+def _parse_suite(name: str, data: dict) -> Suite:
+    if not isinstance(data, dict):
+        raise _fail(name, f"must be a dict of {sorted(_SUITE_KEYS)}, got {type(data).__name__}")
     unknown = set(data) - _SUITE_KEYS
     if unknown:
         raise _fail(name, f"unknown keys {sorted(unknown)}; allowed: {sorted(_SUITE_KEYS)}")
+    for key in ("groups", "exclude"):
+        items = data.get(key, ())
+        if not isinstance(items, (list, tuple)) or not all(isinstance(g, dict) for g in items):
+            raise _fail(name, f"{key} must be a list of dicts, got {items!r}")
     groups = []
     for i, g in enumerate(data.get("groups", ())):
         unknown = set(g) - _GROUP_KEYS
@@ -143,6 +165,9 @@ def parse_suite(name: str, data: dict) -> Suite:
     cc = data.get("copy_ceiling")
     copy = None
     if cc is not None:
+        if not isinstance(cc, dict) or not {"numel", "quick_numel"} <= set(cc) <= _COPY_KEYS:
+            raise _fail(name, "copy_ceiling must be a dict with 'numel' ({device type: elements}) and "
+                        f"'quick_numel' (elements), and may have 'dtype'; got {cc!r}")  # fmt: skip
         copy = CopyCeiling(
             parse_dtype(cc.get("dtype", "bfloat16")), dict(cc["numel"]), int(cc["quick_numel"])
         )
