@@ -125,6 +125,52 @@ def test_a_second_run_of_a_suite_into_one_csv_needs_append_or_replace(tmp_path, 
     assert cli.main([*args, "--append", "--replace"]) == 2
 
 
+def test_replace_keeps_the_reports_of_the_csv_it_keeps_and_append_reports_the_whole_file(tmp_path, capsys):
+    out = tmp_path / "res"
+    args = ["bench", "layer_norm", "--quick", "--device", "cpu", "--op", "layer_norm", "--dtype", "float32",
+            "--impl", "python/torch", "--out", str(out)]  # fmt: skip
+    assert cli.main(args) == 0
+    csv_path = out / "results.csv"
+    # an earlier run cut short: its rows, then its marker; appended to, the file is no partial run
+    with schema.CsvWriter(csv_path) as w:
+        w.write(schema.stopped_row("layer_norm", "cpu", "interrupted (Ctrl-C) after 7 of 7 rows"))
+    assert cli.main([*args, "--append"]) == 0
+    run_md = (out / "layer_norm-quick-cpu.md").read_text()
+    assert "**Partial run**" not in run_md and "**An earlier run was cut short**, then appended to" in run_md
+    assert f"{len(schema.read_csv(csv_path)) - 1} rows from `{csv_path}`" in run_md  # the whole file
+    assert cli.main(["report", str(csv_path), "--no-plots"]) == 0
+    report_md = (out / "report.md").read_text()
+    assert "**Partial run**" not in report_md
+    capsys.readouterr()
+    assert cli.main([*args, "--replace"]) == 0
+    (kept_csv,) = [p for p in out.glob("results.*.csv")]
+    stamp = kept_csv.name.removeprefix("results.").removesuffix(".csv")
+    assert (out / f"layer_norm-quick-cpu.{stamp}.md").read_text() == run_md
+    kept_report = (out / f"report.{stamp}.md").read_text()
+    assert kept_report.splitlines()[0] == cli.report_mark(kept_csv)  # it names the CSV it describes now
+    assert kept_report.splitlines()[1:] == report_md.splitlines()[1:]
+    assert not (out / "report.md").exists()
+
+
+def test_report_says_nothing_to_report_and_keeps_plots_it_did_not_write(tmp_path, capsys):
+    only_marker = tmp_path / "m" / "results.csv"
+    only_marker.parent.mkdir()
+    with schema.CsvWriter(only_marker) as w:
+        w.write(schema.stopped_row("layer_norm", "cpu", "interrupted (Ctrl-C) after 0 of 7 rows"))
+    assert cli.main(["report", str(only_marker)]) == cli.NOTHING_DONE
+    assert "only the marker of a run stopped before its first row" in capsys.readouterr().err
+    out = tmp_path / "res"
+    assert cli.main(["bench", "layer_norm", "--quick", "--device", "cpu", "--op", "layer_norm", "--dtype",
+                     "float32", "--impl", "python/torch", "--out", str(out)]) == 0  # fmt: skip
+    mine = out / "memory.png"
+    mine.write_bytes(b"the user's own picture")
+    assert cli.main(["report", str(out / "results.csv")]) == 2
+    assert f"{mine} exist and no report of `crossfuse report` stands beside them" in capsys.readouterr().err
+    assert mine.read_bytes() == b"the user's own picture" and not (out / "report.md").exists()
+    assert cli.main(["report", str(out / "results.csv"), "--no-plots"]) == 0  # no plot written: no clash
+    assert cli.main(["report", str(out / "results.csv")]) == 0  # beside its own report: its own to rewrite
+
+
 def test_bench_filters_budget_and_paths_that_cannot_work_exit_2(tmp_path, capsys):
     base = ["bench", "layer_norm", "--quick", "--device", "cpu"]
     assert cli.main([*base, "--op", "relu_attention", "--out", str(tmp_path / "a")]) == 2
@@ -140,6 +186,10 @@ def test_bench_filters_budget_and_paths_that_cannot_work_exit_2(tmp_path, capsys
     a_file.write_text("not a folder")
     assert cli.main([*base, "--op", "layer_norm", "--impl", "python/torch", "--out", str(a_file)]) == 2
     assert f"error: --out must be a folder, and {a_file} is a file" in capsys.readouterr().err
+    under = a_file / "sub"
+    assert cli.main([*base, "--op", "layer_norm", "--impl", "python/torch", "--out", str(under)]) == 2
+    said = capsys.readouterr().err
+    assert f"error: --out must be a folder, and {under} is under {a_file}, which is a file" in said
     assert cli.main(["profile", "attention", "--device", "cpu", "--out", str(a_file)]) == 2
     assert "--out must be a folder" in capsys.readouterr().err
     assert cli.main([*base, "--threads", "-1", "--out", str(tmp_path / "d")]) == 2

@@ -1,6 +1,6 @@
 """Ctrl-C in the middle of a real run: SIGINT sent to a ``crossfuse`` process once its first rows are out.
 ``bench`` keeps every row measured so far on disk, marks the CSV and its report partial and exits 130;
-``check`` prints the rows checked so far and exits 130."""
+``check`` prints the rows checked so far and exits 130. SIGTERM keeps what Ctrl-C keeps, exit 143."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from crossfuse.harness import schema
 
 # a suite of many tiny points: it runs for a while on any CPU, and its first rows come within a second
@@ -70,7 +71,13 @@ def _data_lines(path) -> int:
         return 0
 
 
-def test_sigint_during_bench_keeps_the_rows_and_marks_the_run_partial(tmp_path):
+@pytest.mark.parametrize(
+    "sig, code, said",
+    [(signal.SIGINT, 130, "interrupted (Ctrl-C)"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_signal_during_bench_keeps_the_rows_and_marks_the_run_partial(tmp_path, sig, code, said):
+    # SIGTERM is what timeout, kill, batch schedulers and docker stop send: kept as Ctrl-C keeps
     suites = tmp_path / "suites.py"
     suites.write_text(SUITES)
     out = tmp_path / "res"
@@ -81,22 +88,22 @@ def test_sigint_during_bench_keeps_the_rows_and_marks_the_run_partial(tmp_path):
         proc = _start(argv, so, se)
         try:
             _wait_for(lambda: _data_lines(csv_path) >= 4, proc, "4 rows in the CSV")
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             rc = proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
     err = (tmp_path / "stderr").read_text()
-    assert rc == 130, err
+    assert rc == code, err
     df = schema.read_csv(csv_path)  # a whole, well-formed CSV: no row cut short
     measured = df[df["status"] != "stopped"]
     assert 4 <= len(measured) < 600 and (measured["status"] == "ok").all()
     marker = df.iloc[-1]
-    assert marker["status"] == "stopped" and "interrupted (Ctrl-C)" in marker["note"]
+    assert marker["status"] == "stopped" and said in marker["note"]
     assert f"after {len(measured)} of 600 rows" in marker["note"]
-    assert f"interrupted: {len(measured)} rows kept in {csv_path}, marked partial" in err
+    assert f"{said.split(' (')[0]}: {len(measured)} rows kept in {csv_path}, marked partial" in err
     md = (out / "many-quick-cpu.md").read_text()
-    assert "**Partial run**: suite many: interrupted (Ctrl-C)" in md
+    assert f"**Partial run**: suite many: {said}" in md
     # the CSV reports again, partial
     report_rc = subprocess.run([sys.executable, "-m", "crossfuse.cli", "report", str(csv_path), "--no-plots"],
                                capture_output=True, text=True, timeout=120)  # fmt: skip

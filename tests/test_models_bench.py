@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from crossfuse import cli
-from crossfuse.harness import models
+from crossfuse.harness import models, models_out
 
 
 def _transformers_missing() -> str | None:
@@ -72,7 +72,8 @@ def test_bad_configuration_names_the_field(kw, words):
 @pytest.mark.parametrize(
     "extra, words",
     [(["--op", "layer_norm"], "--op do not apply"), (["--dtype", "float32,bfloat16"], "takes one --dtype"),
-     (["--rounds", "0"], "--rounds must be >= 1")],
+     (["--rounds", "0"], "--rounds must be >= 1"), (["--threads", "2"], "--threads do not apply"),
+     (["--budget-s", "60"], "--budget-s do not apply"), (["--append"], "--append do not apply")],
 )  # fmt: skip
 def test_bad_command_line_is_a_usage_error(extra, words, tmp_path, capsys):
     assert cli.main(["bench", "models", "--quick", "--device", "cpu", "--out", str(tmp_path), *extra]) == 2
@@ -82,7 +83,7 @@ def test_bad_command_line_is_a_usage_error(extra, words, tmp_path, capsys):
 @pytest.mark.gpu
 def test_quick_run_on_the_gpu_times_both_alternately(tmp_path):
     cfg = models.ModelsConfig(device="cuda", quick=True, rounds=2)
-    rows, csv_path, md_path = models.bench_models(cfg, tmp_path)
+    rows, csv_path, md_path = models_out.bench_models(cfg, tmp_path)
     assert csv_path.exists() and md_path.exists()
     timed = [r for r in rows if r.status == "ok"]
     for r in timed:
@@ -168,8 +169,35 @@ def test_blocks_give_crossfuse_a_paired_speed_against_the_speed_peer():
                device_name="GPU", dtype="bfloat16", train_ms=6.5, infer_ms=1.6)  # fmt: skip
     rows = [models.Row(impl="crossfuse", train_vs_peer=1.14, infer_vs_peer=1.13, **row),
             models.Row(impl="torch_sdpa", **{**row, "peer": True})]
-    md = models.render(rows, "t")
+    md = models_out.render(rows, "t")
     header = next(line for line in md.splitlines() if line.startswith("| model"))
     assert "| train vs torch_sdpa | infer vs torch_sdpa |" in header
     cells = next(line for line in md.splitlines() if "| crossfuse |" in line).split(" | ")
     assert cells[header.split(" | ").index("train vs torch_sdpa")] == "1.14×"
+
+
+def test_an_earlier_runs_files_are_kept_not_overwritten(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "models-quick-cpu.csv").write_text("an earlier run's rows\n")
+    (out / "models-quick-cpu.md").write_text("an earlier run's report\n")
+    ran = []
+
+    def bench(cfg, where):  # stands in for the run: what it was asked, and its two files
+        ran.append(cfg.rounds)
+        paths = models_out.output_paths(cfg, where)
+        for p in paths:
+            p.write_text("this run\n")
+        return [], *paths
+
+    monkeypatch.setattr(models_out, "bench_models", bench)
+    args = ["bench", "models", "--quick", "--device", "cpu", "--dtype", "float32", "--out", str(out)]
+    assert cli.main(args) == 2
+    assert "holds an earlier run's results: pass --replace" in capsys.readouterr().err
+    assert not ran and (out / "models-quick-cpu.csv").read_text() == "an earlier run's rows\n"
+    assert cli.main([*args, "--replace", "--rounds", "1"]) == 0
+    assert ran == [1]  # --rounds 1 is one round, not the default
+    kept = sorted(p.name for p in out.iterdir() if p.name.count(".") == 2)
+    assert len(kept) == 2 and all(n.startswith("models-quick-cpu.") for n in kept)
+    assert {(out / n).read_text() for n in kept} == {"an earlier run's rows\n", "an earlier run's report\n"}
+    assert (out / "models-quick-cpu.csv").read_text() == "this run\n"

@@ -16,7 +16,7 @@ keeps its rows, marked partial); 2 bad input (unknown suite, device, dtype, op, 
 nothing, a missing or malformed CSV, an output path that cannot be written); 3 nothing done: every
 check skipped, no row measured, no row to report, no implementation profiled (the reason printed);
 130 interrupted (``bench`` keeps the rows measured so far in its CSV, marked partial; ``check`` prints
-the rows checked so far).
+the rows checked so far); 143 terminated by SIGTERM, which keeps what Ctrl-C keeps.
 
 Triton reads ``TRITON_INTERPRET`` when it is first imported: this module switches the interpreter on
 (when no GPU is present) before anything imports Triton.
@@ -38,6 +38,16 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
+from ._cli_out import (  # noqa: E402
+    UsageError,
+    make_room,
+    out_folder,
+    report_mark,
+    report_source,
+    sigterm_as_interrupt,
+)
+from .harness.schema import stop_reason  # noqa: E402
+
 DEVICES = ("cpu", "cuda")
 CHECK_DTYPES = ("float32", "bfloat16", "float16")
 # A couple of small cases per op for ``crossfuse check``: (shape, options). Odd sizes on purpose: a
@@ -52,10 +62,6 @@ CHECK_CASES = {
 
 # the exit code of a command that could check, measure, report or profile none of what it was asked
 NOTHING_DONE = 3
-
-
-class UsageError(Exception):
-    """Bad command-line input: reported on stderr with exit code 2."""
 
 
 def _devices(arg: str | None) -> list[str]:
@@ -129,10 +135,10 @@ def cmd_check(args) -> int:
     t0 = time.monotonic()
     try:
         run_jobs(jobs, CHECK_CASES, skips, args.seed, results)
-    except KeyboardInterrupt:  # the rows checked so far are printed, then 130
-        interrupted = True
+    except KeyboardInterrupt as exc:  # the rows checked so far are printed, then 130 (143 for SIGTERM)
+        interrupted = stop_reason(exc)
     else:
-        interrupted = False
+        interrupted = None
     rows = []
     counts = dict.fromkeys(RANK, 0)
     for base, status, fwd, grad, note in collapse_skips(results):
@@ -153,12 +159,13 @@ def cmd_check(args) -> int:
         f"({time.monotonic() - t0:.1f} s; interpreter {'on' if _backend.interpreter_requested() else 'off'})"
     )
     if interrupted:
+        what, code = interrupted
         print(
-            f"crossfuse check: interrupted after {len(results)} of {len(jobs)} implementation x device x "
-            "dtype checks: the table holds those",
+            f"crossfuse check: {what.split(' (')[0]} after {len(results)} of {len(jobs)} implementation x "
+            "device x dtype checks: the table holds those",
             file=sys.stderr,
         )
-        return 130
+        return code
     if counts["fail"] or counts["error"]:
         return 1
     if not counts["pass"]:
@@ -183,7 +190,7 @@ def cmd_bench(args) -> int:
         from ._cli_models import bench_models
 
         try:
-            return bench_models(args, _device(args.device), _dtypes(args.dtype), _out_folder(args.out))
+            return bench_models(args, _device(args.device), _dtypes(args.dtype), out_folder(args.out))
         except ValueError as exc:  # a flag that does not apply to it
             raise UsageError(str(exc)) from None
     try:
@@ -197,20 +204,23 @@ def cmd_bench(args) -> int:
     s = suites[args.suite]
     if args.budget_s is not None and not args.budget_s > 0:
         raise UsageError(f"--budget-s must be a number of seconds > 0, got {args.budget_s}")
-    if args.rounds < 1:
-        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
-    if args.threads < 0:
-        raise UsageError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
+    rounds = 1 if args.rounds is None else args.rounds
+    if rounds < 1:
+        raise UsageError(f"--rounds must be >= 1, got {rounds}")
+    cpu_threads = 1 if args.threads is None else args.threads
+    if cpu_threads < 0:
+        raise UsageError(f"--threads must be >= 0 (0: torch's default), got {cpu_threads}")
     if args.append and args.replace:
         raise UsageError("--append and --replace exclude each other")
     if not runner.Runner(device, None, quick=args.quick).plan(s, dtypes, ops, impls):
         raise UsageError(f"no point of suite {s.name!r} matches the filters (--op, --dtype, --impl)")
-    out = _out_folder(args.out)
+    out = out_folder(args.out)
     csv_path = out / "results.csv"
-    _make_room(csv_path, s.name, args.append, args.replace)
+    md_path = out / f"{_run_name(s.name, args.quick, device)}.md"
+    make_room(csv_path, s.name, md_path, args.append, args.replace)
     threads = torch.get_num_threads()
-    if device == "cpu" and args.threads:
-        torch.set_num_threads(args.threads)
+    if device == "cpu" and cpu_threads:
+        torch.set_num_threads(cpu_threads)
     try:
         with ExitStack() as stack:
             if device == "cuda":  # one ptxas builds every kernel of the run (crossfuse.harness.toolchain)
@@ -218,15 +228,20 @@ def cmd_bench(args) -> int:
                     stack.enter_context(toolchain.pinned(args.ptxas))
                 except ValueError as exc:
                     raise UsageError(f"--ptxas: {exc}") from None
-            return _run_bench(args, s, device, dtypes, ops, impls, out, csv_path)
+            return _run_bench(args, s, device, dtypes, ops, impls, out, csv_path, rounds)
     finally:
         torch.set_num_threads(threads)  # as it was: main() may be called in a process that goes on
 
 
-def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -> int:
+def _run_name(suite: str, quick: bool, device: str) -> str:
+    """The stem of a bench run's markdown: ``layer_norm-quick-cpu``."""
+    return f"{suite}{'-quick' if quick else ''}-{device}"
+
+
+def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path, rounds: int) -> int:
     from .harness import report, runner, timing
     from .harness.progress import Progress
-    from .harness.schema import CsvWriter, stopped_row, why_partial
+    from .harness.schema import CsvWriter, read_csv, stopped_row, why_partial
 
     try:
         writer = CsvWriter(csv_path)
@@ -236,7 +251,7 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -
     t0 = time.monotonic()
     stopped, code, crash = None, 0, None  # what cut the run short, the exit code, the exception
     with writer:
-        r = runner.Runner(device, writer, quick=args.quick, deadline=deadline, rounds=args.rounds)
+        r = runner.Runner(device, writer, quick=args.quick, deadline=deadline, rounds=rounds)
         total = r.count(s, dtypes, ops, impls)
         print(
             f"crossfuse bench {s.name}{' --quick' if args.quick else ''} on {device} ({r.device_name}): "
@@ -250,8 +265,8 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -
             )
             try:
                 r.run(s, dtypes, ops, impls)
-            except KeyboardInterrupt:
-                stopped, code = "interrupted (Ctrl-C)", 130
+            except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM
+                stopped, code = stop_reason(exc)
             except Exception as exc:  # a crash outside any one measurement: its rows are kept, marked
                 stopped, code, crash = "crashed", 1, exc
         rows, kept = list(r.rows), writer.count
@@ -262,14 +277,16 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -
             marker = stopped_row(s.name, device, why)
             writer.write(marker)
             rows.append(marker)
-    name = f"{s.name}{'-quick' if args.quick else ''}-{device}"
+    name = _run_name(s.name, args.quick, device)
     what = "its quick shapes (tiny, for a smoke test)" if args.quick else s.description
-    md = report.render(rows, title=f"{name}: {what}", source=str(csv_path))
+    # appended: the report of the whole CSV, earlier runs' rows with this one's, as `crossfuse report` gives
+    shown = read_csv(csv_path) if args.append else rows
+    md = report.render(shown, title=f"{name}: {what}", source=str(csv_path))
     md_path = out / f"{name}.md"
     md_path.write_text(md)
-    if code == 130:
+    if code in (130, 143):
         print(
-            f"\ninterrupted: {kept} rows kept in {csv_path}, marked partial; {md_path}",
+            f"\n{stopped.split(' (')[0]}: {kept} rows kept in {csv_path}, marked partial; {md_path}",
             file=sys.stderr,
         )
         return code
@@ -298,85 +315,38 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path) -
     return 0
 
 
-def _out_folder(path: str | None) -> Path:
-    """``--out`` as a folder: a usage error naming the flag where a file stands at that path."""
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out must be a folder, and {out} is a file (results are written into the folder)")
-    return out
-
-
-def _make_room(csv_path: Path, suite_name: str, append: bool, replace: bool) -> None:
-    """Refuse to mix a second run of a suite into a CSV that holds one (the report would mix the runs'
-    measurements) unless ``append``; with ``replace`` the old CSV is kept under a new name first."""
-    from .harness.schema import read_csv
-
-    if not csv_path.exists() or csv_path.stat().st_size == 0:
-        return
-    if replace:
-        stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
-        kept = csv_path.with_name(f"results.{stamp}.csv")
-        while kept.exists():  # two replaces within a second: never over an earlier kept file
-            n += 1
-            kept = csv_path.with_name(f"results.{stamp}-{n}.csv")
-        csv_path.rename(kept)
-        print(f"crossfuse bench: the earlier {csv_path} is kept as {kept}", file=sys.stderr)
-        return
-    from .harness.schema import MalformedCsv
-
-    try:
-        earlier = int((read_csv(csv_path)["suite"] == suite_name).sum())
-    except MalformedCsv as exc:
-        if exc.line == 1:
-            return  # CsvWriter names the problem (another header)
-        raise UsageError(
-            f"{exc}; the rows of this run would be added to a damaged CSV: pass --replace to start it anew "
-            "(the old file is kept under a dated name), or another --out"
-        ) from None
-    if earlier and not append:
-        raise UsageError(
-            f"{csv_path} already holds {earlier} rows of suite {suite_name!r} from an earlier run: pass "
-            "--replace to start the CSV anew (the whole file, other suites' rows too, is kept under a dated "
-            "name), --append to add this run's rows (the report then shows the median of the repeated "
-            "measurements), or another --out"
-        )
-
-
 # ----------------------------------------------------------------------------------------------------
 # report, profile, info
 # ----------------------------------------------------------------------------------------------------
 
 
-# the first line of a report.md that `crossfuse report` wrote (and may rewrite without --force)
-REPORT_MARK = "<!-- written by `crossfuse report`"
-
-
 def cmd_report(args) -> int:
     from .harness import plots, report
-    from .harness.schema import read_csv
+    from .harness.schema import STOPPED, read_csv
 
     try:
         df = read_csv(args.csv)
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    if df.empty:
-        print(
-            f"crossfuse report: error: {args.csv} holds a header and no rows: nothing to report",
-            file=sys.stderr,
-        )
+    if (df["status"] == STOPPED).all():
+        what = "a header and no rows" if df.empty else "only the marker of a run stopped before its first row"
+        print(f"crossfuse report: error: {args.csv} holds {what}: nothing to report", file=sys.stderr)
         return NOTHING_DONE
-    out = _out_folder(args.out) if args.out else Path(args.csv).parent
+    out = out_folder(args.out) if args.out else Path(args.csv).parent
     md_path = out / "report.md"
-    if md_path.exists() and not args.force:
-        with open(md_path, encoding="utf-8", errors="replace") as f:
-            ours = f.readline().startswith(REPORT_MARK)
-        if not ours:
-            raise UsageError(
-                f"{md_path} exists and was not written by `crossfuse report` (a GPU session's report, "
-                "with its profile section, or your own file): pass --force to overwrite it, or --out"
-            )
+    if md_path.exists() and not args.force and report_source(md_path) is None:
+        raise UsageError(
+            f"{md_path} exists and was not written by `crossfuse report` (a GPU session's report, "
+            "with its profile section, or your own file): pass --force to overwrite it, or --out"
+        )
+    theirs = [out / n for n in plots.PLOT_NAMES if (out / n).exists()] if not args.no_plots else []
+    if theirs and not args.force and report_source(md_path) is None:  # plots of a report of ours: ours
+        raise UsageError(
+            f"{', '.join(map(str, theirs))} exist and no report of `crossfuse report` stands beside them: "
+            "pass --force to overwrite them, --no-plots, or --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
-    md = f"{REPORT_MARK} from {args.csv}; running it again rewrites this file -->\n"
+    md = report_mark(args.csv) + "\n"
     md += report.render(df, source=str(args.csv))
     written = [] if args.no_plots else plots.write_plots(df, out)
     if written:
@@ -401,7 +371,7 @@ def cmd_profile(args) -> int:
     dtypes = _dtypes([args.dtype] if args.dtype else None)
     if dtypes is not None and len(dtypes) != 1:
         raise UsageError(f"--dtype takes one dtype for a profile, got {args.dtype!r}")
-    out = _out_folder(args.out)
+    out = out_folder(args.out)
     res = profile.profile_attention(device, shape, dtypes[0] if dtypes else None, args.causal, out)
     (out / "profile.md").write_text(res.markdown)
     print(res.markdown)
@@ -533,35 +503,41 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="out/bench", help="output folder (default out/bench); see --append, --replace"
     )
     b.add_argument("--suites", help="suite file (default: the suites shipped in crossfuse.harness.suites)")
-    b.add_argument("--budget-s", type=float, help="stop measuring after this many seconds (skip rows after)")
+    b.add_argument(
+        "--budget-s", type=float,
+        help="stop measuring after this many seconds (later rows: skip rows saying so; default: no limit); "
+        "not for `models`",
+    )  # fmt: skip
     b.add_argument(
         "--rounds",
         type=int,
-        default=1,
         help="measure each point's implementations this many times, each round in another order, and keep "
-        "each one's median round (default 1: one measurement each, in the registry's order)",
+        "each one's median round (default 1: one measurement each, in the registry's order; `models`: 5, "
+        "2 with --quick)",
     )
     b.add_argument(
         "--threads",
         type=int,
-        default=1,
         help="torch's CPU threads while timing on the CPU (default 1: a pool of threads on a busy machine "
-        "turns some calls into waits of milliseconds; 0: torch's default)",
+        "turns some calls into waits of milliseconds; 0: torch's default); not for `models`",
     )
     toolchain.add_argument(b, "on cuda, ")
     b.add_argument(
         "--append", action="store_true", help="add to an OUT/results.csv that already holds this suite's rows"
     )
     b.add_argument(
-        "--replace", action="store_true", help="start OUT/results.csv anew (the old one kept, renamed)"
-    )
+        "--replace", action="store_true",
+        help="start OUT/results.csv (`models`: its CSV and markdown) anew, the old files kept, dated",
+    )  # fmt: skip
     b.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("report", help="markdown tables and plots from a result CSV")
     r.add_argument("csv", help="a result CSV written by `crossfuse bench`")
     r.add_argument("--out", help="output folder (default: the CSV's folder)")
     r.add_argument("--no-plots", action="store_true", help="markdown only")
-    r.add_argument("--force", action="store_true", help="overwrite any report.md there")
+    r.add_argument(
+        "--force", action="store_true", help="overwrite any report.md and plots there, whoever wrote them"
+    )
     r.set_defaults(func=cmd_report)
 
     pr = sub.add_parser("profile", help="PyTorch profiler tables, Chrome trace and timeline")
@@ -585,13 +561,15 @@ def main(argv=None) -> int:
     except SystemExit as exc:  # argparse: --help (0) or bad usage (2)
         return int(exc.code) if isinstance(exc.code, int) else 2
     try:
-        return args.func(args)
+        with sigterm_as_interrupt():  # SIGTERM keeps what Ctrl-C keeps
+            return args.func(args)
     except (UsageError, OSError) as exc:  # OSError: an output folder or file that cannot be written
         print(f"crossfuse {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        what, code = stop_reason(exc)
+        print(f"\n{what}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -181,13 +181,13 @@ def _save(fig, plt, path) -> Path:
     return path
 
 
+# the files write_plots may write
+PLOT_NAMES = ("layer_norm_gbps.png", "attention_tflops.png", "memory.png")
+
+
 def write_plots(df, out_dir) -> list[Path]:
-    """All plots the rows allow, into ``out_dir``: ``layer_norm_gbps.png``, ``attention_tflops.png``,
-    ``memory.png``."""
+    """All plots the rows allow, into ``out_dir`` (:data:`PLOT_NAMES`)."""
     out_dir = Path(out_dir)
-    written = [
-        plot_gbps(df, out_dir / "layer_norm_gbps.png"),
-        plot_tflops(df, out_dir / "attention_tflops.png"),
-        plot_memory(df, out_dir / "memory.png"),
-    ]
+    gbps, tflops, mem = (out_dir / n for n in PLOT_NAMES)
+    written = [plot_gbps(df, gbps), plot_tflops(df, tflops), plot_memory(df, mem)]
     return [p for p in written if p is not None]

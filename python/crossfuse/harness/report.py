@@ -17,7 +17,8 @@
 
 A CSV holding a run cut short (a ``stopped`` marker row: interrupted, out of time budget, rows that
 raised, a crash) gets a "partial run" line under the title that says why; the marker rows are in no
-table.
+table. A marker followed by rows of its suite (a later run appended with ``--append``) is said apart: the
+file no longer ends with that run.
 """
 
 from __future__ import annotations
@@ -367,17 +368,29 @@ def notes_section(df: pd.DataFrame) -> str:
     )
 
 
+def _stop_notes(stops) -> str:
+    notes = (str(r.note).removeprefix("partial run: ") for r in stops.itertuples())
+    return "; ".join(_ordered(f"suite {r.suite}: {n}" if r.suite else n
+                              for r, n in zip(stops.itertuples(), notes, strict=True)))  # fmt: skip
+
+
 def render(df_or_rows, title: str = "crossfuse benchmark results", source: str | None = None) -> str:
     """The full markdown report of some rows (a DataFrame or a list of :class:`Row`)."""
-    df = rows_frame(df_or_rows)
-    stops = df[df["status"] == STOPPED]
-    df = df[df["status"] != STOPPED]
+    df = rows_frame(df_or_rows).reset_index(drop=True)  # in the CSV's order
+    stopped = df["status"] == STOPPED
+    # a stopped run of a suite that a later run appended to (`crossfuse bench --append`) is no longer what
+    # the file ends with: said apart, not as a partial file
+    later = [bool(((df.index > i) & ~stopped & (df["suite"] == df.at[i, "suite"])).any())
+             for i in df.index[stopped]]  # fmt: skip
+    stops, redone = df[stopped][[not x for x in later]], df[stopped][later]
+    df = df[~stopped]
     partial = ""
     if len(stops):
-        notes = (str(r.note).removeprefix("partial run: ") for r in stops.itertuples())
-        why = "; ".join(_ordered(f"suite {r.suite}: {n}" if r.suite else n
-                                 for r, n in zip(stops.itertuples(), notes, strict=True)))  # fmt: skip
-        partial = f"**Partial run**: {why}. The tables hold only what was measured before it stopped."
+        partial = (f"**Partial run**: {_stop_notes(stops)}. The tables hold only what was measured before it "
+                   "stopped.")  # fmt: skip
+    if len(redone):
+        earlier = f"**An earlier run was cut short**, then appended to: {_stop_notes(redone)}."
+        partial = "\n\n".join(p for p in (partial, earlier) if p)
     if df.empty:
         return f"## {title}\n\n" + (partial + "\n\n" if partial else "") + "no rows\n"
     parts = [f"## {title}"]

@@ -297,8 +297,8 @@ class CsvWriter:
                 header = next(csv.reader(f), [])
             if tuple(header) != COLUMNS:
                 raise ValueError(
-                    f"{self.path} exists with a different header ({', '.join(header[:5])}, ...); "
-                    "choose another output folder"
+                    f"{self.path} exists with a different header ({', '.join(header[:5])}, ...): "
+                    "choose another output folder, or pass --replace to keep it under a dated name"
                 )
             with open(self.path, "rb") as f:
                 f.seek(-1, os.SEEK_END)
@@ -395,6 +395,19 @@ def why_partial(rows: Sequence[Row], stopped: str | None = None) -> str | None:
         first = f"{errors[0].op}/{errors[0].impl} {errors[0].shape} {errors[0].mode}: {errors[0].note}"
         parts.append(f"{len(errors)} rows raised (the first: {first[:200]})")
     return "; ".join(parts) or None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``kill``, a batch scheduler or ``docker stop``) where Ctrl-C would raise
+    KeyboardInterrupt (the command line's handler raises it): whatever keeps a run's rows on Ctrl-C keeps
+    them on SIGTERM too."""
+
+
+def stop_reason(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """``(what stopped the run, the command's exit code)``: 130 for Ctrl-C, 143 (128 + 15) for SIGTERM."""
+    if isinstance(exc, Terminated):
+        return "terminated (SIGTERM)", 143
+    return "interrupted (Ctrl-C)", 130
 
 
 def stopped_row(suite: str, device: str, why: str) -> Row:
