@@ -556,6 +556,9 @@ def check_csv(path: str | os.PathLike, columns: tuple[str, ...] | None = None) -
     there is no file."""
     accepted = (COLUMNS, COLUMNS_V1) if columns is None else (tuple(columns),)
     path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"{path} is a folder, not a result CSV (the CSV a bench writes is "
+                                f"{path / 'results.csv'})")  # fmt: skip
     if not path.is_file():
         raise FileNotFoundError(f"no result CSV at {path}")
     reader = csv.reader(io.StringIO(_text(path), newline=""))
