@@ -339,6 +339,16 @@ def test_bad_input_raises_a_clear_error(case: Case):
         case.call()
 
 
+def test_a_valid_call_does_not_let_an_equal_but_invalid_one_past_the_checks():
+    # 16.0 == 16 and True == 1 hash alike: the calls' cache must not take one for the other
+    x = t(2, 16)
+    _ln(x, (16,), eps=1)
+    with pytest.raises(TypeError, match="normalized_shape must be an int or a sequence of ints"):
+        _ln(x, (16.0,), eps=1)
+    with pytest.raises(TypeError, match="eps must be a number, got bool"):
+        _ln(x, (16,), eps=True)
+
+
 # ------------------------------------------------------------------------------ odd but valid: torch's answer
 
 

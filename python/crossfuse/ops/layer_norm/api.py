@@ -22,7 +22,7 @@ from ..._backend import check_runnable, interpreter_problem
 from ..._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
 from .. import _library
 from .._runtime import native
-from .._runtime.autograd import backward_once, plain_apply
+from .._runtime.autograd import backward_once, plain_apply, refuse_transforms, transforms_in_play
 from .config import MAX_N
 from .launch import FWD_PLANS, INTERPRETED, FwdPlan, layer_norm_fwd, tensor_key
 from .launch_bwd import BWD_PLANS, BwdPlan, layer_norm_bwd
@@ -230,8 +230,11 @@ def _call_key(x, normalized_shape, weight, bias, eps):
     if type(normalized_shape) is list:
         normalized_shape = tuple(normalized_shape)
     try:
-        return (tensor_key(x), normalized_shape, tensor_key(weight), tensor_key(bias), eps)
-    except (AttributeError, RuntimeError, TypeError):  # not a tensor, sparse
+        # with the types of the dims and eps: 16.0 == 16 and True == 1 hash alike, and a key a valid call
+        # made would otherwise let an invalid one past the checks (the C++ path takes exact ints only)
+        kinds = int if type(normalized_shape) is int else tuple(map(type, normalized_shape))
+        return (tensor_key(x), normalized_shape, kinds, tensor_key(weight), tensor_key(bias), eps, type(eps))
+    except (AttributeError, RuntimeError, TypeError):  # not a tensor, sparse, a shape of no dims
         return None
 
 
@@ -279,7 +282,7 @@ class LayerNormFunction(torch.autograd.Function):
         ctx.save_for_backward(x2, w, mean, rstd)
         return y
 
-    backward = backward_once(_backward)
+    backward = backward_once(_backward, "layer_norm")
 
 
 _APPLY = plain_apply(LayerNormFunction)  # for eager calls whose arguments gave a key
@@ -351,6 +354,8 @@ def layer_norm(
         n, _ = _check_layer_norm_args(x, normalized_shape, weight, bias, eps)
         x, weight, bias = _library.distinct(x, weight, bias)  # one tensor as weight and bias: see distinct
         return LayerNormFunction.apply(x, n, weight, bias, float(eps), None)
+    if transforms_in_play():
+        refuse_transforms("layer_norm", x, weight, bias)
     fast = _NATIVE.get("module")
     if fast is not None and not native.compiled_autograd():  # the compiled path, where it has this call's key
         y = fast.layer_norm(x, normalized_shape, weight, bias, eps)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..._backend import check_runnable, interpreter_problem, is_interpreted
 from ..._validate import (
@@ -31,7 +30,7 @@ from ..._validate import (
 from .. import _library
 from .._runtime import direct as _direct
 from .._runtime import native
-from .._runtime.autograd import backward_once, plain_apply
+from .._runtime.autograd import backward_once, plain_apply, refuse_transforms, transforms_in_play
 from .config import DEFAULT, HEAD_DIMS, LAYOUTS, MAX_GRID_1, Choices
 from .kernels_fwd import _relu_attn_fwd_kernel
 from .launch import _backward, _forward, relu_attention_bwd, relu_attention_fwd
@@ -90,6 +89,17 @@ def _operator_bwd(q, k, v, dout, *flags):
     return _attention_bwd(*(_unit_d(t) for t in (q, k, v, dout)), *flags)
 
 
+def _full_backward(ctx, dout):
+    qb, kb, vb = ctx.saved_tensors
+    dob = _to_bhld(dout, ctx.args[-1])
+    # while tracing, the operator fixes the strides (torch 2.6 refused .stride() in a traced backward)
+    if _library.tracing():
+        grads = _library.RELU_ATTENTION_BWD(qb, kb, vb, dob, *ctx.args)
+    else:
+        grads = _attention_bwd(qb, kb, vb, _unit_d(dob), *ctx.args, ctx.choices)
+    return *grads, None, None, None, None, None, None
+
+
 class ReLUAttentionFunction(torch.autograd.Function):
     """The full path: layout views, launchers (or the custom operators while tracing)."""
 
@@ -105,17 +115,8 @@ class ReLUAttentionFunction(torch.autograd.Function):
         ctx.choices = choices
         return out
 
-    @staticmethod
-    @once_differentiable  # no double backward: differentiating the gradients raises, never silently drops
-    def backward(ctx, dout):
-        qb, kb, vb = ctx.saved_tensors
-        dob = _to_bhld(dout, ctx.args[-1])
-        # while tracing, the operator fixes the strides (torch 2.6 refused .stride() in a traced backward)
-        if _library.tracing():
-            grads = _library.RELU_ATTENTION_BWD(qb, kb, vb, dob, *ctx.args)
-        else:
-            grads = _attention_bwd(qb, kb, vb, _unit_d(dob), *ctx.args, ctx.choices)
-        return *grads, None, None, None, None, None, None
+    # no double backward: differentiating the gradients raises, never silently drops (backward_once)
+    backward = backward_once(_full_backward, "relu_attention")
 
 
 # whether the kernels were built for the interpreter: fixed at import, so a constant to torch.compile
@@ -286,7 +287,7 @@ class _EagerFunction(torch.autograd.Function):
         ctx.entry = entry
         return entry.forward(q, k, v)
 
-    backward = backward_once(_eager_backward)
+    backward = backward_once(_eager_backward, "relu_attention")
 
 
 _eager_apply = plain_apply(_EagerFunction)  # the fast path's tensors are plain ones (_PLAIN)
@@ -345,6 +346,8 @@ def relu_attention(
     gives zeros and no query (Lq = 0) an empty output. See :mod:`crossfuse.ops.relu_attention`.
     """
     if not _library.tracing():
+        if transforms_in_play():
+            refuse_transforms("relu_attention", q, k, v)
         fast = _NATIVE.get("module")
         if fast is not None and not native.compiled_autograd():  # the compiled path, where it has the key
             out = fast.relu_attention(q, k, v, causal, squared, scale, relu_scale, layout)

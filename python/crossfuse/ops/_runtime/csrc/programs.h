@@ -442,12 +442,13 @@ variable_list once_differentiable(variable_list grads, const char* op) {
 }
 
 // A node's gradients as it returns them: those its edges do not ask for dropped, and under create_graph
-// (an incoming gradient that requires grad) the once_differentiable ones.
-variable_list node_outputs(const torch::autograd::Node& node, variable_list grads, const at::Tensor& incoming,
-                           const char* op) {
+// (grad mode on in a backward) the once_differentiable ones, whether the incoming gradient requires grad
+// or not: a plain loss's does not, and the gradients' own derivatives would then come out silently zero
+// (as crossfuse.ops._runtime.autograd.backward_once).
+variable_list node_outputs(const torch::autograd::Node& node, variable_list grads, const char* op) {
   for (size_t i = 0; i < grads.size(); ++i)
     if (!node.task_should_compute_output(i)) grads[i] = at::Tensor();
-  if (at::GradMode::is_enabled() && incoming.requires_grad()) return once_differentiable(std::move(grads), op);
+  if (at::GradMode::is_enabled()) return once_differentiable(std::move(grads), op);
   return grads;
 }
 
