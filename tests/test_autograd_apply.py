@@ -43,7 +43,7 @@ def test_backward_once_refuses_a_double_backward_only_under_create_graph():
     for loss in (lambda t: t.pow(2).sum(), lambda t: t.sum()):
         (g,) = torch.autograd.grad(loss(Triple.apply(x)), x, create_graph=True)
         assert g.requires_grad and torch.equal(g.detach(), torch.autograd.grad(loss(x * 3), x)[0])
-        with pytest.raises(RuntimeError, match="differentiate twice crossfuse.triple, which has no double"):
+        with pytest.raises(RuntimeError, match=r"differentiate twice crossfuse\.triple, which has no double"):
             g.sum().backward()
 
 

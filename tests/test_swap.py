@@ -187,6 +187,39 @@ def test_rows_larger_than_the_kernels_take_are_left_alone():
         assert swap_layer_norms(tree) == ["ok"]
 
 
+class _Slotted(torch.nn.LayerNorm):
+    __slots__ = ("extra",)
+
+
+def test_a_class_of_another_layout_is_left_alone_and_the_others_swapped():
+    tree = torch.nn.ModuleDict({"slotted": _Slotted(4), "ok": torch.nn.LayerNorm(4)})
+    with pytest.warns(UserWarning, match=r"slotted \(.*_Slotted: its instances' memory layout"):
+        assert swap_layer_norms(tree) == ["ok"]
+    assert type(tree["slotted"]) is _Slotted and type(tree["ok"]) is cnn.LayerNorm
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+def test_a_parametrized_layer_norm_keeps_its_parametrization(device):
+    from torch.nn.utils import parametrize
+
+    m = torch.nn.Sequential(torch.nn.LayerNorm(8, device=device), torch.nn.LayerNorm(8, device=device))
+    parametrize.register_parametrization(m[0], "weight", _Twice())
+    x = torch.randn(3, 8, device=device)
+    want = m(x)
+    assert swap_layer_norms(m, native_below=0) == ["0", "1"]
+    assert isinstance(m[0], cnn.LayerNorm) and parametrize.is_parametrized(m[0], "weight")
+    got = m(x)  # the fused kernels, reading the weight through the parametrization
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    got.sum().backward()
+    assert m[0].parametrizations.weight.original.grad is not None
+    parametrize.remove_parametrizations(m[0], "weight")
+    assert type(m[0]) is cnn.LayerNorm  # what the parametrization leaves: a crossfuse LayerNorm
+
+
 def _loss_and_grads(model, inputs):
     out = model(**inputs)
     loss = out.last_hidden_state.float().square().mean() if hasattr(out, "last_hidden_state") else out

@@ -25,7 +25,11 @@ Which modules are swapped:
   accumulates the statistics in float32 and rounds once on the store, as such a subclass does; one that
   returns float32 for a low-precision input would now return the input's dtype.
 * ``crossfuse.nn.LayerNorm`` modules are already swapped and are not reported again; a ``normalized_shape``
-  larger than the kernels take (``crossfuse.ops.layer_norm.MAX_N`` elements) is left alone, with a warning.
+  larger than the kernels take (``crossfuse.ops.layer_norm.MAX_N`` elements) is left alone, with a warning,
+  as is a subclass whose instances have another memory layout (``__slots__``: its class cannot be changed).
+* A module under ``torch.nn.utils.parametrize`` (a parametrized weight) is swapped to a class like the one
+  torch made for it, over ``crossfuse.nn.LayerNorm``: the parametrization keeps working, and removing it
+  leaves a ``crossfuse.nn.LayerNorm``.
 """
 
 from __future__ import annotations
@@ -92,6 +96,23 @@ def _own_forward(cls: type) -> bool:
     return True
 
 
+_PARAMETRIZED: dict[type, type] = {}  # a parametrized module's class -> its swapped class
+
+
+def _swapped_class(module: torch.nn.Module) -> type:
+    """:class:`LayerNorm`, or for a module under ``torch.nn.utils.parametrize`` (whose class torch made, a
+    subclass of its own that reads ``weight`` through the parametrization), a class like it over
+    :class:`LayerNorm`: the parametrization keeps working, and removing it leaves a crossfuse LayerNorm."""
+    if not torch.nn.utils.parametrize.is_parametrized(module):
+        return LayerNorm
+    cls = type(module)
+    got = _PARAMETRIZED.get(cls)
+    if got is None:
+        own = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__", "__module__")}
+        got = _PARAMETRIZED[cls] = type(f"Parametrized{LayerNorm.__name__}", (LayerNorm,), own)
+    return got
+
+
 def swap_layer_norms(
     model: torch.nn.Module, *, include: Include = None, accept: Iterable[type] = (),
     native_below: int | None = None,
@@ -120,7 +141,7 @@ def swap_layer_norms(
         native_below = _check_native_below(native_below)
     from ..ops.layer_norm import MAX_N
 
-    swapped, refused, too_large = [], [], []
+    swapped, refused, too_large = [], [], []  # too_large: also classes that cannot be changed
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.LayerNorm) or isinstance(module, LayerNorm):
             continue
@@ -133,7 +154,12 @@ def swap_layer_norms(
         if math.prod(module.normalized_shape) > MAX_N:
             too_large.append(f"{name or '<root>'} (normalized_shape {list(module.normalized_shape)})")
             continue
-        module.__class__ = LayerNorm
+        try:
+            module.__class__ = _swapped_class(module)
+        except TypeError:  # a class of another layout (__slots__): nothing was changed
+            too_large.append(f"{name or '<root>'} ({cls.__module__}.{cls.__qualname__}: its instances' "
+                             "memory layout (__slots__) differs, so its class cannot change)")  # fmt: skip
+            continue
         if native_below is not None:
             module.native_below = native_below
         swapped.append(name)
@@ -148,7 +174,8 @@ def swap_layer_norms(
     if too_large:
         warnings.warn(
             f"swap_layer_norms left {len(too_large)} LayerNorm modules alone, normalising more than the "
-            f"{MAX_N} elements a row the kernels take: {', '.join(too_large[:5])}",
+            f"{MAX_N} elements a row the kernels take, or of a class it cannot change: "
+            f"{', '.join(too_large[:5])}",
             UserWarning,
             stacklevel=2,
         )
