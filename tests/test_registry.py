@@ -65,6 +65,8 @@ def test_registry_lists_every_op_and_peer():
         assert key in keys, key
     assert registry.get("relu_attention", "sdpa_softmax").same_function is False
     assert all(i.peer for i in registry.implementations("layer_norm") if i.name in ("torch", "liger"))
+    with pytest.raises(ValueError, match="side must be 'python', 'julia' or None"):
+        registry.implementations("layer_norm", side="rust")  # not an empty list: a misspelt side
 
 
 def test_register_rejects_unknown_op_and_duplicates():

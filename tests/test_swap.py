@@ -8,6 +8,7 @@ import copy
 import warnings
 
 import crossfuse.nn as cnn
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -279,9 +280,12 @@ def test_native_below_is_a_checked_module_setting_that_swap_passes_on():
     assert cnn.LayerNorm(8, native_below=0).native_below == 0
     assert "native_below=0" in repr(cnn.LayerNorm(8, native_below=0))
     assert list(cnn.LayerNorm(8, native_below=0).state_dict()) == ["weight", "bias"]
-    for bad in (-1, 1.5, True, "10"):
-        with pytest.raises(ValueError, match="native_below"):
+    with pytest.raises(ValueError, match="native_below must be an int >= 0"):
+        cnn.LayerNorm(8, native_below=-1)
+    for bad in (1.5, True, "10"):  # of the wrong type: a TypeError, as every argument's
+        with pytest.raises(TypeError, match="native_below must be an integer"):
             cnn.LayerNorm(8, native_below=bad)
+    assert cnn.LayerNorm(8, native_below=np.int64(5)).native_below == 5
     model = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
     assert cnn.swap_layer_norms(model, native_below=123) == ["0", "2"]
     assert model[0].native_below == model[2].native_below == 123

@@ -289,6 +289,8 @@ def implementations(op: str | None = None, side: str | None = None, include_plug
     """Registered implementations, optionally of one op and/or one side, in registration order."""
     if op is not None and op not in OPS:
         raise ValueError(f"unknown op {op!r}; known ops: {', '.join(OPS)}")
+    if side not in (None, "python", "julia"):
+        raise ValueError(f"side must be 'python', 'julia' or None (both), got {side!r}")
     if include_plugins:
         _load_plugins()
     return [i for i in _REGISTRY.values() if (op is None or i.op == op) and (side is None or i.side == side)]

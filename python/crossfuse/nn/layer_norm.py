@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._module_checks import check_module_input, named
+from .._validate import check_int
 from ..ops.layer_norm.api import layer_norm
 
 # Inputs of fewer elements than this run torch's own layer norm (see LayerNorm). Where a call's GPU work is
@@ -70,6 +71,7 @@ class LayerNorm(torch.nn.LayerNorm):
 
 
 def _check_native_below(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    value = check_int(value, "native_below")  # numpy's integers too; a TypeError for a float or a bool
+    if value < 0:
         raise ValueError(f"native_below must be an int >= 0 (elements of an input), got {value!r}")
     return value

@@ -344,7 +344,8 @@ def layer_norm(
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
 ) -> torch.Tensor:
-    """Layer norm with ``torch.nn.functional.layer_norm``'s signature and semantics, fused in Triton.
+    """Layer norm with ``torch.nn.functional.layer_norm``'s arguments, in its order (the first named ``x``
+    here, ``input`` there), and semantics, fused in Triton.
 
     Normalises over the trailing ``normalized_shape`` dims: ``(x - mean) / sqrt(var + eps) * weight +
     bias`` with the biased variance. ``weight`` and ``bias`` are each optional. Differentiable in
