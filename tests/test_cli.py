@@ -138,9 +138,10 @@ def test_replace_keeps_the_reports_of_the_csv_it_keeps_and_append_reports_the_wh
     run_md = (out / "layer_norm-quick-cpu.md").read_text()
     assert "**Partial run**" not in run_md and "**An earlier run was cut short**, then appended to" in run_md
     assert f"{len(schema.read_csv(csv_path)) - 1} rows from `{csv_path}`" in run_md  # the whole file
-    assert cli.main(["report", str(csv_path), "--no-plots"]) == 0
+    assert cli.main(["report", str(csv_path)]) == 0
     report_md = (out / "report.md").read_text()
-    assert "**Partial run**" not in report_md
+    plots = sorted(p.name for p in out.glob("*.png"))
+    assert "**Partial run**" not in report_md and plots and all(f"]({p})" in report_md for p in plots)
     capsys.readouterr()
     assert cli.main([*args, "--replace"]) == 0
     (kept_csv,) = [p for p in out.glob("results.*.csv")]
@@ -148,8 +149,11 @@ def test_replace_keeps_the_reports_of_the_csv_it_keeps_and_append_reports_the_wh
     assert (out / f"layer_norm-quick-cpu.{stamp}.md").read_text() == run_md
     kept_report = (out / f"report.{stamp}.md").read_text()
     assert kept_report.splitlines()[0] == cli.report_mark(kept_csv)  # it names the CSV it describes now
-    assert kept_report.splitlines()[1:] == report_md.splitlines()[1:]
-    assert not (out / "report.md").exists()
+    kept_plots = [p.replace(".png", f".{stamp}.png") for p in plots]  # its pictures kept with it
+    assert all((out / p).is_file() and f"]({p})" in kept_report for p in kept_plots)
+    assert kept_report.splitlines()[1:] == report_md.replace(".png)", f".{stamp}.png)").splitlines()[1:]
+    assert not (out / "report.md").exists() and not list(out.glob("*[a-z].png"))
+    assert cli.main(["report", str(csv_path)]) == 0  # the new run's report: nothing of the old in its way
 
 
 def test_report_says_nothing_to_report_and_keeps_plots_it_did_not_write(tmp_path, capsys):

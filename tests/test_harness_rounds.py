@@ -240,13 +240,17 @@ def test_cpu_eager_times_are_interleaved_too():
     assert all(timed.count(n) == 6 for n in calls)
 
 
-def test_a_ctrl_c_while_a_points_rows_are_written_keeps_them_all(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_while_a_points_rows_are_written_keeps_them_all(tmp_path, sig):
+    from crossfuse._cli_out import sigterm_as_interrupt  # SIGTERM as the command line takes it
+
     fakes = [registry.Implementation("layer_norm", n, "python", _layer_norm) for n in ("test_a", "test_b")]
     path = tmp_path / "r.csv"
-    on_row = lambda _: os.kill(os.getpid(), signal.SIGINT)  # noqa: E731 (Ctrl-C in the progress line)
-    with registered(*fakes), schema.CsvWriter(path) as w, pytest.raises(KeyboardInterrupt):
-        runner.Runner("cpu", w, quick=True, on_row=on_row).run(tiny_suite(), impls=["test_*"])
-    assert len(schema.read_csv(path)) == 4  # the point's four rows, measured before the Ctrl-C came
+    on_row = lambda _: os.kill(os.getpid(), sig)  # noqa: E731 (the signal in the progress line)
+    with registered(*fakes), schema.CsvWriter(path) as w, sigterm_as_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            runner.Runner("cpu", w, quick=True, on_row=on_row).run(tiny_suite(), impls=["test_*"])
+    assert len(schema.read_csv(path)) == 4  # the point's four rows, measured before the signal came
 
 
 def _grad_5_percent_off(inputs, dy):

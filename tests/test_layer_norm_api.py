@@ -134,6 +134,9 @@ def test_differentiating_the_gradient_is_a_clear_error(device, gen):
         (gx,) = torch.autograd.grad(loss(y), x, create_graph=True)
         with pytest.raises(RuntimeError, match="differentiate twice"):
             (y.sum() + gx.square().sum()).backward()
+    # a Hessian through it: an error, not zeros (torch's once_differentiable gave zeros here)
+    with pytest.raises(RuntimeError, match=r"differentiate twice crossfuse\.layer_norm"):
+        torch.autograd.functional.hessian(lambda t: crossfuse.layer_norm(t, (8,), w).pow(2).sum(), x[:1])
 
 
 def test_equal_values_in_a_row(device, gen):

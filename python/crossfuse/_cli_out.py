@@ -102,10 +102,16 @@ def make_room(csv_path: Path, suite_name: str, md_path: Path, append: bool, repl
         source = report_source(report)
         ours = source is not None and source.resolve() == csv_path.resolve()
         same_stamp = kept.stem.removeprefix("results.")
-        for old, new in keep_earlier([md_path, *([report] if ours else [])], same_stamp):
-            if old == report:  # it says which CSV it was written from: now the kept one
-                rest = new.read_text(encoding="utf-8").partition("\n")[2]
-                new.write_text(report_mark(kept) + "\n" + rest, encoding="utf-8")
+        from .harness.plots import PLOT_NAMES
+
+        plots = [csv_path.with_name(n) for n in PLOT_NAMES] if ours else []  # the report's own pictures
+        moved = dict(keep_earlier([md_path, *([report] if ours else []), *plots], same_stamp))
+        if report in moved:  # it names the CSV it was written from and its plots: now the kept ones
+            text = moved[report].read_text(encoding="utf-8").partition("\n")[2]
+            for p in plots:
+                if p in moved:
+                    text = text.replace(f"]({p.name})", f"]({moved[p].name})")
+            moved[report].write_text(report_mark(kept) + "\n" + text, encoding="utf-8")
         print(f"crossfuse bench: the earlier {csv_path} is kept as {kept}, its reports likewise",
               file=sys.stderr)  # fmt: skip
         return

@@ -280,7 +280,11 @@ def _run_bench(args, s, device, dtypes, ops, impls, out: Path, csv_path: Path, r
     name = _run_name(s.name, args.quick, device)
     what = "its quick shapes (tiny, for a smoke test)" if args.quick else s.description
     # appended: the report of the whole CSV, earlier runs' rows with this one's, as `crossfuse report` gives
-    shown = read_csv(csv_path) if args.append else rows
+    if args.append:  # this suite's rows of every run in the file (the others' suites are not this report's)
+        every = read_csv(csv_path)
+        shown = every[every["suite"] == s.name]
+    else:
+        shown = rows
     md = report.render(shown, title=f"{name}: {what}", source=str(csv_path))
     md_path = out / f"{name}.md"
     md_path.write_text(md)

@@ -104,20 +104,28 @@ def quiet_native_stderr():
 
 @contextlib.contextmanager
 def sigint_deferred():
-    """Ctrl-C (SIGINT) held back until the block ends, then delivered: a KeyboardInterrupt inside the
-    profiler's start, stop or profiled call left it half-stopped, and the process crashed (SIGSEGV) at exit
-    after keeping its rows. Only the main thread can set a handler; elsewhere nothing is deferred."""
+    """Ctrl-C (SIGINT), and SIGTERM (which the command line takes as Ctrl-C), held back until the block
+    ends, then delivered: a KeyboardInterrupt inside the profiler's start, stop or profiled call left it
+    half-stopped, and the process crashed (SIGSEGV) at exit after keeping its rows. Only the main thread can
+    set a handler; elsewhere nothing is deferred."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught and callable(previous):
-            previous(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
+        for s in held:
+            signal.signal(s, previous[s])
+        if caught:
+            first = caught[0]
+            handler = previous[first]
+            if callable(handler):
+                handler(first, None)  # Python's default SIGINT handler raises KeyboardInterrupt
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(first)  # the default action (SIGTERM's: end the process)
 
 
 def measure_cpu(fn: Callable[[], object]) -> Memory:

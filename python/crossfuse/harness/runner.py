@@ -490,6 +490,9 @@ class Runner:
             # reference, every gradient) stay the runner's: a side's row may name its shape in its own
             # layout or give a relerr of one gradient
             row.update({k: v for k, v in fields.items() if k in SIDE_MEASURED})
+            if row.relerr is None and fields.get("relerr") is not None:  # none of the runner's: the side's
+                row.relerr = fields["relerr"]
+                row.note = "; ".join(s for s in (row.note, "relerr: the side's own check") if s)
         except Exception as exc:
             msg = _message(exc)
             free_memory(self.device)

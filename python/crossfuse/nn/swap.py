@@ -96,21 +96,15 @@ def _own_forward(cls: type) -> bool:
     return True
 
 
-_PARAMETRIZED: dict[type, type] = {}  # a parametrized module's class -> its swapped class
-
-
 def _swapped_class(module: torch.nn.Module) -> type:
     """:class:`LayerNorm`, or for a module under ``torch.nn.utils.parametrize`` (whose class torch made, a
     subclass of its own that reads ``weight`` through the parametrization), a class like it over
-    :class:`LayerNorm`: the parametrization keeps working, and removing it leaves a crossfuse LayerNorm."""
+    :class:`LayerNorm`, made from its class as it is now (torch adds a property to it for each tensor
+    parametrized later): the parametrization keeps working, and removing it leaves a crossfuse LayerNorm."""
     if not torch.nn.utils.parametrize.is_parametrized(module):
         return LayerNorm
-    cls = type(module)
-    got = _PARAMETRIZED.get(cls)
-    if got is None:
-        own = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__", "__module__")}
-        got = _PARAMETRIZED[cls] = type(f"Parametrized{LayerNorm.__name__}", (LayerNorm,), own)
-    return got
+    own = {k: v for k, v in vars(type(module)).items() if k not in ("__dict__", "__weakref__", "__module__")}
+    return type(f"Parametrized{LayerNorm.__name__}", (LayerNorm,), own)
 
 
 def swap_layer_norms(

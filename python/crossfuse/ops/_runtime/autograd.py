@@ -1,5 +1,6 @@
-"""What both ops' eager autograd Functions share: ``apply`` without its Python layer, and a backward that
-takes ``once_differentiable``'s wrapper only where it matters."""
+"""What both ops' eager autograd Functions share: ``apply`` without its Python layer, a backward that
+refuses to be differentiated only under ``create_graph``, and the refusal of torch.func transforms and
+dual tensors their eager calls check first."""
 
 from __future__ import annotations
 
@@ -9,15 +10,10 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 from torch._C import _functions
 
-# whether torch.func's transforms (vmap, grad, jvp, ...) are active: with the level of forward_ad's dual
-# tensors (-1 outside any), what an eager call reads first (two reads: about 0.05 us)
+# whether torch.func's transforms (vmap, grad, jvp, ...) are active; with forward_ad's level of dual tensors
+# (-1 outside any) what an eager call reads first, inline:
+#     if forward_ad._current_level >= 0 or functorch_active(): refuse_transforms(op, *tensors)
 functorch_active = torch._C._are_functorch_transforms_active
-
-
-def transforms_in_play() -> bool:
-    """Whether a torch.func transform or a forward-mode AD level is active (then :func:`refuse_transforms`
-    decides); cheap enough for every eager call."""
-    return forward_ad._current_level >= 0 or functorch_active()
 
 
 def refuse_transforms(op: str, *tensors) -> None:
@@ -40,26 +36,21 @@ def refuse_transforms(op: str, *tensors) -> None:
 def plain_apply(cls: type[torch.autograd.Function]) -> Callable:
     """``cls.apply`` without ``Function.apply``'s Python layer (functorch's transforms, ``setup_context``'s
     defaults, unwrapping tensors of finished transforms), which costs more host time than a launch: the C
-    ``apply`` itself while no functorch transform is active, ``cls.apply`` otherwise. For calls whose
-    tensors are plain ones with storage (the callers' keys read ``data_ptr``), so that no tensor of a
-    finished transform needs unwrapping."""
-    raw = super(torch.autograd.Function, cls).apply
-    full = cls.apply
-    active = torch._C._are_functorch_transforms_active
-
-    def apply(*args):
-        return full(*args) if active() else raw(*args)
-
-    return apply
+    ``apply`` itself. For eager calls of plain tensors with storage (the callers' keys read ``data_ptr``)
+    made outside any torch.func transform, which the ops' entry points refuse first
+    (:func:`refuse_transforms`)."""
+    return super(torch.autograd.Function, cls).apply
 
 
 def backward_once(fn: Callable, op: str) -> staticmethod:
     """``fn(ctx, *grads)`` as the backward of ``op``'s Function, which has no double backward. Under
-    ``create_graph`` (grad mode on in a backward) its gradients come out requiring grad through a node that
-    raises when differentiated: a gradient penalty or a Hessian then fails, naming the op. torch's
-    ``once_differentiable`` does so only where an incoming gradient requires grad; from a loss's plain
-    backward (``autograd.grad(loss, x, create_graph=True)``) its gradients came out constant, and their
-    derivatives silently zero. Without ``create_graph``, ``fn`` alone: no wrapper's host time."""
+    ``create_graph`` (grad mode on in a backward) its gradients come out of a node that raises when
+    differentiated, and that node hangs on what they depend on: the incoming gradients and the saved
+    tensors that require grad. A second ``backward``, ``autograd.grad`` of the gradients, a gradient
+    penalty or ``torch.autograd.functional.hessian`` then reach it and fail, naming the op. torch's
+    ``once_differentiable`` hangs its node on nothing but the gradients' detached copies, and only where an
+    incoming gradient requires grad: ``autograd.grad`` of them said they were unused, and a Hessian came out
+    silently zero. Without ``create_graph``, ``fn`` alone: no wrapper's host time."""
     message = (f"trying to differentiate twice crossfuse.{op}, which has no double backward: its gradients, "
                "taken with create_graph=True, cannot be differentiated again (a gradient penalty or a "
                "Hessian through it)").encode()  # fmt: skip
@@ -69,10 +60,11 @@ def backward_once(fn: Callable, op: str) -> staticmethod:
             return fn(ctx, *grads)
         with torch.no_grad():
             out = fn(ctx, *grads)
-        # aliases that require grad, each behind the node that raises (as once_differentiable makes them)
         outs = out if isinstance(out, tuple) else (out,)
         aliases = [t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) else t for t in outs]
-        raised = _functions.DelayedError(message, len(aliases))(*aliases)  # one output: a tensor, not a tuple
-        return raised if isinstance(out, tuple) == isinstance(raised, tuple) else (raised,)
+        links = [t for t in (*grads, *ctx.saved_tensors) if isinstance(t, torch.Tensor) and t.requires_grad]
+        raised = _functions.DelayedError(message, len(aliases) + len(links))(*aliases, *links)
+        raised = raised if isinstance(raised, tuple) else (raised,)  # one output: a tensor, not a tuple
+        return raised[: len(aliases)] if isinstance(out, tuple) else raised[0]
 
     return staticmethod(backward)

@@ -22,7 +22,7 @@ from ..._backend import check_runnable, interpreter_problem
 from ..._validate import KERNEL_DTYPES, check_positive_float, check_same_device, check_tensor
 from .. import _library
 from .._runtime import native
-from .._runtime.autograd import backward_once, plain_apply, refuse_transforms, transforms_in_play
+from .._runtime.autograd import backward_once, forward_ad, functorch_active, plain_apply, refuse_transforms
 from .config import MAX_N
 from .launch import FWD_PLANS, INTERPRETED, FwdPlan, layer_norm_fwd, tensor_key
 from .launch_bwd import BWD_PLANS, BwdPlan, layer_norm_bwd
@@ -231,8 +231,10 @@ def _call_key(x, normalized_shape, weight, bias, eps):
         normalized_shape = tuple(normalized_shape)
     try:
         # with the types of the dims and eps: 16.0 == 16 and True == 1 hash alike, and a key a valid call
-        # made would otherwise let an invalid one past the checks (the C++ path takes exact ints only)
-        kinds = int if type(normalized_shape) is int else tuple(map(type, normalized_shape))
+        # made would otherwise let an invalid one past the checks (the C++ path takes exact ints only); a
+        # torch.Size holds ints, and a single dim (an int, numpy's) is its own type
+        ns = normalized_shape
+        kinds = tuple(map(type, ns)) if type(ns) is tuple else type(ns)
         return (tensor_key(x), normalized_shape, kinds, tensor_key(weight), tensor_key(bias), eps, type(eps))
     except (AttributeError, RuntimeError, TypeError):  # not a tensor, sparse, a shape of no dims
         return None
@@ -355,7 +357,7 @@ def layer_norm(
         n, _ = _check_layer_norm_args(x, normalized_shape, weight, bias, eps)
         x, weight, bias = _library.distinct(x, weight, bias)  # one tensor as weight and bias: see distinct
         return LayerNormFunction.apply(x, n, weight, bias, float(eps), None)
-    if transforms_in_play():
+    if forward_ad._current_level >= 0 or functorch_active():  # torch.func, dual tensors: refused
         refuse_transforms("layer_norm", x, weight, bias)
     fast = _NATIVE.get("module")
     if fast is not None and not native.compiled_autograd():  # the compiled path, where it has this call's key

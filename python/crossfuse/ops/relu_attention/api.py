@@ -30,7 +30,7 @@ from ..._validate import (
 from .. import _library
 from .._runtime import direct as _direct
 from .._runtime import native
-from .._runtime.autograd import backward_once, plain_apply, refuse_transforms, transforms_in_play
+from .._runtime.autograd import backward_once, forward_ad, functorch_active, plain_apply, refuse_transforms
 from .config import DEFAULT, HEAD_DIMS, LAYOUTS, MAX_GRID_1, Choices
 from .kernels_fwd import _relu_attn_fwd_kernel
 from .launch import _backward, _forward, relu_attention_bwd, relu_attention_fwd
@@ -346,7 +346,7 @@ def relu_attention(
     gives zeros and no query (Lq = 0) an empty output. See :mod:`crossfuse.ops.relu_attention`.
     """
     if not _library.tracing():
-        if transforms_in_play():
+        if forward_ad._current_level >= 0 or functorch_active():  # torch.func, dual tensors: refused
             refuse_transforms("relu_attention", q, k, v)
         fast = _NATIVE.get("module")
         if fast is not None and not native.compiled_autograd():  # the compiled path, where it has the key

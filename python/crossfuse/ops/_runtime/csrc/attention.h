@@ -110,7 +110,7 @@ variable_list AttentionBackward::apply(variable_list&& grads) {
                                           THPVariable_Wrap(dout), fast ? Py_True : Py_False);
     unpack_grads(out, {&dq, &dk, &dv}, "crossfuse.relu_attention");
   }
-  return node_outputs(*this, {dq, dk, dv}, "crossfuse.relu_attention");
+  return node_outputs(*this, {dq, dk, dv}, {dout, q, k, v}, "crossfuse.relu_attention");
 }
 
 // ---- a call's arguments ----------------------------------------------------------------------------

@@ -166,7 +166,7 @@ variable_list LayerNormBackward::apply(variable_list&& grads) {
                                           need_db ? Py_True : Py_False, fast ? Py_True : Py_False);
     unpack_grads(out, {&dx, &dw, &db}, "crossfuse.layer_norm");
   }
-  return node_outputs(*this, {dx, dw, db}, "crossfuse.layer_norm");
+  return node_outputs(*this, {dx, dw, db}, {dy, x, w}, "crossfuse.layer_norm");
 }
 
 // ---- a call's arguments ------------------------------------------------------------------------------

@@ -422,33 +422,41 @@ NodePtr make_node() {
   }
 }
 
-// Under create_graph, as once_differentiable does: gradients whose own gradient raises (the backward is
-// not differentiable) rather than a silent zero.
-variable_list once_differentiable(variable_list grads, const char* op) {
-  variable_list fake;
+// Under create_graph: gradients whose own gradient raises (the backward is not differentiable) rather than
+// a silent zero. The raising node hangs on what the gradients depend on (`links`: the incoming gradient and
+// the saved inputs, those that require grad), so that autograd.grad of the gradients or a Hessian reaches
+// it; hung on the gradients' detached copies alone, as torch's once_differentiable hangs it, it is on no
+// path to the inputs (as crossfuse.ops._runtime.autograd.backward_once).
+variable_list once_differentiable(variable_list grads, const variable_list& links, const char* op) {
+  variable_list in;
   for (at::Tensor& t : grads) {
     at::Tensor v;
     if (t.defined()) {
       v = t.detach();
       v.set_requires_grad(true);
     }
-    fake.push_back(v);
+    in.push_back(v);
   }
+  const size_t n = in.size();
+  for (const at::Tensor& t : links)
+    if (t.defined() && t.requires_grad()) in.push_back(t);
   torch::autograd::DelayedError err(std::string("trying to differentiate twice ") + op +
-                                        ", whose backward is not differentiable (a function marked with "
-                                        "@once_differentiable)",
-                                    int64_t(grads.size()));
-  return err.apply(std::move(fake));
+                                        ", which has no double backward (its gradients, taken with "
+                                        "create_graph=True, cannot be differentiated again)",
+                                    int64_t(in.size()));
+  variable_list out = err.apply(std::move(in));
+  out.resize(n);
+  return out;
 }
 
 // A node's gradients as it returns them: those its edges do not ask for dropped, and under create_graph
 // (grad mode on in a backward) the once_differentiable ones, whether the incoming gradient requires grad
-// or not: a plain loss's does not, and the gradients' own derivatives would then come out silently zero
-// (as crossfuse.ops._runtime.autograd.backward_once).
-variable_list node_outputs(const torch::autograd::Node& node, variable_list grads, const char* op) {
+// or not: a plain loss's does not, and the gradients' own derivatives would then come out silently zero.
+variable_list node_outputs(const torch::autograd::Node& node, variable_list grads, const variable_list& links,
+                           const char* op) {
   for (size_t i = 0; i < grads.size(); ++i)
     if (!node.task_should_compute_output(i)) grads[i] = at::Tensor();
-  if (at::GradMode::is_enabled()) return once_differentiable(std::move(grads), op);
+  if (at::GradMode::is_enabled()) return once_differentiable(std::move(grads), links, op);
   return grads;
 }
 
