@@ -357,13 +357,13 @@ def layer_norm(
         n, _ = _check_layer_norm_args(x, normalized_shape, weight, bias, eps)
         x, weight, bias = _library.distinct(x, weight, bias)  # one tensor as weight and bias: see distinct
         return LayerNormFunction.apply(x, n, weight, bias, float(eps), None)
-    if forward_ad._current_level >= 0 or functorch_active():  # torch.func, dual tensors: refused
-        refuse_transforms("layer_norm", x, weight, bias)
     fast = _NATIVE.get("module")
     if fast is not None and not native.compiled_autograd():  # the compiled path, where it has this call's key
-        y = fast.layer_norm(x, normalized_shape, weight, bias, eps)
+        y = fast.layer_norm(x, normalized_shape, weight, bias, eps)  # never for a dual or functorch tensor
         if y is not None:
             return y
+    if forward_ad._current_level >= 0 or functorch_active():  # torch.func, dual tensors: refused
+        refuse_transforms("layer_norm", x, weight, bias)
     key = _call_key(x, normalized_shape, weight, bias, eps)
     try:
         call = CALLS.plans.get(key) if key is not None else None

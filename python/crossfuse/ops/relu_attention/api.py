@@ -346,13 +346,13 @@ def relu_attention(
     gives zeros and no query (Lq = 0) an empty output. See :mod:`crossfuse.ops.relu_attention`.
     """
     if not _library.tracing():
-        if forward_ad._current_level >= 0 or functorch_active():  # torch.func, dual tensors: refused
-            refuse_transforms("relu_attention", q, k, v)
         fast = _NATIVE.get("module")
         if fast is not None and not native.compiled_autograd():  # the compiled path, where it has the key
-            out = fast.relu_attention(q, k, v, causal, squared, scale, relu_scale, layout)
+            out = fast.relu_attention(q, k, v, causal, squared, scale, relu_scale, layout)  # plain ones only
             if out is not None:
                 return out
+        if forward_ad._current_level >= 0 or functorch_active():  # torch.func, dual tensors: refused
+            refuse_transforms("relu_attention", q, k, v)
         try:
             key = _eager_key(q, k, v, causal, squared, scale, relu_scale, layout)
             entry = _EAGER.get(key)
