@@ -157,8 +157,9 @@ def test_empty_binary_and_header_only_files(tmp_path, capsys):
 
 def test_a_folder_or_missing_file_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path), "--no-plots"]) == 2
-    assert "no result CSV" in capsys.readouterr().err
+    assert f"{tmp_path} is a folder, not a result CSV" in capsys.readouterr().err
     assert cli.main(["report", str(tmp_path / "none.csv"), "--no-plots"]) == 2
+    assert "no result CSV at" in capsys.readouterr().err
 
 
 def test_non_finite_numbers_are_never_written(tmp_path):

@@ -1,6 +1,7 @@
-"""The benchmark result schema (DESIGN.md): long format, one row per measurement, the same for both sides.
+"""The benchmark result schema: long format, one row per measurement, the same for both sides.
 
-Columns, in order: the DESIGN.md columns ``op .. timestamp``, then five of the harness's own:
+Columns, in order: the shared columns ``op .. timestamp`` (Julia's ``CrossFuse.RESULT_FIELDS`` too), then
+five of the harness's own:
 
 * ``status``: ``ok`` (measured), ``not timed`` (ran, e.g. under the Triton interpreter, but a time would
   mean nothing), ``skip`` (not run: unavailable, excluded, out of time budget) or ``error`` (raised,
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-#: The DESIGN.md columns, in order.
+#: The columns both sides share (Julia's ``CrossFuse.RESULT_FIELDS``), in order.
 DESIGN_COLUMNS: tuple[str, ...] = (
     "op",
     "impl",

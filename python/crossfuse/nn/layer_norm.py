@@ -1,4 +1,5 @@
-"""``crossfuse.nn.LayerNorm``: a drop-in for ``torch.nn.LayerNorm`` running the fused Triton kernels."""
+"""``crossfuse.nn.LayerNorm``: a drop-in for ``torch.nn.LayerNorm`` running the fused Triton kernels (or
+torch's own layer norm for CUDA inputs smaller than ``native_below``)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """Typed launch configurations of the ReLU attention and the rules that choose them.
 
 Every choice of tiles, warps, stages and kernel variant the launchers make is made here, from the
-tensors' shapes and dtypes and the flags: :func:`attention_config` (Triton kernels, tuned table
-``TUNED``), ``TF32_FWD`` and ``TF32_BWD`` (the float32 Gluon kernels), and the small rules ``_fold``,
-``_peel``, ``_causal_order``, ``_relu_cvt`` and ``_tf32_copies``. :class:`Choices` lets a caller (tests,
-probes, ``bench/tune.py``) fix any of them explicitly instead of the rule.
+tensors' shapes and dtypes and the flags: :func:`attention_config` (Triton kernels, tuned tables
+``TABLES``: ``TUNED_H100``, ``TUNED_H200``), ``TF32_FWD`` and ``TF32_BWD`` (the float32 Gluon kernels),
+and the small rules ``_fold``, ``_peel``, ``_causal_order``, ``_relu_cvt`` and ``_tf32_copies``.
+:class:`Choices` lets a caller (tests, probes, ``bench/tune.py``) fix any of them explicitly instead of
+the rule.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class AttnConfig:
 # the interpreter runs tiles as numpy arrays: few, large programs are fastest
 INTERPRETER_CONFIG = AttnConfig(32, 32, 4, 1)
 
-# Sequences up to SHORT_L use the "short" entries of TUNED where there are any: with 16k tokens a
+# Sequences up to SHORT_L use the "short" entries of the tables where there are any: with 16k tokens a
 # short sequence has many (batch, head) pairs and few blocks per pair, so its fastest tiles can differ.
 SHORT_L = 2048
 
