@@ -85,8 +85,10 @@ def _ln_bwd_kernel(
     w = cols  # a placeholder without weights
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
-    dw = tl.zeros([BLOCK_N], dtype=acc_ty)
-    db = tl.zeros([BLOCK_N], dtype=acc_ty)
+    # dw and db summed per row slot of the tile, over the rows once at the end: a sum over the tile's rows
+    # every tile crosses warps (shared memory and a barrier), which the small tiles of narrow rows pay often
+    dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=acc_ty)
+    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=acc_ty)
     num_tiles = tl.cdiv(M - ROW0, BLOCK_M)
     if PREFETCH:  # the first tile; each iteration then loads the next one before it reduces its own
         x_next, dy_next, mean_next, rstd_next = _load_bwd_tile(
@@ -111,13 +113,13 @@ def _ln_bwd_kernel(
         _wait_for_previous(GDC)
         tl.store(DX + rows[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
-            dw += tl.sum(dy * xhat, axis=0)
+            dw += dy * xhat
         if COMPUTE_DB:
-            db += tl.sum(dy, axis=0)
+            db += dy
     if COMPUTE_DW:
-        tl.store(DW_part + pid * N + cols, dw, mask=col_ok)
+        tl.store(DW_part + pid * N + cols, tl.sum(dw, axis=0), mask=col_ok)
     if COMPUTE_DB:
-        tl.store(DB_part + pid * N + cols, db, mask=col_ok)
+        tl.store(DB_part + pid * N + cols, tl.sum(db, axis=0), mask=col_ok)
 
 
 @triton.jit(do_not_specialize=["ROW0", "M", "DX_M"])
@@ -159,8 +161,9 @@ def _ln_bwd_tma_kernel(
     w = cols  # a placeholder without weights
     if HAS_WEIGHT:
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_ty)
-    dw = tl.zeros([BLOCK_N], dtype=acc_ty)
-    db = tl.zeros([BLOCK_N], dtype=acc_ty)
+    # dw and db per row slot, as _ln_bwd_kernel's
+    dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=acc_ty)
+    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=acc_ty)
     for tile in tl.range(pid, tl.cdiv(M - ROW0, BLOCK_M), num_programs, num_stages=STAGES):
         row0 = ROW0 + tile * BLOCK_M
         x = Xd.load([row0, 0]).to(acc_ty)
@@ -175,13 +178,13 @@ def _ln_bwd_tma_kernel(
         tl.store(DX + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :], dx.to(DX.dtype.element_ty),
                  mask=mask)  # fmt: skip
         if COMPUTE_DW:
-            dw += tl.sum(dy * xhat, axis=0)
+            dw += dy * xhat
         if COMPUTE_DB:
-            db += tl.sum(dy, axis=0)
+            db += dy
     if COMPUTE_DW:
-        tl.store(DW_part + pid * N + cols, dw, mask=col_ok)
+        tl.store(DW_part + pid * N + cols, tl.sum(dw, axis=0), mask=col_ok)
     if COMPUTE_DB:
-        tl.store(DB_part + pid * N + cols, db, mask=col_ok)
+        tl.store(DB_part + pid * N + cols, tl.sum(db, axis=0), mask=col_ok)
 
 
 @triton.jit
