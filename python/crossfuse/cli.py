@@ -338,13 +338,14 @@ def cmd_report(args) -> int:
         return NOTHING_DONE
     out = out_folder(args.out) if args.out else Path(args.csv).parent
     md_path = out / "report.md"
-    if md_path.exists() and not args.force and report_source(md_path) is None:
+    ours = report_source(md_path) is not None  # a report of ours: it and its plots may be rewritten
+    if md_path.exists() and not args.force and not ours:
         raise UsageError(
             f"{md_path} exists and was not written by `crossfuse report` (a GPU session's report, "
             "with its profile section, or your own file): pass --force to overwrite it, or --out"
         )
     theirs = [out / n for n in plots.PLOT_NAMES if (out / n).exists()] if not args.no_plots else []
-    if theirs and not args.force and report_source(md_path) is None:  # plots of a report of ours: ours
+    if theirs and not args.force and not ours:
         raise UsageError(
             f"{', '.join(map(str, theirs))} exist and no report of `crossfuse report` stands beside them: "
             "pass --force to overwrite them, --no-plots, or --out"

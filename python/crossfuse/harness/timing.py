@@ -118,6 +118,12 @@ def _clamp(n: float, lo: int, hi: int) -> int:
     return int(max(lo, min(hi, n)))
 
 
+def _rotated(names: list[str], i: int) -> list[str]:
+    """``names`` rotated by ``i`` places: the order of repeat ``i`` of the interleaved timers."""
+    i %= len(names)
+    return names[i:] + names[:i]
+
+
 def time_cpu(fn: Callable[[], object], config: TimingConfig = DEFAULT) -> Timing:
     """Percentiles of ``fn()``'s wall time on the CPU (``time.perf_counter``); ``host_us`` is their mean (the
     calls run back to back: the wall clock of all of them over their number)."""
@@ -144,7 +150,7 @@ def time_cpu_interleaved(calls: dict[str, Callable[[], object]], config: TimingC
     reps = _clamp(config.cpu_rep_s / max(per_repeat, 1e-9), config.cpu_min_reps, config.cpu_max_reps)
     times: dict[str, list[float]] = {n: [] for n in names}
     for i in range(reps):
-        for n in names[i % len(names) :] + names[: i % len(names)]:
+        for n in _rotated(names, i):
             t = time.perf_counter()
             calls[n]()
             times[n].append((time.perf_counter() - t) * 1e3)
@@ -311,7 +317,7 @@ def time_cuda_eager_interleaved(calls: dict[str, Callable[[], object]], device="
     events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(reps)] for n in names}  # fmt: skip
     for i in range(reps):
-        for n in names[i % len(names) :] + names[: i % len(names)]:
+        for n in _rotated(names, i):
             if config.flush_l2:
                 flush_l2(device, config.reset_persisting_l2, synchronize=True)
             torch.cuda.synchronize(device)
