@@ -190,24 +190,26 @@ TUNED_H200: dict[Key, LaunchConfig] = {
 }
 
 # Measured on the H100. Rows of 64 to 512 elements (bench/tune.py --only ln-narrow): many rows a tile. The
-# backward's rule took 342 GB/s at bf16 262144x512, 347 at 524288x256 (now bm = 1024 // N, as here).
+# backward's entries come from a sweep of the backward alone with dw and db summed per row slot (--kind bwd
+# --base code), which found bf16's earlier tiles 1.19-1.25x slower at many rows; the backward's rule took 342
+# GB/s at bf16 262144x512, 347 at 524288x256 (now bm = 1024 // N).
 TUNED_H100: dict[Key, LaunchConfig] = {
-    ("bwd", 2, 64, False): _C(32, 64, 4, 4),  # 168 GB/s
-    ("bwd", 2, 64, True): _C(16, 64, 2, 4),  # 2003 GB/s
-    ("bwd", 2, 128, False): _C(16, 128, 4, 4),  # 258 GB/s
-    ("bwd", 2, 128, True): _C(8, 128, 2, 4),  # 1711 GB/s
-    ("bwd", 2, 256, False): _C(4, 256, 2, 1, tma_stages=3),  # 331 GB/s
-    ("bwd", 2, 256, True): _C(4, 256, 2, 4),  # 1064 GB/s
-    ("bwd", 2, 512, False): _C(2, 512, 2, 2, tma_stages=3),  # 638 GB/s
-    ("bwd", 2, 512, True): _C(2, 512, 2, 2, tma_stages=3),  # 2250 GB/s
-    ("bwd", 4, 64, False): _C(16, 64, 4, 4),  # 336 GB/s
-    ("bwd", 4, 64, True): _C(32, 64, 4, 4),  # 2897 GB/s
-    ("bwd", 4, 128, False): _C(8, 128, 2, 4),  # 527 GB/s
-    ("bwd", 4, 128, True): _C(16, 128, 4, 4),  # 2967 GB/s
-    ("bwd", 4, 256, False): _C(4, 256, 2, 2, tma_stages=3),  # 919 GB/s
-    ("bwd", 4, 256, True): _C(16, 256, 8, 2, tma_stages=3),  # 2910 GB/s
-    ("bwd", 4, 512, False): _C(4, 512, 4, 1, tma_stages=3),  # 1352 GB/s
-    ("bwd", 4, 512, True): _C(8, 512, 8, 1, tma_stages=3),  # 2960 GB/s
+    ("bwd", 2, 64, False): _C(32, 64, 4, 4),  # 170 GB/s
+    ("bwd", 2, 64, True): _C(32, 64, 4, 4),  # 2847 GB/s
+    ("bwd", 2, 128, False): _C(16, 128, 4, 4),  # 281 GB/s
+    ("bwd", 2, 128, True): _C(16, 128, 4, 4),  # 2836 GB/s
+    ("bwd", 2, 256, False): _C(8, 256, 4, 4),  # 428 GB/s
+    ("bwd", 2, 256, True): _C(8, 256, 4, 4),  # 2796 GB/s
+    ("bwd", 2, 512, False): _C(4, 512, 4, 1, tma_stages=3),  # 753 GB/s
+    ("bwd", 2, 512, True): _C(4, 512, 4, 4),  # 2764 GB/s
+    ("bwd", 4, 64, False): _C(16, 64, 4, 4),  # 340 GB/s
+    ("bwd", 4, 64, True): _C(16, 64, 4, 4),  # 2945 GB/s
+    ("bwd", 4, 128, False): _C(8, 128, 2, 4),  # 547 GB/s
+    ("bwd", 4, 128, True): _C(16, 128, 8, 2),  # 2940 GB/s
+    ("bwd", 4, 256, False): _C(8, 256, 4, 4),  # 910 GB/s
+    ("bwd", 4, 256, True): _C(32, 256, 16, 1),  # 2933 GB/s
+    ("bwd", 4, 512, False): _C(4, 512, 4, 4),  # 1361 GB/s
+    ("bwd", 4, 512, True): _C(16, 512, 16, 1),  # 2953 GB/s
     ("fwd", 2, 64, False): _C(64, 64, 16, 0),  # 224 GB/s
     ("fwd", 2, 64, True): _C(32, 64, 8, 0),  # 2884 GB/s
     ("fwd", 2, 128, False): _C(16, 128, 8, 0),  # 410 GB/s
