@@ -1,7 +1,7 @@
 """Launch-configuration overrides from a tuning run (``bench/tune.py`` writes ``tuned.json``).
 
 Set ``CROSSFUSE_TUNED_CONFIGS=/path/to/tuned.json`` to use configurations measured on your own GPU
-instead of the built-in tables (measured on an H200). Read once, when the op modules are imported.
+instead of the built-in tables (measured on an H100 and an H200). Read once, when the op modules are imported.
 """
 
 from __future__ import annotations
