@@ -71,6 +71,45 @@ def test_rows_past_the_fused_length_take_the_h100_entries_on_every_hopper_card()
     assert ln.launch_config(ln.MAX_N, torch.float32, "fwd", 1000, H100) == ln.rule_config(ln.MAX_N, "fwd")
 
 
+def test_16bit_rows_of_no_multiple_of_16_take_the_padded_configuration():
+    # measured on the H100 (the tables' entries 1.03-1.36x slower at 4500, 5000, 9000, 11000 columns; as fast
+    # or faster at multiples of 16): on every card the tables serve, the forward up to FUSED_MAX_N, the
+    # backward up to 8192
+    padded = ln.PADDED_ROWS
+    for card in (H100, H200, OTHER_HOPPER, None):
+        for n, kinds in ((4097, "fwd bwd"), (5000, "fwd bwd"), (8191, "fwd bwd"), (9000, "fwd"),
+                         (16383, "fwd")):  # fmt: skip
+            for dtype in (torch.bfloat16, torch.float16):
+                for kind, m in (("fwd", 1000), ("bwd", 16384)):
+                    got = ln.launch_config(n, dtype, kind, m, card)
+                    assert (got == padded.config(n, kind)) == (kind in kinds.split()), (n, kind)
+                    assert padded.takes(n, 2, kind) == (kind in kinds.split())
+    # multiples of 16, short rows, float32 rows and rows past the whole-row kernels keep the tables' entries
+    for n, esize in ((4608, 2), (5008, 2), (5600, 2), (8192, 2), (12288, 2), (1000, 2), (4112, 2), (5000, 4),
+                     (20000, 2)):  # fmt: skip
+        assert not any(padded.takes(n, esize, kind) for kind in ("fwd", "bwd")), n
+    assert padded.config(5000, "bwd").block_n == 8192 and padded.config(5000, "fwd").block_n < 5000
+
+
+@pytest.mark.parametrize("n", [5000, 7000])
+def test_layer_norm_with_the_padded_configuration_against_float64(n, device, gen):
+    # the chunked forward read twice, and the whole-row backward of 32 warps (through tensor descriptors
+    # on a Hopper GPU), at widths no tile divides
+    m, dtype = 5, torch.bfloat16
+    x = randn((m, n), dtype, device, gen)
+    w, b = randn((n,), dtype, device, gen), randn((n,), dtype, device, gen)
+    y, mean, rstd = ln.layer_norm_fwd(x, w, b, 1e-5, config=ln.PADDED_ROWS.config(n, "fwd"))
+    ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    assert relerr(y, ref) <= ln_tol(dtype, "fwd", m)
+    dy = randn((m, n), dtype, device, gen)
+    dx, dw, db = ln.layer_norm_bwd(dy, x, w, mean, rstd, True, True, config=ln.PADDED_ROWS.config(n, "bwd"))
+    leaves = [t.double().requires_grad_(True) for t in (x, w, b)]
+    torch.nn.functional.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-5).backward(dy.double())
+    assert relerr(dx, leaves[0].grad) <= ln_tol(dtype, "bwd", m)
+    for got, leaf in zip((dw, db), leaves[1:], strict=True):
+        assert relerr(got, leaf.grad) <= ln_tol(dtype, "reduced", m)
+
+
 @pytest.mark.parametrize("card", UNTABLED, ids=lambda c: c.name)
 def test_a_card_the_tables_do_not_serve_gets_the_rule(card):
     for n in (64, 100, 512, 768, 1024, 5000, 16384, 65536):

@@ -119,6 +119,42 @@ class FewRowsConfig:
 
 FEW_ROWS = FewRowsConfig()
 
+@dataclass(frozen=True)
+class PaddedRows:
+    """16-bit rows past 4096 whose length is no multiple of 16 elements. Triton specialises an integer
+    argument on its divisibility by 16, so in these kernels the row stride carries no alignment and their
+    loads are not vectorised; the tables' whole-row entries, measured at powers of two, lose there. On an
+    H100, against the tables' entries (GPU time, the same run), at 4096 and 16384 rows: the forward in chunks
+    of 1024 read twice (``shifted``) 1.13-1.36x at 4500, 5000, 9000 and 11000 columns (0.98-1.11x at 1000
+    rows); the whole-row backward through tensor descriptors on 32 warps, one program an SM, 1.03-1.22x at
+    4500 and 5000 (1.00-1.01x at 1000 rows), but 0.50-0.56x at 9000 and 11000, which keep the tables. At
+    lengths that are multiples of 16 (4608 to 10000) the tables' entries were as fast or faster (forward
+    0.93-1.00x for these configurations, backward 0.46-0.95x), so they keep them. Used on the cards the
+    tables serve, before them."""
+
+    min_n: int = 4097
+    fwd_max_n: int = FUSED_MAX_N
+    bwd_max_n: int = 8192
+    divisor: int = 16  # Triton's integer specialisation
+    fwd_block_n: int = 1024
+    fwd_warps: int = 8
+    fwd_unroll: int = 2
+    bwd_warps: int = 32
+    bwd_stages: int = 3
+
+    def takes(self, n: int, esize: int, kind: str) -> bool:
+        top = self.fwd_max_n if kind == "fwd" else self.bwd_max_n
+        return esize == 2 and n % self.divisor != 0 and self.min_n <= n <= top
+
+    def config(self, n: int, kind: str) -> LaunchConfig:
+        if kind == "fwd":
+            return LaunchConfig(1, self.fwd_block_n, self.fwd_warps, 0, unroll=self.fwd_unroll, shifted=True)
+        return LaunchConfig(1, triton.next_power_of_2(n), self.bwd_warps, 1, tma_stages=self.bwd_stages)
+
+
+PADDED_ROWS = PaddedRows()
+
+
 # The tables, measured by bench/tune.py, each on the card it is named after: the fastest by median GPU
 # time, "few rows" at M=4096 and "many rows" at M*N=128M elements (M >= 16384); where a later sweep kept an
 # earlier entry, the entry stayed. (kind, element bytes, next_power_of_2(N), many rows) -> config; a config
@@ -286,11 +322,15 @@ def launch_config(
     n: int, dtype: torch.dtype, kind: str, m: int | None = None, card: Card | None = None
 ) -> LaunchConfig:
     """Tile shape, warps and grid for rows of length ``n`` (``m`` rows, when known) on ``card`` (see
-    :func:`tables_for`); ``kind`` is ``"fwd"`` or ``"bwd"``. The first table with an entry for the row
-    regime, or else for the other regime, gives it; where none has, the rule (:func:`rule_config`). Rows
-    past FUSED_MAX_N are keyed by their power of two as the shorter ones are (``bench/tune.py --only
-    ln-long`` measures such entries: chunked forwards, split, cooperative or grouped backwards)."""
+    :func:`tables_for`); ``kind`` is ``"fwd"`` or ``"bwd"``. 16-bit rows of no multiple of 16 past 4096
+    take :data:`PADDED_ROWS`' configuration on the cards the tables serve. Otherwise the first table with an
+    entry for the row regime, or else for the other regime, gives it; where none has, the rule
+    (:func:`rule_config`). Rows past FUSED_MAX_N are keyed by their power of two as the shorter ones are
+    (``bench/tune.py --only ln-long`` measures such entries: chunked forwards, split, cooperative or
+    grouped backwards)."""
     _check_kind(kind)
+    if (card is None or card.tabled) and PADDED_ROWS.takes(n, dtype.itemsize, kind):
+        return PADDED_ROWS.config(n, kind)
     many = m is not None and m > MANY_ROWS
     tuned = first_entry(tables_for(card), (kind, dtype.itemsize, triton.next_power_of_2(n)), many)
     return rule_config(n, kind) if tuned is None else tuned
