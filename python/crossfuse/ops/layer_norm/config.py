@@ -123,7 +123,9 @@ FEW_ROWS = FewRowsConfig()
 class PaddedRows:
     """16-bit rows past 4096 whose length is no multiple of 16 elements. Triton specialises an integer
     argument on its divisibility by 16, so in these kernels the row stride carries no alignment and their
-    loads are not vectorised; the tables' whole-row entries, measured at powers of two, lose there. On an
+    accesses are not vectorised (compiled for sm_90, the tables' chunked forward at 5000 columns stores in
+    2-byte pieces: 24 st.global.b16 where 5008 columns take 3 16-byte stores); the tables' entries,
+    measured at powers of two, lose there. On an
     H100, against the tables' entries (GPU time, the same run), at 4096 and 16384 rows: the forward in chunks
     of 1024 read twice (``shifted``) 1.13-1.36x at 4500, 5000, 9000 and 11000 columns (0.98-1.11x at 1000
     rows); the whole-row backward through tensor descriptors on 32 warps, one program an SM, 1.03-1.22x at
