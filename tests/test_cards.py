@@ -73,29 +73,39 @@ def test_rows_past_the_fused_length_take_the_h100_entries_on_every_hopper_card()
 
 def test_16bit_rows_of_no_multiple_of_16_take_the_padded_configuration():
     # measured on the H100 (the tables' entries 1.03-1.36x slower at 4500, 5000, 9000, 11000 columns; as fast
-    # or faster at multiples of 16): on every card the tables serve, the forward up to FUSED_MAX_N, the
-    # backward up to 8192
+    # or faster at multiples of 16): on every card the tables serve, lengths of 4 or 8 modulo 16, the forward
+    # up to FUSED_MAX_N, the backward up to 8192
     padded = ln.PADDED_ROWS
     for card in (H100, H200, OTHER_HOPPER, None):
-        for n, kinds in ((4097, "fwd bwd"), (5000, "fwd bwd"), (8191, "fwd bwd"), (9000, "fwd"),
-                         (16383, "fwd")):  # fmt: skip
+        for n, kinds in ((4100, "fwd bwd"), (4500, "fwd bwd"), (5000, "fwd bwd"), (8188, "fwd bwd"),
+                         (8196, "fwd"), (16380, "fwd")):  # fmt: skip
             for dtype in (torch.bfloat16, torch.float16):
                 for kind, m in (("fwd", 1000), ("bwd", 16384)):
                     got = ln.launch_config(n, dtype, kind, m, card)
                     assert (got == padded.config(n, kind)) == (kind in kinds.split()), (n, kind)
                     assert padded.takes(n, 2, kind) == (kind in kinds.split())
-    # multiples of 16, short rows, float32 rows and rows past the whole-row kernels keep the tables' entries
-    for n, esize in ((4608, 2), (5008, 2), (5600, 2), (8192, 2), (12288, 2), (1000, 2), (4112, 2), (5000, 4),
-                     (20000, 2)):  # fmt: skip
+    # multiples of 16, lengths not measured (odd, 2 modulo 4), rows up to 4096 or past the whole-row kernels,
+    # and float32 rows keep the tables' entries
+    for n, esize in ((4608, 2), (5008, 2), (5600, 2), (8192, 2), (12288, 2), (4097, 2), (5002, 2), (4092, 2),
+                     (1000, 2), (16388, 2), (5000, 4)):  # fmt: skip
         assert not any(padded.takes(n, esize, kind) for kind in ("fwd", "bwd")), n
     assert padded.config(5000, "bwd").block_n == 8192 and padded.config(5000, "fwd").block_n < 5000
 
 
-@pytest.mark.parametrize("n", [5000, 7000])
-def test_layer_norm_with_the_padded_configuration_against_float64(n, device, gen):
+def test_a_padded_rule_that_takes_nothing_leaves_the_tables():
+    off = ln.PaddedRows(min_n=ln.FUSED_MAX_N + 1)
+    for kind in ("fwd", "bwd"):
+        got = ln.launch_config(5000, torch.bfloat16, kind, 4096, H100, padded=off)
+        table = ln.launch_config(8192, torch.bfloat16, kind, 4096, H100)
+        assert got == table != ln.PADDED_ROWS.config(5000, kind)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n", [4500, 5000, 7000])
+def test_layer_norm_with_the_padded_configuration_against_float64(n, dtype, device, gen):
     # the chunked forward read twice, and the whole-row backward of 32 warps (through tensor descriptors
-    # on a Hopper GPU), at widths no tile divides
-    m, dtype = 5, torch.bfloat16
+    # on a Hopper GPU where the rows allow: not at 4500), at widths no tile divides
+    m = 5
     x = randn((m, n), dtype, device, gen)
     w, b = randn((n,), dtype, device, gen), randn((n,), dtype, device, gen)
     y, mean, rstd = ln.layer_norm_fwd(x, w, b, 1e-5, config=ln.PADDED_ROWS.config(n, "fwd"))

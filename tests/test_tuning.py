@@ -282,3 +282,31 @@ def test_a_tuned_entry_of_long_rows_serves_every_row_up_to_its_power_of_two(tmp_
     done = subprocess.run([sys.executable, "-c", _LONG_ROW_CHECK], env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+_PADDED_CHECK = """
+import torch
+from crossfuse.ops import layer_norm as ln
+from crossfuse.ops._runtime.device import Card
+
+h100 = Card("NVIDIA H100 80GB HBM3", (9, 0), 232448)
+assert ln.launch_config(5000, torch.bfloat16, "bwd", 4096, h100) == ln.LaunchConfig(2, 8192, 16, 1)
+assert ln.launch_config(5000, torch.bfloat16, "fwd", 4096, h100) == ln.PADDED_ROWS.config(5000, "fwd")
+"""
+
+
+def test_a_tuned_entry_comes_before_the_padded_rows_configuration(tmp_path):
+    # a tuned.json measured on the user's card is read first for the rows PADDED_ROWS takes too; where it has
+    # no entry (the forward here) they keep PADDED_ROWS'. The tables are read once, at import: a process of
+    # its own
+    import os
+    import subprocess
+    import sys
+
+    entry = dict(kind="bwd", dtype="bfloat16", n=8192, block_m=2, num_warps=16, pps=1, rows="few")
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"ln/bwd/bfloat16/8192/few": entry}))
+    env = dict(os.environ, CROSSFUSE_TUNED_CONFIGS=str(path), TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", _PADDED_CHECK], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]

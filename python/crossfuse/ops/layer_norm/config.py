@@ -119,25 +119,31 @@ class FewRowsConfig:
 
 FEW_ROWS = FewRowsConfig()
 
+
 @dataclass(frozen=True)
 class PaddedRows:
-    """16-bit rows past 4096 whose length is no multiple of 16 elements. Triton specialises an integer
-    argument on its divisibility by 16, so in these kernels the row stride carries no alignment and their
-    accesses are not vectorised (compiled for sm_90, the tables' chunked forward at 5000 columns stores in
-    2-byte pieces: 24 st.global.b16 where 5008 columns take 3 16-byte stores); the tables' entries,
-    measured at powers of two, lose there. On an
-    H100, against the tables' entries (GPU time, the same run), at 4096 and 16384 rows: the forward in chunks
-    of 1024 read twice (``shifted``) 1.13-1.36x at 4500, 5000, 9000 and 11000 columns (0.98-1.11x at 1000
-    rows); the whole-row backward through tensor descriptors on 32 warps, one program an SM, 1.03-1.22x at
-    4500 and 5000 (1.00-1.01x at 1000 rows), but 0.50-0.56x at 9000 and 11000, which keep the tables. At
-    lengths that are multiples of 16 (4608 to 10000) the tables' entries were as fast or faster (forward
-    0.93-1.00x for these configurations, backward 0.46-0.95x), so they keep them. Used on the cards the
-    tables serve, before them."""
+    """16-bit rows past 4096 whose length is a multiple of 4 but not of 16 elements. Triton specialises an
+    integer argument on its divisibility by 16, so in the tables' kernels the row stride carries no
+    alignment and their accesses are not vectorised (compiled for sm_90, the chunked forward at 5000
+    columns stores in 2-byte pieces: 24 st.global.b16 where 5008 columns take three 16-byte stores); their
+    entries, measured at powers of two, lose there. On an H100, against the tables' entries (GPU time, the
+    same run), at 4096 and 16384 rows: the forward in chunks of 1024 read twice (``shifted``) 1.13-1.36x at
+    4500, 5000, 9000 and 11000 columns (0.98-1.11x at 1000 rows; at 1 to 128 rows the grid's GPU times are
+    5-10% above earlier runs' of the tables' entries, under host times several times longer); the whole-row
+    backward on 32 warps, one program an SM,
+    through tensor descriptors where the rows allow (5000) and pointers where not (4500), 1.03-1.22x at 4500
+    and 5000 (1.00-1.01x at 1000 rows), but 0.50-0.56x at 9000 and 11000, which keep the tables. At eleven
+    multiples of 16 from 4608 to 10000 the tables' entries were as fast or faster (forward 0.93-1.00x for
+    these configurations, backward 0.46-0.95x), so those keep them; odd lengths and those of 2 modulo 4
+    were not measured and keep them too. Keyed on N as the tables are, so a view whose row stride is a
+    multiple of 16 takes it as well. Used on the cards the tables serve, after the user's overrides and
+    before the tables; the cause lies in the compiled code, not the card, but only the H100 measured it."""
 
     min_n: int = 4097
     fwd_max_n: int = FUSED_MAX_N
     bwd_max_n: int = 8192
     divisor: int = 16  # Triton's integer specialisation
+    measured_divisor: int = 4  # lengths of no multiple of this were not measured
     fwd_block_n: int = 1024
     fwd_warps: int = 8
     fwd_unroll: int = 2
@@ -145,10 +151,13 @@ class PaddedRows:
     bwd_stages: int = 3
 
     def takes(self, n: int, esize: int, kind: str) -> bool:
+        """Whether rows of ``n`` elements of ``esize`` bytes take this configuration for ``kind``."""
         top = self.fwd_max_n if kind == "fwd" else self.bwd_max_n
-        return esize == 2 and n % self.divisor != 0 and self.min_n <= n <= top
+        aligned = n % self.divisor == 0 or n % self.measured_divisor != 0
+        return esize == 2 and not aligned and self.min_n <= n <= top
 
     def config(self, n: int, kind: str) -> LaunchConfig:
+        """The configuration of ``kind`` for rows of ``n`` elements that :meth:`takes` takes."""
         if kind == "fwd":
             return LaunchConfig(1, self.fwd_block_n, self.fwd_warps, 0, unroll=self.fwd_unroll, shifted=True)
         return LaunchConfig(1, triton.next_power_of_2(n), self.bwd_warps, 1, tma_stages=self.bwd_stages)
@@ -321,20 +330,23 @@ def tables_for(card: Card | None) -> tuple[dict[Key, LaunchConfig], ...]:
 
 
 def launch_config(
-    n: int, dtype: torch.dtype, kind: str, m: int | None = None, card: Card | None = None
+    n: int, dtype: torch.dtype, kind: str, m: int | None = None, card: Card | None = None,
+    padded: PaddedRows = PADDED_ROWS,
 ) -> LaunchConfig:
     """Tile shape, warps and grid for rows of length ``n`` (``m`` rows, when known) on ``card`` (see
-    :func:`tables_for`); ``kind`` is ``"fwd"`` or ``"bwd"``. 16-bit rows of no multiple of 16 past 4096
-    take :data:`PADDED_ROWS`' configuration on the cards the tables serve. Otherwise the first table with an
-    entry for the row regime, or else for the other regime, gives it; where none has, the rule
-    (:func:`rule_config`). Rows past FUSED_MAX_N are keyed by their power of two as the shorter ones are
-    (``bench/tune.py --only ln-long`` measures such entries: chunked forwards, split, cooperative or
-    grouped backwards)."""
+    :func:`tables_for`); ``kind`` is ``"fwd"`` or ``"bwd"``. The first table with an entry for the row
+    regime, or else for the other regime, gives it, except that on the cards the tables serve the rows
+    ``padded`` takes (:class:`PaddedRows`) get its configuration unless the user's overrides have an
+    entry; where no table has one, the rule (:func:`rule_config`). Rows past FUSED_MAX_N are keyed by their
+    power of two as the shorter ones are (``bench/tune.py --only ln-long`` measures such entries: chunked
+    forwards, split, cooperative or grouped backwards)."""
     _check_kind(kind)
-    if (card is None or card.tabled) and PADDED_ROWS.takes(n, dtype.itemsize, kind):
-        return PADDED_ROWS.config(n, kind)
     many = m is not None and m > MANY_ROWS
-    tuned = first_entry(tables_for(card), (kind, dtype.itemsize, triton.next_power_of_2(n)), many)
+    key = (kind, dtype.itemsize, triton.next_power_of_2(n))
+    tables = tables_for(card)
+    if (card is None or card.tabled) and padded.takes(n, dtype.itemsize, kind):
+        return first_entry(tables[:1], key, many) or padded.config(n, kind)  # tables[0]: the overrides
+    tuned = first_entry(tables, key, many)
     return rule_config(n, kind) if tuned is None else tuned
 
 
