@@ -1,6 +1,9 @@
 """CROSSFUSE_TUNED_CONFIGS: tuned.json files of bench/tune.py override the built-in launch tables."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from crossfuse import _tuning
@@ -242,6 +245,17 @@ def test_long_row_candidates_are_launches_the_layer_norm_takes():
     assert again == [grouped] and again[0]["paired"] is True
 
 
+def _check_in_a_process(entries: dict, script: str, tmp_path) -> None:
+    """Run ``script`` under the interpreter in a process of its own with ``entries`` as its tuned.json (the
+    tables are read once, at import)."""
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(entries))
+    env = dict(os.environ, CROSSFUSE_TUNED_CONFIGS=str(path), TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 _LONG_ROW_CHECK = """
 import torch
 from crossfuse.ops import layer_norm as ln
@@ -270,18 +284,9 @@ def test_a_tuned_entry_of_long_rows_serves_every_row_up_to_its_power_of_two(tmp_
     # the interpreter against float64), and the code tables' entries or the rule stay where the file has
     # none (another dtype, a kind without one, rows past 65536). The tables are read once, at import: a
     # process of its own
-    import os
-    import subprocess
-    import sys
-
     entry = dict(kind="fwd", dtype="float32", n=65536, block_m=1, block_n=8192, num_warps=16, pps=0,
                  rows="few", shifted=True)  # fmt: skip
-    path = tmp_path / "tuned.json"
-    path.write_text(json.dumps({"ln/fwd/float32/65536/few": entry}))
-    env = dict(os.environ, CROSSFUSE_TUNED_CONFIGS=str(path), TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", _LONG_ROW_CHECK], env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    _check_in_a_process({"ln/fwd/float32/65536/few": entry}, _LONG_ROW_CHECK, tmp_path)
 
 
 _PADDED_CHECK = """
@@ -299,14 +304,5 @@ def test_a_tuned_entry_comes_before_the_padded_rows_configuration(tmp_path):
     # a tuned.json measured on the user's card is read first for the rows PADDED_ROWS takes too; where it has
     # no entry (the forward here) they keep PADDED_ROWS'. The tables are read once, at import: a process of
     # its own
-    import os
-    import subprocess
-    import sys
-
     entry = dict(kind="bwd", dtype="bfloat16", n=8192, block_m=2, num_warps=16, pps=1, rows="few")
-    path = tmp_path / "tuned.json"
-    path.write_text(json.dumps({"ln/bwd/bfloat16/8192/few": entry}))
-    env = dict(os.environ, CROSSFUSE_TUNED_CONFIGS=str(path), TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", _PADDED_CHECK], env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    _check_in_a_process({"ln/bwd/bfloat16/8192/few": entry}, _PADDED_CHECK, tmp_path)

@@ -127,17 +127,17 @@ class PaddedRows:
     alignment and their accesses are not vectorised (compiled for sm_90, the chunked forward at 5000
     columns stores in 2-byte pieces: 24 st.global.b16 where 5008 columns take three 16-byte stores); their
     entries, measured at powers of two, lose there. On an H100, against the tables' entries (GPU time, the
-    same run), at 4096 and 16384 rows: the forward in chunks of 1024 read twice (``shifted``) 1.13-1.36x at
-    4500, 5000, 9000 and 11000 columns (0.98-1.11x at 1000 rows; at 1 to 128 rows the grid's GPU times are
-    5-10% above earlier runs' of the tables' entries, under host times several times longer); the whole-row
-    backward on 32 warps, one program an SM,
-    through tensor descriptors where the rows allow (5000) and pointers where not (4500), 1.03-1.22x at 4500
-    and 5000 (1.00-1.01x at 1000 rows), but 0.50-0.56x at 9000 and 11000, which keep the tables. At eleven
-    multiples of 16 from 4608 to 10000 the tables' entries were as fast or faster (forward 0.93-1.00x for
-    these configurations, backward 0.46-0.95x), so those keep them; odd lengths and those of 2 modulo 4
-    were not measured and keep them too. Keyed on N as the tables are, so a view whose row stride is a
-    multiple of 16 takes it as well. Used on the cards the tables serve, after the user's overrides and
-    before the tables; the cause lies in the compiled code, not the card, but only the H100 measured it."""
+    same run), at 4096 and 16384 rows: the forward in chunks of 1024 read twice (``shifted``) 1.13-1.36x
+    at 4500, 5000, 9000 and 11000 columns (0.98-1.11x at 1000 rows; at 1 to 128 rows the grid's GPU times
+    are 5-10% above earlier runs' of the tables' entries, under host times several times longer); the
+    whole-row backward on 32 warps, one program an SM, through tensor descriptors where the rows allow
+    (5000) and pointers where not (4500), 1.03-1.22x at 4500 and 5000 (1.00-1.01x at 1000 rows), but
+    0.50-0.56x at 9000 and 11000, which keep the tables. At eleven multiples of 16 from 4608 to 10000 the
+    tables' entries were as fast or faster (forward 0.93-1.00x for these configurations, backward
+    0.46-0.95x), so those keep them; odd lengths and those of 2 modulo 4 were not measured and keep them
+    too. Keyed on N as the tables are, so a view whose row stride is a multiple of 16 takes it as well.
+    Used on the cards the tables serve, after the user's overrides and before the tables; the cause lies
+    in the compiled code, not the card, but only the H100 measured it."""
 
     min_n: int = 4097
     fwd_max_n: int = FUSED_MAX_N
@@ -153,8 +153,8 @@ class PaddedRows:
     def takes(self, n: int, esize: int, kind: str) -> bool:
         """Whether rows of ``n`` elements of ``esize`` bytes take this configuration for ``kind``."""
         top = self.fwd_max_n if kind == "fwd" else self.bwd_max_n
-        aligned = n % self.divisor == 0 or n % self.measured_divisor != 0
-        return esize == 2 and not aligned and self.min_n <= n <= top
+        measured = n % self.divisor != 0 and n % self.measured_divisor == 0
+        return esize == 2 and measured and self.min_n <= n <= top
 
     def config(self, n: int, kind: str) -> LaunchConfig:
         """The configuration of ``kind`` for rows of ``n`` elements that :meth:`takes` takes."""
