@@ -343,10 +343,9 @@ def launch_config(
     _check_kind(kind)
     many = m is not None and m > MANY_ROWS
     key = (kind, dtype.itemsize, triton.next_power_of_2(n))
-    tables = tables_for(card)
     if (card is None or card.tabled) and padded.takes(n, dtype.itemsize, kind):
-        return first_entry(tables[:1], key, many) or padded.config(n, kind)  # tables[0]: the overrides
-    tuned = first_entry(tables, key, many)
+        return first_entry((OVERRIDES,), key, many) or padded.config(n, kind)
+    tuned = first_entry(tables_for(card), key, many)
     return rule_config(n, kind) if tuned is None else tuned
 
 
